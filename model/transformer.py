@@ -1,0 +1,338 @@
+"""The encoder-decoder transformer of "Attention Is All You Need", from the paper.
+
+`encode()` and `decode_step()` have exactly the signatures of the exported ONNX
+graphs (see export/): the encoder also returns every decoder layer's
+cross-attention keys and values, so they are computed once per source, and the
+decoder step groups hypotheses by source so cross K/V are never copied per
+beam. `forward()` is the full-sequence pass used for training.
+
+Shapes: B sources, K hypotheses per source (beam), N = B*K decoder rows,
+S source length, T target (cache) length, L layers, H heads, Dh = D / H.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
+    """(T, T) bool, True where query t may attend to key s (s <= t)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+              dropout: nn.Module | None = None) -> Tensor:
+    """Scaled dot-product attention. q (..., Tq, Dh), k/v (..., Tk, Dh), mask
+    broadcastable to (..., Tq, Tk), True = attend. Returns (..., Tq, Dh)."""
+    scores = torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-1, -2))  # (..., Tq, Tk)
+    if mask is not None:
+        # finfo.min rather than -inf: a fully masked row (a padding query) stays finite.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1)
+    if dropout is not None:
+        probs = dropout(probs)
+    return torch.matmul(probs, v)
+
+
+def sinusoid_table(num_positions: int, dim: int, layout: str) -> Tensor:
+    """(P, D) positional encodings. 'interleaved' is the paper's PE(pos, 2i) = sin,
+    PE(pos, 2i+1) = cos; 'split' is Marian's: all sines, then all cosines."""
+    position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
+    angles = position * inv_freq  # (P, D/2)
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    if layout == "interleaved":
+        table[:, 0::2] = torch.sin(angles)
+        table[:, 1::2] = torch.cos(angles)
+    else:
+        table[:, : dim // 2] = torch.sin(angles)
+        table[:, dim // 2:] = torch.cos(angles)
+    return table.float()
+
+
+def activation_fn(name: str):
+    return {
+        "relu": F.relu,
+        "gelu": F.gelu,
+        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+        "swish": F.silu,
+    }[name]
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, H, T, Dh)
+
+    @staticmethod
+    def merge_heads(x: Tensor) -> Tensor:
+        b, h, t, dh = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, D)
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, Tq, D); k, v (B, H, Tk, Dh) already projected."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+        out = attention(q, k, v, mask, self.dropout if self.training else None)
+        return self.out_proj(self.merge_heads(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.act = activation_fn(activation)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer with LayerNorm, post- or pre-norm."""
+
+    def __init__(self, d_model: int, eps: float, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, fn) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.encoder_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.encoder_ffn_dim, cfg.activation,
+                               cfg.activation_dropout)
+        self.attn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        def self_attention(h: Tensor) -> Tensor:
+            k, v = self.self_attn.keys_values(h)
+            return self.self_attn(h, k, v, mask)
+
+        x = self.attn_block(x, self_attention)
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.decoder_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.decoder_heads,
+                                             cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.decoder_ffn_dim, cfg.activation,
+                               cfg.activation_dropout)
+        self.self_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+        self.cross_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+
+    def forward(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None,
+                self_mask: Tensor | None, cross_k: Tensor, cross_v: Tensor,
+                cross_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (N, T, D). past_k/v (N, H, Tp, Dh) or None. cross_k/v (B, H, S, Dh) with
+        N = B*K: the K hypotheses of a source share one copy of its cross K/V.
+        Returns x and the self-attention keys/values including this call's positions."""
+        new_kv: list[Tensor] = []
+
+        def self_attention(h: Tensor) -> Tensor:
+            k, v = self.self_attn.keys_values(h)  # (N, H, T, Dh)
+            if past_k is not None:
+                k = torch.cat([past_k, k], dim=2)  # (N, H, Tp+T, Dh)
+                v = torch.cat([past_v, v], dim=2)
+            new_kv.extend((k, v))
+            return self.self_attn(h, k, v, self_mask)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            n, t, d = h.shape
+            b = cross_k.shape[0]
+            # Hypotheses of one source become extra query positions of that source.
+            grouped = h.reshape(b, (n // b) * t, d)  # (B, K*T, D)
+            out = self.cross_attn(grouped, cross_k, cross_v, cross_mask)
+            return out.reshape(n, t, d)
+
+        x = self.self_block(x, self_attention)
+        x = self.cross_block(x, cross_attention)
+        x = self.ffn_block(x, self.ffn)
+        return x, new_kv[0], new_kv[1]
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        if cfg.share_embeddings:
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model,
+                                          padding_idx=cfg.pad_id)
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.output.weight = self.tgt_embed.weight
+        if cfg.final_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.tgt_vocab_size))
+        else:
+            self.final_logits_bias = None
+        self.register_buffer(
+            "positions", sinusoid_table(cfg.max_positions, cfg.d_model, cfg.position_layout),
+            persistent=False,
+        )
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm stacks end in a LayerNorm; post-norm stacks already end normalised.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.pre_norm else None
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.pre_norm else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        nn.init.normal_(self.src_embed.weight, std=self.cfg.d_model ** -0.5)
+        if not self.cfg.share_embeddings:
+            nn.init.normal_(self.tgt_embed.weight, std=self.cfg.d_model ** -0.5)
+        for emb in (self.src_embed, self.tgt_embed):
+            with torch.no_grad():
+                emb.weight[self.cfg.pad_id].zero_()
+
+    # -- pieces ---------------------------------------------------------------
+
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+        """ids (B, T), positions (B, T) -> (B, T, D)."""
+        return self.dropout(table(ids) * self.embed_scale + self.positions[positions])
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        out = self.output(hidden)
+        if self.final_logits_bias is not None:
+            out = out + self.final_logits_bias
+        return out
+
+    def run_encoder(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """src_ids (B, S), src_mask (B, S) nonzero = token -> memory (B, S, D)."""
+        b, s = src_ids.shape
+        positions = torch.arange(s, device=src_ids.device).expand(b, s)
+        x = self.embed(self.src_embed, src_ids, positions)
+        mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x
+
+    def cross_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory (B, S, D) -> cross K, V each (L, B, H, S, Dh)."""
+        pairs = [layer.cross_attn.keys_values(memory) for layer in self.decoder_layers]
+        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+
+    # -- the exported signatures ----------------------------------------------
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Encoder graph: (src_ids (B, S), src_mask (B, S)) ->
+        (memory (B, S, D), cross_k (L, B, H, S, Dh), cross_v (L, B, H, S, Dh))."""
+        memory = self.run_encoder(src_ids, src_mask)
+        cross_k, cross_v = self.cross_keys_values(memory)
+        return memory, cross_k, cross_v
+
+    def decode_step(self, tokens: Tensor, positions: Tensor, self_k: Tensor, self_v: Tensor,
+                    cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
+                    beam_origin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoder step graph.
+
+        tokens (N,) the last token of each hypothesis; positions (N,) its position;
+        self_k/self_v (L, N, H, T, Dh) the cache of the T earlier steps (T may be 0);
+        cross_k/cross_v (L, B, H, S, Dh) from encode(); src_mask (B, S);
+        beam_origin (N,) the cache row each hypothesis continues (beam reordering,
+        applied here so the cache never travels through the host).
+        Returns log_probs (N, V) and the new cache (L, N, H, T+1, Dh) twice.
+        """
+        self_k = self_k.index_select(1, beam_origin)
+        self_v = self_v.index_select(1, beam_origin)
+        x = self.embed(self.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
+        cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            x, k, v = layer(x, self_k[i], self_v[i], None, cross_k[i], cross_v[i], cross_mask)
+            new_k.append(k)
+            new_v.append(v)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        log_probs = self.logits(x[:, 0]).float().log_softmax(dim=-1)  # (N, V)
+        return log_probs, torch.stack(new_k), torch.stack(new_v)
+
+    def empty_cache(self, rows: int, device: torch.device | None = None,
+                    dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """A zero-length self-attention cache for `rows` hypotheses."""
+        cfg = self.cfg
+        shape = (cfg.decoder_layers, rows, cfg.decoder_heads, 0, cfg.d_model // cfg.decoder_heads)
+        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(
+            shape, device=device, dtype=dtype)
+
+    # -- training -------------------------------------------------------------
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced pass: src (B, S), tgt_in (B, T) starting with the decoder
+        start token -> logits (B, T, V)."""
+        memory = self.run_encoder(src_ids, src_mask)
+        b, t = tgt_in.shape
+        positions = torch.arange(t, device=tgt_in.device).expand(b, t)
+        x = self.embed(self.tgt_embed, tgt_in, positions)
+        self_mask = causal_mask(t, tgt_in.device)  # (T, T), broadcast over (B, H)
+        cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.keys_values(memory)
+            x, _, _ = layer(x, None, None, self_mask, k, v, cross_mask)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.logits(x)
+
+    @torch.no_grad()
+    def greedy(self, src_ids: Tensor, src_mask: Tensor, max_len: int) -> Tensor:
+        """Greedy decoding with the cache (reference for tests and the trainer's
+        validation; the server decodes with ONNX Runtime). Returns (B, <=max_len)
+        token ids without the start token, EOS included, padded with pad_id."""
+        cfg = self.cfg
+        b = src_ids.shape[0]
+        _, cross_k, cross_v = self.encode(src_ids, src_mask)
+        self_k, self_v = self.empty_cache(b, src_ids.device, cross_k.dtype)
+        tokens = torch.full((b,), cfg.decoder_start_id, dtype=torch.long, device=src_ids.device)
+        rows = torch.arange(b, device=src_ids.device)
+        done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+        out = []
+        for step in range(max_len):
+            positions = torch.full_like(tokens, step)
+            log_probs, self_k, self_v = self.decode_step(
+                tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, rows)
+            tokens = log_probs.argmax(-1).masked_fill(done, cfg.pad_id)
+            out.append(tokens)
+            done |= tokens == cfg.eos_id
+            if bool(done.all()):
+                break
+        return torch.stack(out, dim=1)

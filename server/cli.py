@@ -1,0 +1,49 @@
+"""The `seq2serve` console command.
+
+Each subcommand lives in its own module exposing `configure(parser)` and
+`run(args) -> int`. Modules are imported only when their subcommand runs, so
+`seq2serve serve` never imports torch and `seq2serve --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("seq2serve.model.corpus", "build translation and summarization corpora from "
+             "Debian's package-description translations (DDTP)"),
+    "train": ("seq2serve.model.train", "train a tokenizer and a transformer on a corpus "
+              "(resumable)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seq2serve",
+        description="Train, export and serve encoder-decoder transformers for translation "
+        "and summarization.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints usage or help, exits
+        return 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"seq2serve {name}", description=help_text)
+    module.configure(parser)
+    return int(module.run(parser.parse_args(rest)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
