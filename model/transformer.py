@@ -30,7 +30,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
               dropout: nn.Module | None = None) -> Tensor:
     """Scaled dot-product attention. q (..., Tq, Dh), k/v (..., Tk, Dh), mask
     broadcastable to (..., Tq, Tk), True = attend. Returns (..., Tq, Dh)."""
-    scores = torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-1, -2))  # (..., Tq, Tk)
+    # int(): the head size is a constant of the model, not a graph value to trace.
+    scale = 1.0 / math.sqrt(int(q.shape[-1]))
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))  # (..., Tq, Tk)
     if mask is not None:
         # finfo.min rather than -inf: a fully masked row (a padding query) stays finite.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
