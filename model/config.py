@@ -82,6 +82,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0 <= value < self.tgt_vocab_size:
                 out.append(f"{name} must be in [0, {self.tgt_vocab_size}), got {value}")
+        # The source embedding is built with padding_idx=pad_id as well.
+        if not 0 <= self.pad_id < self.src_vocab_size:
+            out.append(f"pad_id must be in [0, {self.src_vocab_size}) (src_vocab_size), "
+                       f"got {self.pad_id}")
         return out
 
     def validate(self) -> ModelConfig:

@@ -1,0 +1,461 @@
+"""Load a Hugging Face MarianMTModel directory (OPUS-MT) into `Seq2SeqTransformer`.
+
+Reads `config.json` as plain JSON and the weights with `safetensors` or
+`torch.load(weights_only=True)`: `transformers` is never imported here (it is a
+test-only dependency) and nothing is fetched from the hub.
+
+Every problem found (files, config values, tensor names and shapes) is collected
+before failing, CTranslate2-converter style, and raised as one `ConversionError`.
+
+Exactness notes (checked against transformers 5.23 `modeling_marian.py`):
+- Marian is post-norm with no final stack LayerNorm, LayerNorm eps 1e-5.
+- Positions are sinusoids with sines in the first half of the vector, starting
+  at position 0 for both encoder and decoder; the stored `embed_positions`
+  tables are recomputed by our model, so they are only checked here.
+- Token embeddings are scaled by sqrt(d_model) iff `scale_embedding`.
+- Logits get `final_logits_bias` (a (1, V) buffer, zeros when absent).
+- Ties: in transformers 5 `tie_word_embeddings=false` unties *everything*,
+  including the encoder/decoder embeddings that `share_encoder_decoder_embeddings`
+  would otherwise tie. We therefore take each matrix from the tensor that module
+  actually reads, and share/tie in our model only where the tensors are equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .config import ModelConfig
+from .transformer import Seq2SeqTransformer, sinusoid_table
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+TORCH_FILE = "pytorch_model.bin"
+
+# transformers' MarianConfig defaults: a config.json that omits a field means these.
+HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 58101,
+    "decoder_vocab_size": None,
+    "max_position_embeddings": 1024,
+    "encoder_layers": 12,
+    "encoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16,
+    "decoder_layers": 12,
+    "decoder_ffn_dim": 4096,
+    "decoder_attention_heads": 16,
+    "activation_function": "gelu",
+    "d_model": 1024,
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "decoder_start_token_id": 58100,
+    "scale_embedding": False,
+    "pad_token_id": 58100,
+    "eos_token_id": 0,
+    "bos_token_id": None,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+}
+
+# transformers' ACT2FN name -> ours. gelu_python is exact (erf) GELU; the tanh
+# variants are the same formula as torch's approximate="tanh".
+ACTIVATION_MAP = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_new",
+    "swish": "swish",
+    "silu": "swish",
+}
+
+# BART-era flags that old Marian conversions wrote. transformers' Marian ignores
+# them and always computes post-norm without extra LayerNorms, so a value other
+# than the Marian one means the checkpoint is not what its config claims.
+MARIAN_FLAG_VALUES = {
+    "normalize_before": False,
+    "add_final_layer_norm": False,
+    "normalize_embedding": False,
+    "layernorm_embedding": False,
+    "add_bias_logits": False,
+    "static_position_embeddings": True,
+    "is_decoder": False,
+}
+
+SUPPORTED_ARCHITECTURES = ("MarianMTModel", "MarianModel")
+
+
+class ConversionError(ValueError):
+    """Everything wrong with one checkpoint, listed together."""
+
+    def __init__(self, source: str | Path, problems: Iterable[str]):
+        self.source = str(source)
+        self.problems = list(problems)
+        super().__init__(
+            f"cannot convert Marian checkpoint {self.source}:\n  - " + "\n  - ".join(self.problems)
+        )
+
+
+# -- files ---------------------------------------------------------------------
+
+
+def read_config(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        problems.append(f"{CONFIG_FILE} not found in {path}")
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{CONFIG_FILE} is not readable JSON: {exc}")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{CONFIG_FILE} must hold a JSON object, got {type(data).__name__}")
+        return None
+    return data
+
+
+def _load_one(file: Path, problems: list[str]) -> dict[str, Tensor] | None:
+    try:
+        if file.name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(str(file), device="cpu")
+        data = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any reader failure is a problem to report, not a crash
+        problems.append(f"{file.name} cannot be read: {type(exc).__name__}: {exc}")
+        return None
+    if not isinstance(data, Mapping) or not all(isinstance(v, Tensor) for v in data.values()):
+        problems.append(f"{file.name} does not hold a flat name -> tensor mapping")
+        return None
+    return dict(data)
+
+
+def read_weights(path: Path, problems: list[str]) -> dict[str, Tensor] | None:
+    """Prefer safetensors; accept single-file or sharded (`*.index.json`) checkpoints."""
+    for single in (SAFETENSORS_FILE, TORCH_FILE):
+        index = path / f"{single}.index.json"
+        if (path / single).is_file():
+            return _load_one(path / single, problems)
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                                    .values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.append(f"{index.name} is not a valid shard index: {exc}")
+                return None
+            weights: dict[str, Tensor] = {}
+            ok = True
+            for shard in shards:
+                part = _load_one(path / shard, problems)
+                ok = ok and part is not None
+                weights.update(part or {})
+            return weights if ok else None
+    problems.append(f"no weights in {path}: expected {SAFETENSORS_FILE} or {TORCH_FILE}")
+    return None
+
+
+# -- config ----------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unk_id(path: Path | None, hf: Mapping[str, Any]) -> tuple[int, str]:
+    """Marian configs carry no unk id; the tokenizer's vocab.json does."""
+    if _is_int(hf.get("unk_token_id")):
+        return hf["unk_token_id"], "config.json"
+    if path is not None and (path / "vocab.json").is_file():
+        try:
+            vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            if _is_int(vocab.get("<unk>")):
+                return vocab["<unk>"], "vocab.json"
+        except (OSError, ValueError, AttributeError):
+            pass
+    return 1, "OPUS-MT convention (</s>=0, <unk>=1)"
+
+
+def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
+                  path: Path | None = None) -> ModelConfig:
+    """Our `ModelConfig` for a Marian config.json. Without `problems`, raises a
+    `ConversionError` listing every problem; with it, appends to it and returns a
+    best-effort config (so weight problems can be reported in the same error)."""
+    own = problems is None
+    found: list[str] = [] if own else problems
+    hf = {**HF_DEFAULTS, **hf_config}
+
+    if hf_config.get("model_type") != "marian":
+        found.append(f"model_type must be 'marian', got {hf_config.get('model_type')!r}")
+    archs = hf_config.get("architectures")
+    if archs is not None and not any(a in SUPPORTED_ARCHITECTURES for a in archs or ()):
+        found.append(f"architectures must include one of {SUPPORTED_ARCHITECTURES}, got {archs}")
+    for flag, marian_value in MARIAN_FLAG_VALUES.items():
+        if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != marian_value:
+            found.append(f"{flag}={hf_config[flag]!r} is not supported (Marian has "
+                         f"{flag}={marian_value!r})")
+
+    ints: dict[str, int] = {}
+    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
+                 "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
+                 "decoder_start_token_id"):
+        if _is_int(hf[name]):
+            ints[name] = hf[name]
+        else:
+            found.append(f"{name} must be an integer, got {hf[name]!r}")
+            ints[name] = 1
+    decoder_vocab = hf["decoder_vocab_size"] if hf["decoder_vocab_size"] is not None \
+        else ints["vocab_size"]
+    if not _is_int(decoder_vocab):
+        found.append(f"decoder_vocab_size must be an integer, got {decoder_vocab!r}")
+        decoder_vocab = ints["vocab_size"]
+    if hf["share_encoder_decoder_embeddings"] and decoder_vocab != ints["vocab_size"]:
+        found.append("share_encoder_decoder_embeddings needs decoder_vocab_size == vocab_size, "
+                     f"got {decoder_vocab} and {ints['vocab_size']}")
+
+    # ModelConfig checks ids against the target vocabulary only, but the source
+    # embedding is built with padding_idx=pad_id too.
+    if ints["pad_token_id"] >= ints["vocab_size"]:
+        found.append(f"pad_token_id ({ints['pad_token_id']}) must be < vocab_size "
+                     f"({ints['vocab_size']})")
+
+    eos = hf["eos_token_id"]
+    if isinstance(eos, list) and len(set(eos)) == 1:
+        eos = eos[0]
+    if not _is_int(eos):
+        found.append(f"eos_token_id must be one integer, got {eos!r}")
+        eos = 0
+
+    activation = ACTIVATION_MAP.get(hf["activation_function"])
+    if activation is None:
+        found.append(f"activation_function must be one of {sorted(ACTIVATION_MAP)}, "
+                     f"got {hf['activation_function']!r}")
+        activation = "relu"
+
+    # Marian has no BOS token; the decoder starts from pad. Keep the id in range.
+    bos = hf["bos_token_id"] if _is_int(hf["bos_token_id"]) else ints["decoder_start_token_id"]
+    unk, unk_source = _unk_id(path, hf_config)
+    cfg = ModelConfig(
+        src_vocab_size=ints["vocab_size"],
+        tgt_vocab_size=decoder_vocab,
+        d_model=ints["d_model"],
+        encoder_layers=ints["encoder_layers"],
+        decoder_layers=ints["decoder_layers"],
+        encoder_heads=ints["encoder_attention_heads"],
+        decoder_heads=ints["decoder_attention_heads"],
+        encoder_ffn_dim=ints["encoder_ffn_dim"],
+        decoder_ffn_dim=ints["decoder_ffn_dim"],
+        max_positions=ints["max_position_embeddings"],
+        dropout=float(hf["dropout"]),
+        attention_dropout=float(hf["attention_dropout"]),
+        activation_dropout=float(hf["activation_dropout"]),
+        activation=activation,
+        pre_norm=False,
+        layer_norm_eps=1e-5,  # transformers' nn.LayerNorm default, not configurable
+        scale_embedding=bool(hf["scale_embedding"]),
+        # transformers 5 unties everything when tie_word_embeddings is false;
+        # convert_marian() re-ties where the stored tensors turn out equal.
+        share_embeddings=bool(hf["share_encoder_decoder_embeddings"]
+                              and hf["tie_word_embeddings"]),
+        tie_output=bool(hf["tie_word_embeddings"]),
+        final_logits_bias=True,
+        position_layout="split",
+        pad_id=ints["pad_token_id"],
+        eos_id=eos,
+        bos_id=bos,
+        unk_id=unk,
+        decoder_start_id=ints["decoder_start_token_id"],
+        extra={
+            "source": "huggingface-marian",
+            "transformers_version": hf_config.get("transformers_version"),
+            "unk_id_from": unk_source,
+            "bos_id_from": "config.json" if _is_int(hf["bos_token_id"])
+            else "decoder_start_token_id (Marian has no BOS)",
+        },
+    )
+    found.extend(cfg.problems())
+    if own and found:
+        raise ConversionError("config", found)
+    return cfg
+
+
+# -- weights ---------------------------------------------------------------------
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "out_proj")
+_AFFINE = ("weight", "bias")
+
+
+def _layer_names(cfg: ModelConfig, hf_prefix: str) -> dict[str, str]:
+    """our name -> HF name for every per-layer tensor."""
+    names: dict[str, str] = {}
+    for i in range(cfg.encoder_layers):
+        ours, hf = f"encoder_layers.{i}.", f"{hf_prefix}encoder.layers.{i}."
+        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
+        pairs += [("attn_block.norm", "self_attn_layer_norm"), ("ffn.fc1", "fc1"),
+                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
+        for a, b in pairs:
+            for t in _AFFINE:
+                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
+    for i in range(cfg.decoder_layers):
+        ours, hf = f"decoder_layers.{i}.", f"{hf_prefix}decoder.layers.{i}."
+        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
+        pairs += [(f"cross_attn.{p}", f"encoder_attn.{p}") for p in _ATTN]
+        pairs += [("self_block.norm", "self_attn_layer_norm"),
+                  ("cross_block.norm", "encoder_attn_layer_norm"), ("ffn.fc1", "fc1"),
+                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
+        for a, b in pairs:
+            for t in _AFFINE:
+                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
+    return names
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    # The meta device gives every parameter's shape without allocating or initialising.
+    with torch.device("meta"):
+        model = Seq2SeqTransformer(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def _same(a: Tensor | None, b: Tensor | None) -> bool:
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _hf_prefix(weights: Mapping[str, Tensor]) -> str:
+    # MarianMTModel stores "model.encoder...", a bare MarianModel "encoder...".
+    if any(k.startswith("model.") for k in weights):
+        return "model."
+    return ""
+
+
+def _check_positions(cfg: ModelConfig, weights: Mapping[str, Tensor], prefix: str,
+                     used: set[str], problems: list[str]) -> None:
+    """Stored sinusoid tables are recomputed by our model; a table that differs
+    would mean learned positions, which Marian does not have."""
+    table: Tensor | None = None
+    for side in ("encoder", "decoder"):
+        name = f"{prefix}{side}.embed_positions.weight"
+        if name not in weights:
+            continue
+        used.add(name)
+        stored = weights[name]
+        if tuple(stored.shape) != (cfg.max_positions, cfg.d_model):
+            problems.append(f"{name} has shape {tuple(stored.shape)}, expected "
+                            f"{(cfg.max_positions, cfg.d_model)}")
+            continue
+        if table is None:
+            table = sinusoid_table(cfg.max_positions, cfg.d_model, "split")
+        tol = max(4 * torch.finfo(stored.dtype).eps, 1e-6) if stored.is_floating_point() else 0
+        if not torch.allclose(stored.float(), table, atol=tol, rtol=0):
+            diff = (stored.float() - table).abs().max().item()
+            problems.append(f"{name} is not Marian's sinusoid table (max diff {diff:.3g}); "
+                            "learned positions are not supported")
+
+
+def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(ModelConfig, state dict for `Seq2SeqTransformer`) from a Marian directory,
+    or one `ConversionError` listing every problem found."""
+    path = Path(path)
+    problems: list[str] = []
+    if not path.is_dir():
+        raise ConversionError(path, [f"{path} is not a directory"])
+    hf = read_config(path, problems)
+    weights = read_weights(path, problems)
+    if hf is None:
+        raise ConversionError(path, problems)
+    cfg = marian_config(hf, problems, path)
+    if weights is None or problems:
+        # Config problems make expected tensor shapes meaningless; report what we have.
+        raise ConversionError(path, problems)
+
+    prefix = _hf_prefix(weights)
+    used: set[str] = set()
+
+    def take(*names: str) -> Tensor | None:
+        for name in names:
+            if name in weights:
+                used.add(name)
+                return weights[name]
+        return None
+
+    share_cfg = bool(hf.get("share_encoder_decoder_embeddings", True))
+    tie_cfg = bool(hf.get("tie_word_embeddings", True))
+    shared = f"{prefix}shared.weight"
+    enc_name = f"{prefix}encoder.embed_tokens.weight"
+    dec_name = f"{prefix}decoder.embed_tokens.weight"
+    # A tied tensor is stored once, under its tie target, or (older files) under
+    # every name: read the first one present and require the others to equal it.
+    if share_cfg and tie_cfg:
+        group = [shared, enc_name, dec_name, "lm_head.weight"]
+    elif tie_cfg:
+        group = [dec_name, "lm_head.weight"]
+    else:
+        group = []
+    present = [name for name in group if name in weights]
+    for name in present[1:]:
+        used.add(name)
+        if not _same(weights[name], weights[present[0]]):
+            problems.append(f"config ties {name} to {present[0]} but the stored tensors differ")
+    tied = take(*present) if present else None
+    enc = tied if share_cfg and tie_cfg else take(enc_name)
+    dec = tied if tie_cfg else take(dec_name)
+    out = tied if tie_cfg else take("lm_head.weight")
+    if shared in weights:
+        used.add(shared)  # transformers 5 keeps it, but no module reads it when untied
+
+    # Share/tie in our model exactly where the matrices are equal: same outputs, less memory.
+    # (Only where the config's vocabularies agree: wrong shapes are reported below.)
+    cfg = dataclasses.replace(
+        cfg, share_embeddings=_same(enc, dec) and cfg.src_vocab_size == cfg.tgt_vocab_size,
+        tie_output=_same(out, dec))
+    expected = _expected_shapes(cfg)
+    sd: dict[str, Tensor | None] = {"src_embed.weight": enc, "tgt_embed.weight": dec,
+                                    "output.weight": out}
+    bias = take("final_logits_bias")
+    if bias is None:  # transformers loads a missing bias as zeros
+        bias = torch.zeros(cfg.tgt_vocab_size)
+    elif bias.dim() == 2 and bias.shape[0] == 1:
+        bias = bias[0]  # stored (1, V)
+    sd["final_logits_bias"] = bias
+    tied_name = " = ".join(present or group)  # names the tie group in messages
+    hf_names = {"src_embed.weight": tied_name if share_cfg and tie_cfg else enc_name,
+                "tgt_embed.weight": tied_name if tie_cfg else dec_name,
+                "output.weight": tied_name if tie_cfg else "lm_head.weight",
+                "final_logits_bias": "final_logits_bias"}
+    for ours, theirs in _layer_names(cfg, prefix).items():
+        sd[ours] = take(theirs)
+        hf_names[ours] = theirs
+    _check_positions(cfg, weights, prefix, used, problems)
+
+    for name, shape in expected.items():
+        tensor = sd.get(name)
+        if tensor is None:
+            problems.append(f"missing tensor {hf_names.get(name, name)}")
+        elif tuple(tensor.shape) != shape:
+            problems.append(f"{hf_names.get(name, name)} has shape {tuple(tensor.shape)}, "
+                            f"expected {shape}")
+        elif not tensor.is_floating_point():
+            problems.append(f"{hf_names.get(name, name)} has dtype {tensor.dtype}, expected float")
+    extra = sorted(set(weights) - used)
+    if extra:
+        shown = ", ".join(extra[:10]) + (f", ... ({len(extra)} in all)" if len(extra) > 10 else "")
+        problems.append(f"unexpected tensors (layer counts or architecture differ?): {shown}")
+    if problems:
+        # A tied matrix is checked once per use; say each thing once.
+        raise ConversionError(path, dict.fromkeys(problems))
+    cfg.extra["path"] = str(path)
+    return cfg, {k: v for k, v in sd.items() if k in expected and v is not None}
+
+
+def load_marian(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
+    """A `Seq2SeqTransformer` in eval mode with the Marian checkpoint's weights."""
+    cfg, state = convert_marian(path)
+    model = Seq2SeqTransformer(cfg)
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype).eval()

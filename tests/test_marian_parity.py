@@ -1,0 +1,220 @@
+"""load_marian() against transformers' MarianMTModel on tiny random checkpoints,
+and the loader's error reporting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+from seq2serve.model.marian import ConversionError, convert_marian, load_marian  # noqa: E402
+
+TOL = 1e-4
+VOCAB, PAD, EOS = 41, 40, 0
+
+CASES = {
+    "shared_tied_swish": dict(activation_function="swish", scale_embedding=True),
+    "separate_vocab_gelu": dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=33,
+                                pad_token_id=32, decoder_start_token_id=32,
+                                activation_function="gelu", scale_embedding=False,
+                                encoder_layers=1, decoder_layers=3, encoder_attention_heads=4,
+                                decoder_attention_heads=2, encoder_ffn_dim=40),
+    "untied_relu": dict(tie_word_embeddings=False, activation_function="relu",
+                        scale_embedding=True, decoder_ffn_dim=16, decoder_attention_heads=1),
+    "separate_untied_gelu_new": dict(share_encoder_decoder_embeddings=False,
+                                     tie_word_embeddings=False, decoder_vocab_size=37,
+                                     pad_token_id=36, decoder_start_token_id=36,
+                                     activation_function="gelu_new", encoder_layers=3,
+                                     decoder_layers=1),
+}
+
+
+def hf_model(seed: int = 0, **overrides: object) -> transformers.MarianMTModel:
+    """A tiny random MarianMTModel in which every weight matters (HF initialises
+    biases to zero and LayerNorms to identity, which would hide mapping errors)."""
+    args = dict(vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2,
+                encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=32,
+                decoder_ffn_dim=24, max_position_embeddings=64, pad_token_id=PAD,
+                decoder_start_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
+                dropout=0.1, attn_implementation="eager")
+    args.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**args)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                p.add_(0.1 * torch.randn_like(p))
+        model.final_logits_bias.normal_()
+    return model
+
+
+def inputs(model: transformers.MarianMTModel, seed: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """A right-padded source batch (lengths 9, 6, 2) and decoder inputs whose last
+    row ends in padding, as teacher forcing of a shorter target gives."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, cfg.vocab_size - 1, (3, 9), generator=g)
+    mask = (torch.arange(9)[None, :] < torch.tensor([[9], [6], [2]])).long()
+    src = src.masked_fill(mask == 0, cfg.pad_token_id)
+    tgt = torch.randint(1, cfg.decoder_vocab_size - 1, (3, 6), generator=g)
+    tgt[:, 0] = cfg.decoder_start_token_id
+    tgt[2, 4:] = cfg.pad_token_id
+    return src, mask, tgt
+
+
+def max_diff(a: Tensor, b: Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@torch.no_grad()
+def assert_parity(hf: transformers.MarianMTModel, path: Path) -> dict[str, float]:
+    ours = load_marian(path)
+    src, mask, tgt = inputs(hf)
+    hf_memory = hf.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
+    hf_logits = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    memory, cross_k, cross_v = ours.encode(src, mask)
+    diffs = {"encoder": max_diff(memory, hf_memory),
+             "logits": max_diff(ours(src, mask, tgt), hf_logits)}
+
+    hf_log_probs = hf_logits.log_softmax(-1)
+    self_k, self_v = ours.empty_cache(3)
+    rows = torch.arange(3)
+    step_diff = 0.0
+    for t in range(tgt.shape[1]):
+        log_probs, self_k, self_v = ours.decode_step(tgt[:, t], torch.full((3,), t), self_k,
+                                                     self_v, cross_k, cross_v, mask, rows)
+        step_diff = max(step_diff, max_diff(log_probs, hf_log_probs[:, t]))
+    diffs["decode_step"] = step_diff
+    assert all(d <= TOL for d in diffs.values()), diffs
+    return diffs
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_safetensors_parity(case: str, tmp_path: Path) -> None:
+    hf = hf_model(seed=len(case), **CASES[case])
+    hf.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert_parity(hf, tmp_path)
+    cfg, _ = convert_marian(tmp_path)
+    assert cfg.position_layout == "split" and not cfg.pre_norm and cfg.final_logits_bias
+    assert cfg.decoder_start_id == cfg.pad_id == hf.config.pad_token_id
+    assert cfg.tgt_vocab_size == hf.config.decoder_vocab_size
+
+
+def test_ties_follow_the_stored_tensors(tmp_path: Path) -> None:
+    hf = hf_model(**CASES["separate_vocab_gelu"])
+    hf.save_pretrained(tmp_path)
+    model = load_marian(tmp_path)
+    assert not model.cfg.share_embeddings and model.cfg.tie_output
+    assert model.output.weight is model.tgt_embed.weight
+
+
+def test_pytorch_bin_with_every_key(tmp_path: Path) -> None:
+    """Old checkpoints: pytorch_model.bin with tied duplicates and position tables."""
+    hf = hf_model(seed=7, activation_function="swish", scale_embedding=True)
+    hf.config.save_pretrained(tmp_path)
+    state = hf.state_dict()
+    assert "model.encoder.embed_positions.weight" in state
+    torch.save({k: v.clone() for k, v in state.items()}, tmp_path / "pytorch_model.bin")
+    assert not (tmp_path / "model.safetensors").exists()
+    assert_parity(hf, tmp_path)
+
+
+@torch.no_grad()
+def test_greedy_tokens_match_generate(tmp_path: Path) -> None:
+    hf = hf_model(seed=3, activation_function="swish", scale_embedding=True)
+    hf.save_pretrained(tmp_path)
+    ours = load_marian(tmp_path)
+    src, mask, _ = inputs(hf)
+    expected = hf.generate(input_ids=src, attention_mask=mask, max_new_tokens=8, num_beams=1,
+                           do_sample=False, min_length=0, forced_eos_token_id=None,
+                           bad_words_ids=None)
+    got = ours.greedy(src, mask, max_len=8)
+    assert torch.equal(got, expected[:, 1:]), (got, expected)
+
+
+# -- error reporting ---------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    hf_model().save_pretrained(tmp_path)
+    return tmp_path
+
+
+def problems_of(path: Path) -> list[str]:
+    with pytest.raises(ConversionError) as info:
+        load_marian(path)
+    assert isinstance(info.value, ValueError)
+    for p in info.value.problems:
+        assert p in str(info.value)
+    return info.value.problems
+
+
+def edit_config(path: Path, **changes: object) -> None:
+    file = path / "config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+def test_truncated_safetensors(saved: Path) -> None:
+    file = saved / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:200])
+    (problem,) = problems_of(saved)
+    assert "model.safetensors cannot be read" in problem
+
+
+def test_missing_files(saved: Path) -> None:
+    (saved / "config.json").unlink()
+    (saved / "model.safetensors").unlink()
+    problems = problems_of(saved)
+    assert any("config.json not found" in p for p in problems)
+    assert any("no weights" in p for p in problems)
+    assert len(problems) == 2
+
+
+def test_unknown_model_type(saved: Path) -> None:
+    edit_config(saved, model_type="bart")
+    assert any("model_type must be 'marian', got 'bart'" in p for p in problems_of(saved))
+
+
+def test_misshaped_tensor(saved: Path) -> None:
+    state = load_file(saved / "model.safetensors")
+    name = "model.decoder.layers.1.fc1.weight"
+    state[name] = torch.zeros(24, 15)
+    save_file(state, saved / "model.safetensors")
+    (problem,) = problems_of(saved)
+    assert name in problem and "(24, 15)" in problem and "(24, 16)" in problem
+
+
+def test_config_problems_are_listed_together(saved: Path) -> None:
+    edit_config(saved, model_type="bart", activation_function="tanh", normalize_before=True,
+                add_final_layer_norm=True, static_position_embeddings=False,
+                encoder_attention_heads=3, eos_token_id=[0, 5])
+    (saved / "model.safetensors").write_bytes(b"not a safetensors file")
+    problems = problems_of(saved)
+    for fragment in ("model_type", "activation_function", "normalize_before",
+                     "add_final_layer_norm", "static_position_embeddings",
+                     "divisible by encoder_heads", "eos_token_id", "model.safetensors"):
+        assert sum(fragment in p for p in problems) == 1, (fragment, problems)
+
+
+def test_weight_problems_are_listed_together(saved: Path) -> None:
+    state = load_file(saved / "model.safetensors")
+    del state["model.encoder.layers.0.fc2.bias"]
+    state["model.encoder.layers.0.self_attn.q_proj.weight"] = torch.zeros(16, 8)
+    state["model.encoder.layers.2.fc1.weight"] = torch.zeros(32, 16)  # a third layer
+    state["model.decoder.embed_positions.weight"] = torch.randn(64, 16)  # learned positions
+    save_file(state, saved / "model.safetensors")
+    problems = problems_of(saved)
+    for fragment in ("missing tensor model.encoder.layers.0.fc2.bias",
+                     "model.encoder.layers.0.self_attn.q_proj.weight has shape (16, 8)",
+                     "unexpected tensors (layer counts or architecture differ?): "
+                     "model.encoder.layers.2.fc1.weight",
+                     "learned positions are not supported"):
+        assert any(fragment in p for p in problems), (fragment, problems)
+    assert len(problems) == 4
