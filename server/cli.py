@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "Debian's package-description translations (DDTP)"),
     "train": ("seq2serve.model.train", "train a tokenizer and a transformer on a corpus "
               "(resumable)"),
+    "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
+               "Marian model to a verified ONNX model package"),
 }
 
 

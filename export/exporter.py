@@ -1,0 +1,262 @@
+"""`seq2serve export SOURCE OUTPUT_DIR`: a checkpoint to a verified model package.
+
+The package is built in a temporary directory beside OUTPUT_DIR and renamed
+into place only after every check passed, so a failed export leaves nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .package import (
+    DECODER_FILE,
+    DECODER_INPUTS,
+    DECODER_OUTPUTS,
+    ENCODER_FILE,
+    ENCODER_INPUTS,
+    ENCODER_OUTPUTS,
+    MANIFEST,
+    Manifest,
+    load_package,
+    sha256_file,
+    signature,
+)
+from .sources import SAMPLE_TEXTS, Source, SourceError, load_source
+
+PRECISIONS = ("fp32", "fp16", "int8")
+FP32_LOG_PROB_TOLERANCE = 1e-4
+FP16_KEPT_FP32 = ["LogSoftmax"]  # log-probabilities are compared and summed in fp32
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExportReport:
+    package: Path
+    precision: str
+    sizes: dict[str, int]
+    deviation: dict[str, Any]
+    fp32_deviation: dict[str, Any]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+
+def _quantize_int8(src: Path, dst: Path) -> None:
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The quantizer logs a pre-processing hint on every call through the root logger.
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    # Weights only (dynamic quantization): activations are quantized per call,
+    # which suits CPU inference with no calibration data.
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm"])
+
+
+def _convert_fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(src))
+    # Values beyond fp16's range (the attention mask's fill) are clamped by the
+    # converter; log_probs stay fp32 so scores are summed without fp16 rounding.
+    model = convert_float_to_float16(model, keep_io_types=["log_probs"],
+                                     op_block_list=FP16_KEPT_FP32)
+    onnx.save(model, str(dst))
+
+
+def _graph_dtypes(path: Path) -> dict[str, str]:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {v.name: onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+            for v in [*graph.input, *graph.output]}
+
+
+def _with_dtypes(spec: list[tuple[str, str, list[str]]], dtypes: dict[str, str]):
+    return [{**entry, "dtype": dtypes.get(entry["name"], entry["dtype"])}
+            for entry in signature(spec)]
+
+
+def _exporter_version() -> str:
+    try:
+        return metadata.version("seq2serve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "fp32",
+           name: str | None = None, opset: int = 17, progress: bool = True) -> ExportReport:
+    """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems."""
+    import onnx
+    import torch
+
+    from .onnx_graphs import export_graphs, tie_output_projection
+    from .verify import compare
+
+    source_dir, output_dir = Path(source_dir), Path(output_dir)
+    problems: list[str] = []
+    if precision not in PRECISIONS:
+        problems.append(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+    if output_dir.exists():
+        problems.append(f"{output_dir}: output directory exists (choose a new one)")
+    source: Source | None = None
+    try:
+        source = load_source(source_dir)
+    except SourceError as e:
+        problems.extend(e.problems)
+    if problems or source is None:
+        raise SourceError(source_dir, problems)
+
+    steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        torch.set_grad_enabled(False)
+        model = source.model.float().eval()
+        fp32_dir = tmp / "fp32"
+        fp32_dir.mkdir()
+        steps.set_postfix_str("tracing graphs")
+        export_graphs(model, fp32_dir, opset)
+        steps.update()
+
+        steps.set_postfix_str("checking graphs")
+        for graph in (ENCODER_FILE, DECODER_FILE):
+            onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
+        (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
+                                        encoding="utf-8")
+        tokenizer = source.tokenizer(tmp / "vocab.json")
+        samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
+        steps.update()
+
+        if precision != "int8" and model.cfg.tie_output:
+            tie_output_projection(fp32_dir / DECODER_FILE)
+        steps.set_postfix_str("ONNX Runtime vs PyTorch")
+        fp32 = compare(model, fp32_dir / ENCODER_FILE, fp32_dir / DECODER_FILE, samples)
+        fp32_problems = []
+        if not fp32.log_probs <= FP32_LOG_PROB_TOLERANCE:
+            fp32_problems.append(f"log-prob deviation {fp32.log_probs:.3g} exceeds "
+                                 f"{FP32_LOG_PROB_TOLERANCE:g}")
+        if not fp32.greedy_equal:
+            fp32_problems.append("greedy decoding differs between ONNX Runtime and PyTorch")
+        if fp32_problems:
+            raise ExportError("verification failed:\n  " + "\n  ".join(fp32_problems))
+        steps.update()
+
+        steps.set_postfix_str(f"precision {precision}")
+        for graph in (ENCODER_FILE, DECODER_FILE):
+            if precision == "fp32":
+                shutil.move(fp32_dir / graph, tmp / graph)
+            elif precision == "int8":
+                _quantize_int8(fp32_dir / graph, tmp / graph)
+            else:
+                _convert_fp16(fp32_dir / graph, tmp / graph)
+        deviation = fp32
+        if precision == "int8":
+            deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
+        elif precision == "fp16":
+            from .verify import check_fp16
+
+            deviation = check_fp16(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
+        if not deviation.finite:
+            raise ExportError(f"{precision} graphs produce NaN or inf log-probabilities")
+        shutil.rmtree(fp32_dir)
+        steps.update()
+
+        steps.set_postfix_str("writing manifest")
+        shutil.copyfile(source.source_spm, tmp / "source.spm")
+        shutil.copyfile(source.target_spm, tmp / "target.spm")
+        cfg = model.cfg
+        dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE)}
+        suppress = sorted({cfg.pad_id, cfg.decoder_start_id} - {cfg.eos_id})
+        manifest = Manifest(
+            name=name or source.name,
+            task=source.task,
+            source_language=source.source_language,
+            target_language=source.target_language,
+            config=cfg.to_dict(),
+            special_tokens={"pad": cfg.pad_id, "eos": cfg.eos_id, "unk": cfg.unk_id,
+                            "bos": cfg.bos_id, "decoder_start": cfg.decoder_start_id,
+                            # never generated: padding and the start token
+                            "suppress": suppress},
+            tokenizer={"type": "sentencepiece", "source_model": "source.spm",
+                       "target_model": "target.spm", "vocab": "vocab.json",
+                       "append_eos": True},
+            generation=source.generation,
+            precision=precision,
+            max_source_length=cfg.max_positions,
+            graphs={
+                "encoder": {"file": ENCODER_FILE, "opset": opset,
+                            "inputs": _with_dtypes(ENCODER_INPUTS, dtypes),
+                            "outputs": _with_dtypes(ENCODER_OUTPUTS, dtypes)},
+                "decoder": {"file": DECODER_FILE, "opset": opset,
+                            "inputs": _with_dtypes(DECODER_INPUTS, dtypes),
+                            "outputs": _with_dtypes(DECODER_OUTPUTS, dtypes)},
+            },
+            exporter={"name": "seq2serve", "version": _exporter_version(),
+                      "source": source.origin, "deviation": deviation.as_dict(),
+                      "fp32_deviation": fp32.as_dict()},
+        )
+        manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
+        load_package(tmp)  # the loader the server uses must accept what we wrote
+        os.rename(tmp, output_dir)
+        steps.update()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        steps.close()
+    sizes = {p.name: p.stat().st_size for p in sorted(output_dir.iterdir())}
+    return ExportReport(output_dir, precision, sizes, deviation.as_dict(), fp32.as_dict())
+
+
+# -- command line ---------------------------------------------------------------
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path,
+                        help="a seq2serve checkpoint directory, or a Hugging Face Marian "
+                        "(OPUS-MT) model directory: config.json, model.safetensors or "
+                        "pytorch_model.bin, source.spm, target.spm, vocab.json")
+    parser.add_argument("output", type=Path, help="the package directory to create "
+                        "(must not exist)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp32 (default), fp16 (for CUDA) or int8 (dynamic "
+                        "quantization, for CPU)")
+    parser.add_argument("--name", help="model name in the manifest (default: the source "
+                        "directory's name)")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = export(args.source, args.output, precision=args.precision, name=args.name,
+                        opset=args.opset, progress=not args.quiet)
+    except (SourceError, ExportError) as e:
+        print(f"seq2serve export: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {report.package} ({report.precision}, {report.total_bytes / 2**20:.1f} MiB)")
+    for file, size in report.sizes.items():
+        print(f"  {file:<16} {size / 2**20:8.2f} MiB")
+    dev = report.deviation
+    print(f"  deviation vs PyTorch: log-probs {dev['log_probs']:.2e}, encoder "
+          f"{dev['encoder']:.2e}, greedy identical on {dev['greedy_rows']} samples: "
+          f"{dev['greedy_equal']}")
+    return 0

@@ -1,0 +1,140 @@
+"""Trace `encode()` and `decode_step()` into the package's two ONNX graphs."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+
+from seq2serve.model.transformer import Seq2SeqTransformer
+
+from .package import (
+    DECODER_FILE,
+    DECODER_INPUTS,
+    DECODER_OUTPUTS,
+    ENCODER_FILE,
+    ENCODER_INPUTS,
+    ENCODER_OUTPUTS,
+)
+
+DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one op
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor):
+        return self.model.encode(src_ids, src_mask)
+
+
+class _DecoderStep(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor):
+        return self.model.decode_step(*args)
+
+
+def _dynamic_axes(spec: list[tuple[str, str, list[str]]]) -> dict[str, dict[int, str]]:
+    """Every symbolic axis except the fixed model dimensions is dynamic."""
+    fixed = {"L", "H", "Dh", "D", "V"}
+    return {
+        name: {i: ("T1" if dim == "T+1" else dim) for i, dim in enumerate(shape)
+               if dim not in fixed}
+        for name, _, shape in spec
+    }
+
+
+def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
+                  src_len: int = 5, cached: int = 3, seed: int = 0):
+    """Inputs for tracing and for checking ORT against PyTorch."""
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    src_ids = torch.randint(4, cfg.src_vocab_size, (batch, src_len), generator=gen)
+    src_mask = torch.ones(batch, src_len, dtype=torch.int64)
+    src_mask[-1, src_len - 2:] = 0  # one padded row
+    src_ids[src_mask == 0] = cfg.pad_id
+    with torch.no_grad():
+        _, cross_k, cross_v = model.encode(src_ids, src_mask)
+    n = batch * beams
+    head_dim = cfg.d_model // cfg.decoder_heads
+    cache_shape = (cfg.decoder_layers, n, cfg.decoder_heads, cached, head_dim)
+    step = (
+        torch.randint(4, cfg.tgt_vocab_size, (n,), generator=gen),
+        torch.full((n,), cached, dtype=torch.int64),
+        torch.randn(cache_shape, generator=gen),
+        torch.randn(cache_shape, generator=gen),
+        cross_k,
+        cross_v,
+        src_mask,
+        torch.randperm(n, generator=gen),
+    )
+    return (src_ids, src_mask), step
+
+
+def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT_OPSET) -> None:
+    """Write encoder.onnx and decoder.onnx (fp32) into out_dir. A tied output
+    projection is still stored twice here: int8 quantization wants a plain MatMul;
+    `tie_output_projection` stores it once for the fp32 and fp16 packages."""
+    model = model.eval().float()
+    enc_args, dec_args = sample_inputs(model)
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript exporter warns about its own deprecation and about
+        # shape-dependent Python values that are in fact constant per model.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _Encoder(model), enc_args, str(out_dir / ENCODER_FILE), dynamo=False,
+            opset_version=opset,
+            input_names=[n for n, _, _ in ENCODER_INPUTS],
+            output_names=[n for n, _, _ in ENCODER_OUTPUTS],
+            dynamic_axes={**_dynamic_axes(ENCODER_INPUTS), **_dynamic_axes(ENCODER_OUTPUTS)},
+        )
+        torch.onnx.export(
+            _DecoderStep(model), dec_args, str(out_dir / DECODER_FILE), dynamo=False,
+            opset_version=opset,
+            input_names=[n for n, _, _ in DECODER_INPUTS],
+            output_names=[n for n, _, _ in DECODER_OUTPUTS],
+            dynamic_axes={**_dynamic_axes(DECODER_INPUTS), **_dynamic_axes(DECODER_OUTPUTS)},
+        )
+
+
+def tie_output_projection(path: Path) -> bool:
+    """Store a tied output projection once.
+
+    The exporter folds `x @ E.T` into a second, transposed copy of the embedding
+    matrix E; for a 2-D `x` a Gemm with transB=1 reads E itself. Returns whether
+    a copy was removed.
+    """
+    model = onnx.load(str(path))
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    inits = {i.name: i for i in graph.initializer}
+    matrices = [i for i in graph.initializer if len(i.dims) == 2]
+    for idx, node in enumerate(graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in inits or ranks.get(node.input[0]) != 2:
+            continue
+        weight = inits[node.input[1]]
+        for emb in matrices:
+            if emb.name == weight.name or list(emb.dims) != list(weight.dims)[::-1]:
+                continue
+            if not np.array_equal(numpy_helper.to_array(emb).T, numpy_helper.to_array(weight)):
+                continue
+            gemm = helper.make_node("Gemm", [node.input[0], emb.name], list(node.output),
+                                    name=node.name or "tied_output_projection", transB=1)
+            graph.node.remove(node)
+            graph.node.insert(idx, gemm)
+            if not any(weight.name in n.input for n in graph.node):
+                graph.initializer.remove(weight)
+            onnx.save(model, str(path))
+            return True
+    return False

@@ -1,0 +1,156 @@
+"""The model package: what `export` writes and what `serve` loads.
+
+One directory per model: `manifest.json`, `encoder.onnx`, `decoder.onnx` and
+the tokenizer files. The manifest records the sha256 of every other file;
+`load_package` refuses a package whose files do not match, naming the file.
+This module needs neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+
+# Graph signatures: (name, dtype, symbolic shape). B sources, N = B*K hypotheses,
+# S source length, T cached steps, L decoder layers, H heads, Dh head size, V vocab.
+ENCODER_INPUTS = [("src_ids", "int64", ["B", "S"]), ("src_mask", "int64", ["B", "S"])]
+ENCODER_OUTPUTS = [
+    ("memory", "float", ["B", "S", "D"]),
+    ("cross_k", "float", ["L", "B", "H", "S", "Dh"]),
+    ("cross_v", "float", ["L", "B", "H", "S", "Dh"]),
+]
+DECODER_INPUTS = [
+    ("tokens", "int64", ["N"]),
+    ("positions", "int64", ["N"]),
+    ("self_k", "float", ["L", "N", "H", "T", "Dh"]),
+    ("self_v", "float", ["L", "N", "H", "T", "Dh"]),
+    ("cross_k", "float", ["L", "B", "H", "S", "Dh"]),
+    ("cross_v", "float", ["L", "B", "H", "S", "Dh"]),
+    ("src_mask", "int64", ["B", "S"]),
+    ("beam_origin", "int64", ["N"]),
+]
+DECODER_OUTPUTS = [
+    ("log_probs", "float32", ["N", "V"]),
+    ("new_self_k", "float", ["L", "N", "H", "T+1", "Dh"]),
+    ("new_self_v", "float", ["L", "N", "H", "T+1", "Dh"]),
+]
+
+
+class PackageError(ValueError):
+    """A package failed verification; `problems` lists every finding."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__(f"model package {path} is invalid:\n  " + "\n  ".join(problems))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def signature(spec: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
+    return [{"name": n, "dtype": t, "shape": s} for n, t, s in spec]
+
+
+@dataclass
+class Manifest:
+    name: str
+    task: str  # "translate" | "summarize"
+    source_language: str
+    target_language: str
+    config: dict[str, Any]  # ModelConfig.to_dict()
+    special_tokens: dict[str, int]
+    tokenizer: dict[str, Any]  # type, source_model, target_model, vocab (file names)
+    generation: dict[str, Any]
+    precision: str
+    max_source_length: int
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    graphs: dict[str, Any] = field(default_factory=dict)
+    exporter: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        return cls(**data)
+
+
+REQUIRED_KEYS = ("name", "task", "source_language", "target_language", "config",
+                 "special_tokens", "tokenizer", "generation", "precision", "max_source_length",
+                 "files", "graphs", "format_version")
+
+
+@dataclass
+class ModelPackage:
+    path: Path
+    manifest: Manifest
+
+    @property
+    def encoder_path(self) -> Path:
+        return self.path / ENCODER_FILE
+
+    @property
+    def decoder_path(self) -> Path:
+        return self.path / DECODER_FILE
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
+    """Read and verify a package. Raises PackageError listing every problem."""
+    root = Path(path)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise PackageError(root, [f"{MANIFEST}: missing"])
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackageError(root, [f"{MANIFEST}: not valid JSON ({e})"]) from None
+    if not isinstance(data, dict):
+        raise PackageError(root, [f"{MANIFEST}: expected a JSON object"])
+    problems = [f"{MANIFEST}: missing key {k!r}" for k in REQUIRED_KEYS if k not in data]
+    if problems:
+        raise PackageError(root, problems)
+    if data["format_version"] != FORMAT_VERSION:
+        raise PackageError(root, [f"{MANIFEST}: format_version {data['format_version']} is not "
+                                  f"supported (this seq2serve reads {FORMAT_VERSION})"])
+    unknown = sorted(set(data) - set(Manifest.__dataclass_fields__))
+    if unknown:
+        problems.append(f"{MANIFEST}: unknown keys {unknown}")
+    files: dict[str, str] = data["files"]
+    tokenizer_files = []
+    for key in ("source_model", "target_model", "vocab"):
+        if isinstance(data["tokenizer"].get(key), str):
+            tokenizer_files.append(data["tokenizer"][key])
+        else:
+            problems.append(f"{MANIFEST}: tokenizer.{key} must name a file")
+    for required in (ENCODER_FILE, DECODER_FILE, *tokenizer_files):
+        if required not in files:
+            problems.append(f"{MANIFEST}: 'files' does not list {required}")
+    for name, expected in sorted(files.items()):
+        file_path = root / name
+        if "/" in name or name.startswith("."):
+            problems.append(f"{name}: file names in a package must be plain names")
+        elif not file_path.is_file():
+            problems.append(f"{name}: missing")
+        elif verify_hashes and sha256_file(file_path) != expected:
+            problems.append(f"{name}: sha256 mismatch (file is corrupt, truncated or modified)")
+    if problems:
+        raise PackageError(root, problems)
+    return ModelPackage(root, Manifest.from_dict(data))

@@ -1,0 +1,53 @@
+"""The package tokenizer: SentencePiece pieces mapped to model ids by a vocab.
+
+This is Marian's scheme (source.spm / target.spm + vocab.json, whose ids are not
+the SentencePiece ids); seq2serve's own models write a vocab.json that maps
+each piece to its SentencePiece id, so one class serves both. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+
+SPIECE_UNDERLINE = "\u2581"
+
+
+class PackageTokenizer:
+    def __init__(self, source_model: Path, target_model: Path, vocab: Path, *,
+                 unk_id: int, eos_id: int, pad_id: int):
+        self.source = spm.SentencePieceProcessor(model_file=str(source_model))
+        self.target = spm.SentencePieceProcessor(model_file=str(target_model))
+        self.piece_to_id: dict[str, int] = json.loads(Path(vocab).read_text(encoding="utf-8"))
+        self.id_to_piece = {i: p for p, i in self.piece_to_id.items()}
+        self.unk_id, self.eos_id, self.pad_id = unk_id, eos_id, pad_id
+        # Pieces that are model-level specials must never reach SentencePiece decoding.
+        self.special_ids = {unk_id, eos_id, pad_id}
+
+    def encode(self, text: str) -> list[int]:
+        """Source text -> ids, EOS appended (as Marian's tokenizer does)."""
+        code: list[str] = []
+        # A leading >>lang<< code of multilingual Marian models is a vocab entry, not text.
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = [text[: end + 2]], text[end + 2:]
+        pieces = code + self.source.encode(text, out_type=str)
+        return [self.piece_to_id.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        """Target ids -> text; stops at EOS, skips pad and unknown ids."""
+        pieces: list[str] = []
+        for i in ids:
+            if i == self.eos_id:
+                break
+            if i in self.special_ids or i not in self.id_to_piece:
+                continue
+            pieces.append(self.id_to_piece[i])
+        return self.target.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
+
+    @staticmethod
+    def vocab_from_sentencepiece(model_file: Path) -> dict[str, int]:
+        """A vocab.json for a seq2serve model: each piece keeps its SentencePiece id."""
+        sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}

@@ -1,0 +1,129 @@
+"""Check an exported package against the PyTorch model it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from seq2serve.model.transformer import Seq2SeqTransformer
+
+from .onnx_graphs import sample_inputs
+from .package import DECODER_INPUTS, ENCODER_INPUTS
+
+
+@dataclass
+class Deviation:
+    """Max abs differences between ONNX Runtime and PyTorch."""
+
+    encoder: float
+    cross_kv: float
+    log_probs: float
+    cache: float
+    greedy_equal: bool
+    greedy_rows: int
+    finite: bool
+    provider: str = "CPUExecutionProvider"
+
+    def as_dict(self) -> dict[str, float | bool | int]:
+        return dict(self.__dict__)
+
+
+def cpu_session(path: Path, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=[provider])
+
+
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+             "tensor(int64)": np.int64}
+
+
+def feed(session: ort.InferenceSession, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cast each input to the dtype the graph declares (fp16 graphs take fp16 caches)."""
+    types = {i.name: _NP_TYPES.get(i.type) for i in session.get_inputs()}
+    return {n: v.astype(types[n]) if types.get(n) else v for n, v in values.items()}
+
+
+def _max_abs(ours: np.ndarray, ref: torch.Tensor) -> float:
+    return float(np.abs(ours.astype(np.float32) - ref.numpy()).max())
+
+
+def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
+               src_ids: np.ndarray, src_mask: np.ndarray, *, start_id: int, eos_id: int,
+               pad_id: int, max_len: int) -> np.ndarray:
+    """Greedy decoding through the two graphs (a reference loop for verification;
+    the server's engine is the fast path). Returns (B, <=max_len) like
+    Seq2SeqTransformer.greedy."""
+    _, cross_k, cross_v = encoder.run(None, feed(encoder, {"src_ids": src_ids,
+                                                          "src_mask": src_mask}))
+    b = src_ids.shape[0]
+    layers, _, heads, _, head_dim = cross_k.shape
+    self_k = np.zeros((layers, b, heads, 0, head_dim), dtype=cross_k.dtype)
+    self_v = self_k
+    tokens = np.full(b, start_id, dtype=np.int64)
+    rows = np.arange(b, dtype=np.int64)
+    done = np.zeros(b, dtype=bool)
+    out = []
+    for step in range(max_len):
+        log_probs, self_k, self_v = decoder.run(None, {
+            "tokens": tokens, "positions": np.full(b, step, dtype=np.int64),
+            "self_k": self_k, "self_v": self_v, "cross_k": cross_k, "cross_v": cross_v,
+            "src_mask": src_mask, "beam_origin": rows,
+        })
+        tokens = np.where(done, pad_id, log_probs.argmax(-1)).astype(np.int64)
+        out.append(tokens)
+        done |= tokens == eos_id
+        if done.all():
+            break
+    return np.stack(out, axis=1)
+
+
+def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
+            sentences: list[list[int]], max_len: int = 32,
+            provider: str = "CPUExecutionProvider") -> Deviation:
+    """Run the same inputs through both; sentences are source token ids (with EOS)."""
+    model = model.eval().float()
+    encoder = cpu_session(encoder_path, provider)
+    decoder = cpu_session(decoder_path, provider)
+    enc_args, dec_args = sample_inputs(model, batch=3, beams=3, src_len=7, cached=4, seed=1)
+    enc_feed = {n: t.numpy() for (n, _, _), t in zip(ENCODER_INPUTS, enc_args, strict=True)}
+    memory, cross_k, _ = encoder.run(None, feed(encoder, enc_feed))
+    dec_feed = {n: t.numpy() for (n, _, _), t in zip(DECODER_INPUTS, dec_args, strict=True)}
+    log_probs, new_k, _ = decoder.run(None, feed(decoder, dec_feed))
+    with torch.no_grad():
+        ref_memory, ref_cross_k, _ = model.encode(*enc_args)
+        ref_log_probs, ref_new_k, _ = model.decode_step(*dec_args)
+
+    cfg = model.cfg
+    width = max(len(s) for s in sentences)
+    src_ids = np.full((len(sentences), width), cfg.pad_id, dtype=np.int64)
+    src_mask = np.zeros_like(src_ids)
+    for i, s in enumerate(sentences):
+        src_ids[i, : len(s)] = s
+        src_mask[i, : len(s)] = 1
+    ours = ort_greedy(encoder, decoder, src_ids, src_mask, start_id=cfg.decoder_start_id,
+                      eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_len=max_len)
+    ref = model.greedy(torch.from_numpy(src_ids), torch.from_numpy(src_mask), max_len).numpy()
+    return Deviation(
+        encoder=_max_abs(memory, ref_memory),
+        cross_kv=_max_abs(cross_k, ref_cross_k),
+        log_probs=_max_abs(log_probs, ref_log_probs),
+        cache=_max_abs(new_k, ref_new_k),
+        greedy_equal=ours.shape == ref.shape and bool((ours == ref).all()),
+        greedy_rows=len(sentences),
+        finite=bool(np.isfinite(log_probs).all() and np.isfinite(memory).all()),
+        provider=provider,
+    )
+
+
+def check_fp16(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
+               sentences: list[list[int]]) -> Deviation:
+    """fp16 graphs are meant for CUDA; on a CPU-only machine ONNX Runtime's CPU
+    provider runs them (slowly), which still measures the fp16 deviation."""
+    provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider"
+                in ort.get_available_providers() else "CPUExecutionProvider")
+    return compare(model, encoder_path, decoder_path, sentences, provider=provider)

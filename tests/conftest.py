@@ -1,0 +1,107 @@
+"""Shared builders: tiny Hugging Face Marian directories made on the spot (no hub)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+CORPUS = [
+    "Open the file and save your changes.",
+    "This package contains the documentation for the library.",
+    "A library for reading and writing compressed archives.",
+    "The server could not be started because the port is in use.",
+    "Tools to convert images between many formats.",
+    "Command-line utilities for the network file system.",
+    "This is a transitional dummy package. It can safely be removed.",
+    "Python bindings for the graphics library.",
+]
+
+
+def write_marian_tokenizer(out: Path, vocab_size: int = 120) -> dict[str, int]:
+    """source.spm/target.spm and a Marian-style vocab.json (ids not the spm ids:
+    </s> 0, <unk> 1, pieces, <pad> last), as OPUS-MT directories have them."""
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / "spm-train.txt"
+    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / "spm"), vocab_size=vocab_size,
+        model_type="unigram", unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
+        hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    text.unlink()
+    shutil.move(out / "spm.model", out / "source.spm")
+    shutil.copyfile(out / "source.spm", out / "target.spm")
+    (out / "spm.vocab").unlink()
+    sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    vocab = {"</s>": 0, "<unk>": 1}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    return vocab
+
+
+def _teach_copying(model, tokenizer_dir: Path, steps: int) -> None:
+    """A few Adam steps on "output the source": an untrained model repeats one
+    token forever, which would make greedy/beam parity tests nearly vacuous; a
+    briefly trained one gives varied tokens and ends sentences with EOS."""
+    import torch
+    import transformers
+
+    tok = transformers.MarianTokenizer.from_pretrained(tokenizer_dir)
+    batch = tok(CORPUS, text_target=CORPUS, return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == model.config.pad_token_id] = -100
+    optim = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        optim.zero_grad()
+        model(**batch).loss.backward()
+        optim.step()
+    model.eval()
+
+
+def make_marian_dir(out: Path, seed: int = 0, train_steps: int = 0,
+                    **overrides: object) -> Path:
+    """A MarianMTModel saved with save_pretrained beside a tiny SentencePiece
+    tokenizer trained here: random (train_steps=0) or briefly taught to copy."""
+    import torch
+    import transformers
+
+    vocab = write_marian_tokenizer(out)
+    size = len(vocab)
+    args = dict(vocab_size=size, decoder_vocab_size=size, d_model=32, encoder_layers=2,
+                decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                pad_token_id=size - 1, decoder_start_token_id=size - 1, eos_token_id=0,
+                forced_eos_token_id=0, scale_embedding=True, activation_function="swish")
+    args.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**args)).eval()
+    with torch.no_grad():  # HF zero-initialises biases; make every weight matter
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                p.add_(0.2 * torch.randn_like(p))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "en", "target_lang": "de"}), encoding="utf-8")
+    if train_steps:
+        _teach_copying(model, out, train_steps)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-en-de", train_steps=100)
+
+
+@pytest.fixture(scope="session")
+def marian_package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from seq2serve.export.exporter import export
+
+    out = tmp_path_factory.mktemp("packages") / "marian-fp32"
+    export(marian_dir, out, progress=False)
+    return out

@@ -1,0 +1,206 @@
+"""`seq2serve export`: round trips against Hugging Face and PyTorch, precisions,
+bad sources, and the package loader's verification."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+from conftest import CORPUS, make_marian_dir
+
+from seq2serve.export.exporter import export
+from seq2serve.export.exporter import run as export_cli
+from seq2serve.export.package import PackageError, load_package
+from seq2serve.export.sources import SourceError
+from seq2serve.export.tokenizer import PackageTokenizer
+from seq2serve.export.verify import cpu_session, ort_greedy
+
+MAX_NEW = 24
+
+
+def package_tokenizer(path: Path) -> PackageTokenizer:
+    m = load_package(path).manifest
+    t = m.tokenizer
+    return PackageTokenizer(path / t["source_model"], path / t["target_model"], path / t["vocab"],
+                            unk_id=m.special_tokens["unk"], eos_id=m.special_tokens["eos"],
+                            pad_id=m.special_tokens["pad"])
+
+
+def package_greedy(path: Path, texts: list[str]) -> tuple[list[list[int]], list[str]]:
+    """Greedy decoding through the package's two graphs with ONNX Runtime."""
+    package = load_package(path)
+    cfg = package.manifest.config
+    tok = package_tokenizer(path)
+    rows = [tok.encode(t) for t in texts]
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), cfg["pad_id"], dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = r, 1
+    out = ort_greedy(cpu_session(package.encoder_path), cpu_session(package.decoder_path),
+                     ids, mask, start_id=cfg["decoder_start_id"], eos_id=cfg["eos_id"],
+                     pad_id=cfg["pad_id"], max_len=MAX_NEW)
+    tokens = [[int(t) for t in row if t != cfg["pad_id"]] for row in out]
+    return tokens, [tok.decode(t) for t in tokens]
+
+
+def test_marian_round_trip_equals_hf_generate(marian_dir: Path, marian_package: Path) -> None:
+    hf_tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    texts = CORPUS[:5] + ["unseen wörds: ☃ zebra"]
+    ours_tok = package_tokenizer(marian_package)
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    for i, text in enumerate(texts):  # the package tokenizer is Marian's, id for id
+        n = int(batch["attention_mask"][i].sum())
+        assert ours_tok.encode(text) == batch["input_ids"][i, :n].tolist()
+    with torch.no_grad():
+        ref = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW,
+                             min_new_tokens=0, forced_eos_token_id=None)
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    ref_tokens = []
+    for row in ref[:, 1:].tolist():  # drop the decoder start token
+        out = []
+        for t in row:
+            out.append(t)
+            if t == eos:
+                break
+        ref_tokens.append([t for t in out if t != pad] if eos in out else out)
+    tokens, text_out = package_greedy(marian_package, texts)
+    assert tokens == ref_tokens
+    assert text_out == hf_tok.batch_decode(ref, skip_special_tokens=True)
+
+
+def test_seq2serve_checkpoint_round_trip(tmp_path: Path) -> None:
+    from seq2serve.model.checkpoint import save_checkpoint
+    from seq2serve.model.config import ModelConfig
+    from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
+    from seq2serve.model.transformer import Seq2SeqTransformer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 10), encoding="utf-8")
+    train_tokenizer([corpus], tmp_path / "tok.model", vocab_size=100)
+    tok = Tokenizer(tmp_path / "tok.model")
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=32,
+                      encoder_layers=2, decoder_layers=2, encoder_heads=4, decoder_heads=4,
+                      encoder_ffn_dim=64, decoder_ffn_dim=64, max_positions=64, pre_norm=True)
+    model = Seq2SeqTransformer(cfg).eval()
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, tmp_path / "tok.model",
+                           meta={"task": "translate", "src_lang": "en", "tgt_lang": "de"})
+    report = export(ckpt, tmp_path / "pkg", name="tiny-en-de", progress=False)
+    manifest = load_package(report.package).manifest
+    assert (manifest.name, manifest.source_language, manifest.target_language) == (
+        "tiny-en-de", "en", "de")
+    tokens, _ = package_greedy(report.package, CORPUS[:4])
+    src = [tok.encode(t) for t in CORPUS[:4]]
+    width = max(map(len, src))
+    ids = torch.tensor([s + [cfg.pad_id] * (width - len(s)) for s in src])
+    ref = model.greedy(ids, (ids != cfg.pad_id).long(), MAX_NEW)
+    assert tokens == [[t for t in row if t != cfg.pad_id] for row in ref.tolist()]
+
+
+def test_tied_output_projection_is_stored_once(marian_package: Path) -> None:
+    cfg = load_package(marian_package).manifest.config
+    graph = onnx.load(str(marian_package / "decoder.onnx")).graph
+    big = [i for i in graph.initializer if cfg["tgt_vocab_size"] in i.dims and len(i.dims) == 2]
+    assert len(big) == 1
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision: str) -> None:
+    report = export(marian_dir, tmp_path / precision, precision=precision, progress=False)
+    manifest = load_package(report.package).manifest
+    assert manifest.precision == precision
+    dev = report.deviation
+    assert dev["finite"]
+    assert 0 < dev["log_probs"] < 0.5  # reduced precision deviates, but not wildly
+    assert report.fp32_deviation["log_probs"] <= 1e-4
+    decoder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["decoder"]["inputs"]}
+    assert decoder_inputs["self_k"] == ("float16" if precision == "fp16" else "float32")
+    tokens, _ = package_greedy(report.package, CORPUS[:3])
+    assert all(tokens)
+
+
+def test_package_manifest_and_hashes(marian_package: Path) -> None:
+    manifest = json.loads((marian_package / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "source.spm",
+                                      "target.spm", "vocab.json"}
+    assert manifest["graphs"]["decoder"]["inputs"][0]["name"] == "tokens"
+    assert manifest["exporter"]["fp32_deviation"]["greedy_equal"] is True
+    assert manifest["special_tokens"]["suppress"] == [manifest["config"]["pad_id"]]
+
+
+@pytest.mark.parametrize("damage", ["tamper", "truncate", "delete"])
+def test_loader_rejects_damaged_file_naming_it(marian_package: Path, tmp_path: Path,
+                                               damage: str) -> None:
+    pkg = tmp_path / "pkg"
+    shutil.copytree(marian_package, pkg)
+    target = pkg / "decoder.onnx"
+    data = target.read_bytes()
+    if damage == "tamper":
+        target.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    else:
+        target.unlink()
+    with pytest.raises(PackageError, match="decoder.onnx"):
+        load_package(pkg)
+
+
+def test_loader_rejects_bad_manifest(marian_package: Path, tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    shutil.copytree(marian_package, pkg)
+    (pkg / "manifest.json").write_text("{not json")
+    with pytest.raises(PackageError, match="manifest.json"):
+        load_package(pkg)
+    (pkg / "manifest.json").unlink()
+    with pytest.raises(PackageError, match="manifest.json: missing"):
+        load_package(pkg)
+
+
+def test_bad_sources_list_every_problem(tmp_path: Path, marian_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(marian_dir, broken)
+    (broken / "target.spm").unlink()
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated download
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    with pytest.raises(SourceError) as err:
+        export(broken, existing, progress=False)
+    text = str(err.value)
+    assert "target.spm: missing" in text and "model.safetensors" in text
+    assert "output directory exists" in text
+    # the command line says the same and exits non-zero; nothing half-written remains
+    args = type("Args", (), dict(source=broken, output=tmp_path / "new", precision="fp32",
+                                 name=None, opset=17, quiet=True))()
+    assert export_cli(args) == 1
+    assert "target.spm: missing" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "exists"]
+
+
+def test_unknown_architecture_and_missing_dir(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="not a directory"):
+        export(tmp_path / "nope", tmp_path / "out", progress=False)
+    other = tmp_path / "bart"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bart"}))
+    with pytest.raises(SourceError, match="unknown architecture"):
+        export(other, tmp_path / "out", progress=False)
+
+
+def test_unsupported_marian_config_is_reported(tmp_path: Path) -> None:
+    src = make_marian_dir(tmp_path / "m", encoder_layers=1, decoder_layers=1)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(activation_function="mish", normalize_before=True)
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SourceError) as err:
+        export(src, tmp_path / "out", progress=False)
+    assert "mish" in str(err.value) and "normalize_before" in str(err.value)
