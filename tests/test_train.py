@@ -1,0 +1,300 @@
+"""Tokenizer, batching, loss, checkpoints and the trainer on a tiny fixture corpus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from seq2serve.model import checkpoint as ckpt
+from seq2serve.model import train
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.evaluate import generate, read_split, score
+from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
+from seq2serve.model.transformer import Seq2SeqTransformer
+
+CORPUS = Path(__file__).parent / "fixtures" / "tiny_corpus"
+TINY = [
+    "--data", str(CORPUS), "--vocab-size", "120", "--character-coverage", "1.0",
+    "--d-model", "64", "--layers", "2", "--heads", "4", "--ffn", "128",
+    "--dropout", "0.1", "--label-smoothing", "0", "--max-tokens", "256",
+    "--max-src-len", "24", "--max-tgt-len", "24", "--lr", "3e-3", "--warmup", "30",
+    "--threads", "1", "--no-progress", "--eval-max-sentences", "6",
+]
+
+
+def train_args(out: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    return parser.parse_args([*TINY, "--out", str(out), *extra])
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+# -- tokenizer ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    out = tmp_path_factory.mktemp("spm") / "spm.model"
+    return train_tokenizer([CORPUS / "train.src", CORPUS / "train.tgt"], out, vocab_size=120,
+                           character_coverage=1.0, num_threads=1)
+
+
+def test_tokenizer_special_ids_match_model_config(tokenizer: Tokenizer) -> None:
+    cfg = ModelConfig()
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (
+        cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id)
+    assert [tokenizer.sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert 20 < tokenizer.vocab_size <= 120
+
+
+def test_tokenizer_round_trip(tokenizer: Tokenizer) -> None:
+    sources, targets = read_split(CORPUS, "train")
+    for text in sources + targets:
+        ids = tokenizer.encode(text)
+        assert ids[-1] == tokenizer.eos_id and tokenizer.bos_id not in ids
+        assert tokenizer.unk_id not in ids
+        assert tokenizer.decode(ids) == text
+    ids = tokenizer.encode("das Paket enthält die Dokumentation")
+    # decode stops at the first EOS and skips pad/BOS around the text
+    assert tokenizer.decode([tokenizer.bos_id, *ids, 5, 6, tokenizer.pad_id]) == (
+        "das Paket enthält die Dokumentation")
+    truncated = tokenizer.encode("das Paket enthält die Dokumentation", max_len=3)
+    assert len(truncated) == 3 and truncated[-1] == tokenizer.eos_id
+
+
+def test_tokenizer_training_is_deterministic(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    again = train_tokenizer([CORPUS / "train.src", CORPUS / "train.tgt"],
+                            tmp_path / "again.model", vocab_size=120, character_coverage=1.0,
+                            num_threads=1)
+    # Compare pieces and scores: the file also records its (temporary) paths.
+    def pieces(t: Tokenizer) -> list[tuple[str, float]]:
+        return [(t.sp.id_to_piece(i), t.sp.get_score(i)) for i in range(t.vocab_size)]
+
+    assert pieces(again) == pieces(tokenizer)
+
+
+def test_token_cache_truncates_sources_drops_long_targets(tokenizer: Tokenizer,
+                                                           tmp_path: Path) -> None:
+    data = train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, max_src_len=4,
+                                max_tgt_len=8)
+    _, targets = read_split(CORPUS, "train")
+    assert len(data) == sum(len(tokenizer.encode(t)) <= 8 for t in targets) > 0
+    assert data.src_lens.max() <= 4 and data.tgt_lens.max() <= 8
+    assert all(data.src(i)[-1] == tokenizer.eos_id for i in range(len(data)))
+    again = train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 8)  # from cache
+    assert np.array_equal(again.tgt_ids, data.tgt_ids)
+    assert len(train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 64)) == 40
+
+
+def test_scores_for_both_tasks() -> None:
+    refs = ["the cat sat on the mat", "a small tool for images"]
+    perfect = score("translate", refs, refs)
+    assert perfect["bleu"] == pytest.approx(100) and perfect["chrf"] == pytest.approx(100)
+    rouge = score("summarize", ["the cats sat", "a tool"], refs)
+    assert set(rouge) == {"rouge1", "rouge2", "rougeL"}
+    assert 0 < rouge["rougeL"] < 100
+
+
+# -- batching, loss, schedule ---------------------------------------------------------------
+
+
+def test_epoch_batches_respect_budget_and_cover_everything_once() -> None:
+    rng = np.random.default_rng(0)
+    src_lens = rng.integers(2, 60, size=1000)
+    tgt_lens = rng.integers(2, 40, size=1000)
+    batches = train.epoch_batches(src_lens, tgt_lens, max_tokens=300, seed=1, epoch=0,
+                                  bucket_size=256)
+    for b in batches:
+        assert len(b) * (src_lens[b].max() + tgt_lens[b].max()) <= 300
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    same = train.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=0, bucket_size=256)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, same, strict=True))
+    other = train.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=1, bucket_size=256)
+    assert [b.tolist() for b in other] != [b.tolist() for b in batches]
+
+
+def test_batch_stream_resumes_at_its_position() -> None:
+    data = train.TokenData(np.arange(1, 301, dtype=np.int32) % 50 + 4,
+                           np.arange(0, 301, 3), np.ones(200, dtype=np.int32) * 7,
+                           np.arange(0, 201, 2))
+    stream = train.BatchStream(data, max_tokens=20, seed=3, bucket_size=32)
+    seen = [stream.next() for _ in range(60)]  # crosses epoch boundaries
+    epoch, index = stream.epoch, stream.index
+    later = [stream.next().tolist() for _ in range(10)]
+    resumed = train.BatchStream(data, max_tokens=20, seed=3, bucket_size=32, epoch=epoch,
+                                index=index)
+    assert [resumed.next().tolist() for _ in range(10)] == later
+    assert epoch >= 1 and len(seen) == 60
+
+
+def test_collate_shifts_targets_behind_start_token() -> None:
+    data = train.TokenData(np.array([5, 6, 2, 7, 2], dtype=np.int32), np.array([0, 3, 5]),
+                           np.array([8, 9, 2, 10, 2], dtype=np.int32), np.array([0, 3, 5]))
+    src, tgt_in, labels = train.collate(data, np.array([1, 0]), pad_id=0, start_id=1)
+    assert src.tolist() == [[7, 2, 0], [5, 6, 2]]
+    assert labels.tolist() == [[10, 2, 0], [8, 9, 2]]
+    assert tgt_in.tolist() == [[1, 10, 0], [1, 8, 9]]
+
+
+def test_loss_is_torch_label_smoothing_over_non_pad_tokens() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    labels = torch.tensor([[4, 5, 2, 0, 0], [6, 7, 8, 9, 2]])
+    got = train.loss_fn(logits, labels, pad_id=0, label_smoothing=0.1)
+    keep = labels.reshape(-1) != 0
+    want = F.cross_entropy(logits.reshape(-1, 11)[keep], labels.reshape(-1)[keep],
+                           label_smoothing=0.1)
+    torch.testing.assert_close(got, want)
+    # garbage logits at pad positions change nothing
+    noisy = logits.clone()
+    noisy[0, 3:] = 1e4
+    torch.testing.assert_close(train.loss_fn(noisy, labels, 0, 0.1), got)
+
+
+def test_learning_rate_schedule() -> None:
+    assert train.learning_rate(4000, 512, 4000) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+    assert train.learning_rate(100, 256, 100, peak=1e-3) == pytest.approx(1e-3)
+    assert train.learning_rate(400, 256, 100, peak=1e-3) == pytest.approx(5e-4)
+    assert train.learning_rate(50, 256, 100, peak=1e-3) == pytest.approx(5e-4)
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip_fp16_and_pruning(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    cfg = ModelConfig(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+                      d_model=32, encoder_layers=1, decoder_layers=1, encoder_heads=2,
+                      decoder_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64)
+    model = Seq2SeqTransformer(cfg).eval()
+    for dtype in ("float32", "float16"):
+        path = ckpt.save_checkpoint(tmp_path / dtype, model, tokenizer.path,
+                                    {"task": "translate", "step": 7}, save_dtype=dtype)
+        loaded, meta, tok = ckpt.load_checkpoint(path)
+        assert meta["step"] == 7 and meta["weights"]["dtype"] == dtype
+        assert ModelConfig.from_dict(meta["model"]) == cfg
+        assert tok.vocab_size == tokenizer.vocab_size
+        with safe_open(str(path / ckpt.WEIGHTS_FILE), "pt") as f:
+            names = list(f.keys())
+            stored = f.get_tensor(names[0]).dtype
+        assert stored == getattr(torch, dtype)
+        # tied embeddings (source, target, output) are one stored tensor
+        assert sum("embed" in n or n.startswith("output") for n in names) == 1
+        src = torch.tensor([[5, 6, 2]])
+        tgt = torch.tensor([[1, 7, 8]])
+        tol = 0 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(loaded(src, src != 0, tgt), model(src, src != 0, tgt),
+                                   atol=tol, rtol=tol)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+    run = tmp_path / "run"
+    for step in (10, 20, 30, 40):
+        ckpt.save_checkpoint(run / "checkpoints" / ckpt.step_dir_name(step), model,
+                             tokenizer.path, trainer_state={"step": step})
+    ckpt.prune_checkpoints(run, keep=2)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [30, 40]
+    assert ckpt.latest_checkpoint(run).name == ckpt.step_dir_name(40)
+    assert ckpt.latest_checkpoint(tmp_path / "nothing") is None
+
+
+# -- the trainer ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from seq2serve.server.cli import main
+
+    out = tmp_path_factory.mktemp("run")
+    argv = ["train", *TINY, "--out", str(out), "--max-steps", "300", "--eval-every", "50"]
+    assert main(argv) == 0
+    return out
+
+
+def test_training_lowers_loss_and_memorizes(trained: Path) -> None:
+    log = read_log(trained)
+    assert [r["step"] for r in log] == [50, 100, 150, 200, 250, 300]
+    assert log[-1]["train_loss"] < 0.5 * log[0]["train_loss"]
+    assert {"bleu", "chrf", "valid_loss", "tokens_per_s"} <= set(log[0])
+    model, meta, tokenizer = ckpt.load_checkpoint(trained / "checkpoints" /
+                                                  ckpt.step_dir_name(300))
+    assert meta["task"] == "translate" and meta["src_lang"] == "en" and meta["step"] == 300
+    assert meta["train_args"]["d_model"] == 64
+    sources, targets = read_split(CORPUS, "train")
+    outputs = generate(model, tokenizer, sources[:8], max_len=24)
+    assert outputs[0] == targets[0]
+    assert score("translate", outputs, targets[:8])["bleu"] > 50
+    assert (trained / "best" / "model.safetensors").is_file()
+    assert not (trained / "best" / ckpt.STATE_FILE).exists()
+
+
+def test_score_entry_point(trained: Path, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    from seq2serve.server.cli import main
+
+    out = tmp_path / "scores.json"
+    argv = ["train", "--score", str(trained / "best"), "--data", str(CORPUS), "--split",
+            "test", "--score-out", str(out)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["sentences"] == 4 and 0 <= printed["bleu"] <= 100
+    assert len(out.with_suffix(".hyp").read_text().splitlines()) == 4
+
+
+def test_resume_continues_where_it_stopped(tmp_path: Path) -> None:
+    steps = 30
+    first = tmp_path / "interrupted"
+    assert train.run(train_args(first, "--max-steps", str(steps), "--eval-every", "10")) == 0
+    assert ckpt.latest_checkpoint(first).name == ckpt.step_dir_name(steps)
+    assert train.run(train_args(first, "--max-steps", str(2 * steps), "--eval-every",
+                                "10")) == 0
+    assert [r["step"] for r in read_log(first)] == [10, 20, 30, 40, 50, 60]
+    latest = ckpt.latest_checkpoint(first)
+    assert latest.name == ckpt.step_dir_name(2 * steps)
+    assert ckpt.load_trainer_state(latest)["step"] == 2 * steps
+    # Same data order, dropout masks and optimizer state as one uninterrupted run.
+    straight = tmp_path / "straight"
+    assert train.run(train_args(straight, "--max-steps", str(2 * steps), "--eval-every",
+                                "10")) == 0
+    resumed, _, _ = ckpt.load_checkpoint(latest)
+    direct, _, _ = ckpt.load_checkpoint(ckpt.latest_checkpoint(straight))
+    for (name, a), (_, b) in zip(resumed.state_dict().items(), direct.state_dict().items(),
+                                 strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    # Nothing left to do: a third run returns at once without a new checkpoint.
+    assert train.run(train_args(first, "--max-steps", str(2 * steps))) == 0
+    assert len(ckpt.list_checkpoints(first)) == 2
+
+
+def test_sigterm_saves_a_checkpoint_then_stops(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "signalled"
+    before = signal.getsignal(signal.SIGTERM)
+    calls = 0
+    real_loss = train.loss_fn
+
+    def loss_then_sigterm(*args: object, **kwargs: object) -> torch.Tensor:
+        # Raised from inside the loop (not a timer) so the handler is surely installed.
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train, "loss_fn", loss_then_sigterm)
+    code = train.run(train_args(out, "--max-steps", "1000", "--eval-every", "0"))
+    assert code == 128 + signal.SIGTERM
+    latest = ckpt.latest_checkpoint(out)
+    assert latest is not None and ckpt.load_trainer_state(latest)["step"] == 5
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
