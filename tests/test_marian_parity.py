@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402
-from seq2serve.model.marian import ConversionError, convert_marian, load_marian  # noqa: E402
+from seq2serve.model.marian import ConversionError, convert_marian, load_marian
 
 TOL = 1e-4
 VOCAB, PAD, EOS = 41, 40, 0

@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 import torch
+from torch import Tensor
+
 from seq2serve.model.config import ModelConfig
 from seq2serve.model.transformer import Seq2SeqTransformer
-from torch import Tensor
 
 PAD, START, EOS = 0, 1, 2
 
