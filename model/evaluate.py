@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from .batching import length_batches, pad_rows, read_split
 from .checkpoint import load_checkpoint
 from .tokenizer import Tokenizer
 from .transformer import Seq2SeqTransformer
@@ -28,54 +28,6 @@ def read_corpus_info(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{data_dir}: no corpus.json (run `seq2serve data` first)")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def read_split(data_dir: str | os.PathLike[str], split: str,
-               limit: int | None = None) -> tuple[list[str], list[str]]:
-    """Aligned (sources, targets) of one split, at most `limit` pairs."""
-    data_dir = Path(data_dir)
-    sides = []
-    for ext in ("src", "tgt"):
-        path = data_dir / f"{split}.{ext}"
-        if not path.is_file():
-            raise FileNotFoundError(f"missing corpus file {path}")
-        # Split on "\n" only: str.splitlines would also split on U+2028 and
-        # friends and misalign the two sides.
-        text = path.read_text(encoding="utf-8")
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        sides.append(lines[:limit] if limit is not None else lines)
-    if len(sides[0]) != len(sides[1]):
-        raise ValueError(f"{data_dir}/{split}: {len(sides[0])} source lines but "
-                         f"{len(sides[1])} target lines")
-    return sides[0], sides[1]
-
-
-def length_batches(lengths: list[int] | np.ndarray, max_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, each at most `max_tokens`
-    padded tokens (a single longer example still gets a batch of its own)."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        width = max(longest, int(lengths[i]))
-        if current and width * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, width = [], int(lengths[i])
-        current.append(i)
-        longest = width
-    if current:
-        batches.append(current)
-    return batches
-
-
-def pad_rows(rows: list[list[int]], pad_id: int) -> np.ndarray:
-    out = np.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=np.int64)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
 
 
 @torch.no_grad()

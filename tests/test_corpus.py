@@ -12,8 +12,8 @@ from pathlib import Path
 import lz4.frame
 import pytest
 
-from seq2serve.model import corpus
-from seq2serve.model.corpus import Description, Paragraph
+from seq2serve.model import corpus, ddtp
+from seq2serve.model.ddtp import Description, Paragraph
 from seq2serve.server.cli import main as cli_main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtp"
@@ -25,7 +25,7 @@ ALPHA, BETA, GAMMA = (
 
 
 def fixture(name: str) -> dict[str, Description]:
-    return corpus.parse_index((FIXTURES / name).read_text("utf-8"))
+    return ddtp.parse_index((FIXTURES / name).read_text("utf-8"))
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_parse_index_skips_incomplete_stanzas_and_ignores_other_fields() -> None
         "Package: c\nDescription-md5: 22\nDescription-en:  Syn \n line one\n"
         "  verbatim\n .\n .\n line two\nX-Other: v\n continuation of X\n"
     )
-    parsed = corpus.parse_index(text)
+    parsed = ddtp.parse_index(text)
     assert list(parsed) == ["22"]
     assert parsed["22"].synopsis == "Syn"
     assert parsed["22"].paragraphs == [
@@ -88,7 +88,7 @@ def test_parse_index_skips_incomplete_stanzas_and_ignores_other_fields() -> None
 
 
 def test_normalize_collapses_all_whitespace() -> None:
-    assert corpus.normalize("  a\t b\u2028c\n d  ") == "a b c d"
+    assert ddtp.normalize("  a\t b\u2028c\n d  ") == "a b c d"
 
 
 # --------------------------------------------------------------------------- sentences
@@ -114,7 +114,7 @@ def test_normalize_collapses_all_whitespace() -> None:
     ],
 )
 def test_split_sentences(text: str, lang: str, expected: list[str]) -> None:
-    assert corpus.split_sentences(text, lang) == expected
+    assert ddtp.split_sentences(text, lang) == expected
 
 
 # --------------------------------------------------------------------------- alignment
@@ -122,7 +122,7 @@ def test_split_sentences(text: str, lang: str, expected: list[str]) -> None:
 
 def test_align_sentences_when_counts_match() -> None:
     en, de = fixture("Translation-en"), fixture("Translation-de")
-    pairs = corpus.align(en[ALPHA], de[ALPHA])
+    pairs = ddtp.align(en[ALPHA], de[ALPHA])
     assert pairs == [
         ("synopsis", "Tool to frobnicate widgets", "Werkzeug zum Frobnizieren von Widgets"),
         ("paragraph", en[ALPHA].paragraphs[0].text, de[ALPHA].paragraphs[0].text),
@@ -137,21 +137,21 @@ def test_align_sentences_when_counts_match() -> None:
 
 def test_align_paragraph_count_mismatch_keeps_only_synopsis() -> None:
     en, de = fixture("Translation-en"), fixture("Translation-de")
-    assert corpus.align(en[BETA], de[BETA]) == [
+    assert ddtp.align(en[BETA], de[BETA]) == [
         ("synopsis", "Library for reading maps", "Bibliothek zum Lesen von Karten"),
     ]
 
 
 def test_align_sentence_count_mismatch_keeps_paragraph_only() -> None:
     en, fr = fixture("Translation-en"), fixture("Translation-fr")
-    kinds = [kind for kind, _, _ in corpus.align(en[ALPHA], fr[ALPHA])]
+    kinds = [kind for kind, _, _ in ddtp.align(en[ALPHA], fr[ALPHA])]
     # paragraph 1: 2 English sentences vs 1 French -> paragraph, no sentences
     assert kinds == ["synopsis", "paragraph", "sentence"]
 
 
 def test_align_never_splits_preformatted_paragraphs() -> None:
     en, de = fixture("Translation-en"), fixture("Translation-de")
-    pairs = corpus.align(en[GAMMA], de[GAMMA])
+    pairs = ddtp.align(en[GAMMA], de[GAMMA])
     assert ("paragraph", en[GAMMA].paragraphs[1].text, de[GAMMA].paragraphs[1].text) in pairs
     assert not any(kind == "sentence" and "gcat" in src for kind, src, _ in pairs)
     # "0 A.D." is not a boundary in English, so paragraph 3 splits 1 vs 2: no sentences
@@ -174,7 +174,7 @@ def test_align_never_splits_preformatted_paragraphs() -> None:
     ],
 )
 def test_reject_reason(pair: tuple[str, str, str], reason: str | None) -> None:
-    assert corpus.reject_reason(*pair) == reason
+    assert ddtp.reject_reason(*pair) == reason
 
 
 # --------------------------------------------------------------------------- splits

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from seq2serve.model import batching, train
 from seq2serve.model import checkpoint as ckpt
-from seq2serve.model import train
+from seq2serve.model.batching import read_split
 from seq2serve.model.config import ModelConfig
-from seq2serve.model.evaluate import generate, read_split, score
+from seq2serve.model.evaluate import generate, score
 from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
 
@@ -87,15 +88,15 @@ def test_tokenizer_training_is_deterministic(tokenizer: Tokenizer, tmp_path: Pat
 
 def test_token_cache_truncates_sources_drops_long_targets(tokenizer: Tokenizer,
                                                            tmp_path: Path) -> None:
-    data = train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, max_src_len=4,
-                                max_tgt_len=8)
+    data = batching.tokenize_split(CORPUS, "train", tokenizer, tmp_path, max_src_len=4,
+                                   max_tgt_len=8)
     _, targets = read_split(CORPUS, "train")
     assert len(data) == sum(len(tokenizer.encode(t)) <= 8 for t in targets) > 0
     assert data.src_lens.max() <= 4 and data.tgt_lens.max() <= 8
     assert all(data.src(i)[-1] == tokenizer.eos_id for i in range(len(data)))
-    again = train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 8)  # from cache
+    again = batching.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 8)  # from cache
     assert np.array_equal(again.tgt_ids, data.tgt_ids)
-    assert len(train.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 64)) == 40
+    assert len(batching.tokenize_split(CORPUS, "train", tokenizer, tmp_path, 4, 64)) == 40
 
 
 def test_scores_for_both_tasks() -> None:
@@ -114,35 +115,35 @@ def test_epoch_batches_respect_budget_and_cover_everything_once() -> None:
     rng = np.random.default_rng(0)
     src_lens = rng.integers(2, 60, size=1000)
     tgt_lens = rng.integers(2, 40, size=1000)
-    batches = train.epoch_batches(src_lens, tgt_lens, max_tokens=300, seed=1, epoch=0,
-                                  bucket_size=256)
+    batches = batching.epoch_batches(src_lens, tgt_lens, max_tokens=300, seed=1, epoch=0,
+                                     bucket_size=256)
     for b in batches:
         assert len(b) * (src_lens[b].max() + tgt_lens[b].max()) <= 300
     assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
-    same = train.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=0, bucket_size=256)
+    same = batching.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=0, bucket_size=256)
     assert all(np.array_equal(a, b) for a, b in zip(batches, same, strict=True))
-    other = train.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=1, bucket_size=256)
+    other = batching.epoch_batches(src_lens, tgt_lens, 300, seed=1, epoch=1, bucket_size=256)
     assert [b.tolist() for b in other] != [b.tolist() for b in batches]
 
 
 def test_batch_stream_resumes_at_its_position() -> None:
-    data = train.TokenData(np.arange(1, 301, dtype=np.int32) % 50 + 4,
-                           np.arange(0, 301, 3), np.ones(200, dtype=np.int32) * 7,
-                           np.arange(0, 201, 2))
-    stream = train.BatchStream(data, max_tokens=20, seed=3, bucket_size=32)
+    data = batching.TokenData(np.arange(1, 301, dtype=np.int32) % 50 + 4,
+                              np.arange(0, 301, 3), np.ones(200, dtype=np.int32) * 7,
+                              np.arange(0, 201, 2))
+    stream = batching.BatchStream(data, max_tokens=20, seed=3, bucket_size=32)
     seen = [stream.next() for _ in range(60)]  # crosses epoch boundaries
     epoch, index = stream.epoch, stream.index
     later = [stream.next().tolist() for _ in range(10)]
-    resumed = train.BatchStream(data, max_tokens=20, seed=3, bucket_size=32, epoch=epoch,
-                                index=index)
+    resumed = batching.BatchStream(data, max_tokens=20, seed=3, bucket_size=32, epoch=epoch,
+                                   index=index)
     assert [resumed.next().tolist() for _ in range(10)] == later
     assert epoch >= 1 and len(seen) == 60
 
 
 def test_collate_shifts_targets_behind_start_token() -> None:
-    data = train.TokenData(np.array([5, 6, 2, 7, 2], dtype=np.int32), np.array([0, 3, 5]),
-                           np.array([8, 9, 2, 10, 2], dtype=np.int32), np.array([0, 3, 5]))
-    src, tgt_in, labels = train.collate(data, np.array([1, 0]), pad_id=0, start_id=1)
+    data = batching.TokenData(np.array([5, 6, 2, 7, 2], dtype=np.int32), np.array([0, 3, 5]),
+                              np.array([8, 9, 2, 10, 2], dtype=np.int32), np.array([0, 3, 5]))
+    src, tgt_in, labels = batching.collate(data, np.array([1, 0]), pad_id=0, start_id=1)
     assert src.tolist() == [[7, 2, 0], [5, 6, 2]]
     assert labels.tolist() == [[10, 2, 0], [8, 9, 2]]
     assert tgt_in.tolist() == [[1, 10, 0], [1, 8, 9]]
