@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "(resumable)"),
     "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
                "Marian model to a verified ONNX model package"),
+    "translate": ("seq2serve.server.translate_cli", "translate texts on a running seq2serve "
+                  "server"),
+    "summarize": ("seq2serve.server.summarize_cli", "summarize text files on a running "
+                  "seq2serve server"),
 }
 
 

@@ -1,0 +1,211 @@
+"""A small Python client for library users, on the generated stub.
+
+    with Seq2ServeClient("127.0.0.1:50051") as client:
+        [[best]] = client.translate(["Open the file"], source_language="en",
+                                    target_language="de")
+        print(best.text)
+
+It depends only on grpcio and the generated code (not on the server's
+modules), so it stays light for programs that only call a server. Decoding
+options are passed as keyword arguments named as in the contract's
+`DecodingOptions` (`beam_size=4, num_hypotheses=2, return_scores=True`); the
+server validates them and answers a bad one with INVALID_ARGUMENT.
+
+The shared pieces of the `seq2serve translate` and `seq2serve summarize`
+commands live here too (their modules are translate_cli.py and summarize_cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+_OPTION_FIELDS = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
+
+
+@dataclass(frozen=True)
+class Hyp:
+    """One hypothesis; the extras are None unless the request asked for them."""
+
+    text: str
+    score: float | None = None
+    token_ids: list[int] | None = None
+    alignment: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    hypotheses: list[Hyp]
+    truncated: bool  # the input was cut to the model's limit (the request allowed it)
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """`text_delta` is the text added since the previous chunk; the last chunk
+    has `hypotheses` (the whole result) and `final` True."""
+
+    text_delta: str
+    hypotheses: list[Hyp] | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.hypotheses is not None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    task: str
+    source_language: str
+    target_language: str
+    precision: str
+    provider: str
+    max_source_length: int
+    defaults: dict[str, Any] = field(default_factory=dict)  # only the fields the model sets
+
+
+class Seq2ServeClient:
+    """Calls a seq2serve server over one insecure channel; `timeout` (seconds)
+    is each call's deadline, None for none."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = None) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target)
+        self._stub = pb_grpc.TranslatorStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def translate(self, texts: str | Sequence[str], model: str | None = None,
+                  source_language: str | None = None, target_language: str | None = None,
+                  **options: Any) -> list[list[Hyp]]:
+        """One n-best list (best first) per text, in input order."""
+        request = _translate_request(texts, model, source_language, target_language, options)
+        response = self._stub.Translate(request, timeout=self.timeout)
+        return [_hyps(t.hypotheses, request.options) for t in response.translations]
+
+    def translate_stream(self, text: str, model: str | None = None,
+                         source_language: str | None = None,
+                         target_language: str | None = None,
+                         **options: Any) -> Iterator[StreamChunk]:
+        """Text deltas as the translation grows, then a final chunk with the result."""
+        request = _translate_request([text], model, source_language, target_language, options)
+        for chunk in self._stub.TranslateStream(request, timeout=self.timeout):
+            hyps = _hyps(chunk.translation.hypotheses, request.options) if chunk.final else None
+            yield StreamChunk(chunk.text_delta, hyps)
+
+    def summarize(self, texts: str | Sequence[str], model: str | None = None,
+                  truncate: bool = False, **options: Any) -> list[Summary]:
+        """One summary per text; `truncate` cuts inputs above the model's limit
+        instead of failing the call with INVALID_ARGUMENT."""
+        request = pb.SummarizeRequest(model=model or "", texts=_texts(texts),
+                                      options=_options_pb(options), truncate=truncate)
+        response = self._stub.Summarize(request, timeout=self.timeout)
+        return [Summary(_hyps(s.hypotheses, request.options), s.truncated)
+                for s in response.summaries]
+
+    def list_models(self) -> list[ModelInfo]:
+        response = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        return [ModelInfo(m.name, m.task, m.source_language, m.target_language, m.precision,
+                          m.provider, m.max_source_length, _options_dict(m.defaults))
+                for m in response.models]
+
+    def health(self, service: str = "") -> str:
+        """The serving status by name ("SERVING", "NOT_SERVING", ...) of the whole
+        server ("") or of one service ("seq2serve.v1.Translator"); an unknown
+        service raises grpc.RpcError with NOT_FOUND."""
+        response = self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                      timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Seq2ServeClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _texts(texts: str | Sequence[str]) -> list[str]:
+    # A lone string is one text, not a sequence of one-character texts.
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+def _translate_request(texts: str | Sequence[str], model: str | None,
+                       source_language: str | None, target_language: str | None,
+                       options: dict[str, Any]) -> pb.TranslateRequest:
+    return pb.TranslateRequest(model=model or "", texts=_texts(texts),
+                               options=_options_pb(options),
+                               source_language=source_language or "",
+                               target_language=target_language or "")
+
+
+def _options_pb(options: dict[str, Any]) -> pb.DecodingOptions:
+    unknown = sorted(set(options) - set(_OPTION_FIELDS))
+    if unknown:
+        raise TypeError(f"unknown decoding options {unknown}; valid: {', '.join(_OPTION_FIELDS)}")
+    # None means "the model's default", which is what leaving the field unset says.
+    return pb.DecodingOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+def _options_dict(options: pb.DecodingOptions) -> dict[str, Any]:
+    return {f.name: value for f, value in options.ListFields()}
+
+
+def _hyps(hypotheses: Iterable[pb.Hypothesis], options: pb.DecodingOptions) -> list[Hyp]:
+    # The server leaves unrequested extras at their zero values; None says "not asked".
+    return [Hyp(h.text,
+                h.score if options.return_scores else None,
+                list(h.token_ids) if options.return_token_ids else None,
+                list(h.alignment) if options.return_alignment else None)
+            for h in hypotheses]
+
+
+# --- the shared half of `seq2serve translate` and `seq2serve summarize` ---
+
+def add_call_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every client command has: where the server is and how to decode."""
+    parser.add_argument("--model", help="model name (see the server's ListModels)")
+    parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
+    parser.add_argument("--n-best", type=int, metavar="N",
+                        help="hypotheses to print per input (at most the beam size)")
+    parser.add_argument("--scores", action="store_true",
+                        help="print each hypothesis's score before it, tab separated")
+    parser.add_argument("--server", default=DEFAULT_TARGET, metavar="HOST:PORT",
+                        help=f"the seq2serve server (default {DEFAULT_TARGET})")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="deadline per call in seconds (default none)")
+
+
+def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"beam_size": args.beam, "num_hypotheses": args.n_best,
+            "return_scores": args.scores}
+
+
+def hypothesis_lines(hyps: Sequence[Hyp], n_best: bool, scores: bool) -> list[str]:
+    """The best hypothesis, or with `n_best` all of them; score first when asked
+    (tab separated, so `cut -f2` leaves the text)."""
+    if not hyps:
+        return [""]  # keeps one output line per input line
+    return [f"{hyp.score:.4f}\t{hyp.text}" if scores else hyp.text
+            for hyp in (hyps if n_best else hyps[:1])]
+
+
+def report_rpc_error(prog: str, error: grpc.RpcError) -> int:
+    """`seq2serve translate: error: INVALID_ARGUMENT: <details>` on stderr; exit status 1."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    status = code.name if code is not None else "UNKNOWN"
+    print(f"{prog}: error: {status}: {details}", file=sys.stderr)
+    return 1

@@ -1,0 +1,147 @@
+"""The one place where protobuf messages become internal values and back (TGI's from_pb/to_pb).
+
+Handlers and the engine never read or build a `translator_pb2` message field
+by field; they call these functions, so a change to the contract is a change
+here and in the tests beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from seq2serve.export.package import Manifest
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server.options import DecodingOptions
+
+# The proto3 `optional` fields: set or not is part of the request (0 beam
+# sizes and 0.0 temperatures are values a client can mean), so HasField decides.
+OPTIONAL_FIELDS: tuple[str, ...] = (
+    "beam_size", "num_hypotheses", "length_penalty", "max_length", "max_length_ratio",
+    "min_length", "no_repeat_ngram_size", "repetition_penalty", "sampling_temperature",
+    "sampling_top_k", "sampling_top_p", "seed",
+)
+# Plain bools: unset and false are the same thing on the wire.
+RETURN_FIELDS: tuple[str, ...] = ("return_scores", "return_alignment", "return_token_ids")
+_FLOAT_FIELDS = frozenset(
+    f.name for f in pb.DecodingOptions.DESCRIPTOR.fields if f.type == f.TYPE_FLOAT)
+_PB_FIELDS = frozenset(OPTIONAL_FIELDS + RETURN_FIELDS)
+
+
+class HypothesisLike(Protocol):
+    """The engine's hypothesis (`engine.Hypothesis`): everything but the text,
+    which the tokenizer decodes and the caller passes beside it."""
+
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def token_ids(self) -> Sequence[int] | None: ...
+    @property
+    def alignment(self) -> Sequence[int] | None: ...
+
+
+# (decoded text, the engine's hypothesis), one per n-best entry, best first.
+TextHypothesis = tuple[str, HypothesisLike]
+
+
+def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
+    """Request options with every unset field left None (the model's default applies).
+
+    `return_token_ids` is not a decoding option: `hypothesis_to_pb` reads it
+    from the request's message directly.
+    """
+    fields: dict[str, Any] = {}
+    for name in OPTIONAL_FIELDS:
+        if options.HasField(name):
+            value = getattr(options, name)
+            fields[name] = _float32_as_written(value) if name in _FLOAT_FIELDS else value
+    fields["return_scores"] = options.return_scores
+    fields["return_alignment"] = options.return_alignment
+    return DecodingOptions(**fields)
+
+
+def options_to_pb(options: Mapping[str, Any] | DecodingOptions) -> pb.DecodingOptions:
+    """Set every contract field that has a value; None stays unset.
+
+    Keys the contract does not have (`early_stopping`, a manifest's extras) are
+    skipped: ListModels shows the defaults a client can override.
+    """
+    values = dataclasses.asdict(options) if isinstance(options, DecodingOptions) else options
+    return pb.DecodingOptions(**{name: value for name, value in values.items()
+                                 if name in _PB_FIELDS and value is not None})
+
+
+def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | None,
+                     alignment: Sequence[int] | None,
+                     options: pb.DecodingOptions) -> pb.Hypothesis:
+    """One hypothesis with only the extras the request's `options` asked for.
+
+    The request's message, not the resolved options, decides: the response
+    carries what the client asked to see. An extra that is None (not computed)
+    stays unset.
+    """
+    hypothesis = pb.Hypothesis(text=text)
+    if options.return_scores and score is not None:
+        hypothesis.score = float(score)
+    if options.return_token_ids and token_ids is not None:
+        hypothesis.token_ids.extend(int(t) for t in token_ids)  # numpy ints too
+    if options.return_alignment and alignment is not None:
+        hypothesis.alignment.extend(int(a) for a in alignment)
+    return hypothesis
+
+
+def translation_to_pb(hypotheses: Sequence[TextHypothesis],
+                      options: pb.DecodingOptions) -> pb.Translation:
+    """The n-best list of one input, best first (the engine's order is kept)."""
+    return pb.Translation(hypotheses=_hypotheses_to_pb(hypotheses, options))
+
+
+def summary_to_pb(hypotheses: Sequence[TextHypothesis], options: pb.DecodingOptions,
+                  truncated: bool = False) -> pb.Summary:
+    return pb.Summary(hypotheses=_hypotheses_to_pb(hypotheses, options), truncated=truncated)
+
+
+def chunk_to_pb(text_delta: str) -> pb.TranslateChunk:
+    """A streaming chunk carrying only the text added since the previous one."""
+    return pb.TranslateChunk(text_delta=text_delta)
+
+
+def final_chunk_to_pb(hypotheses: Sequence[TextHypothesis], options: pb.DecodingOptions,
+                      text_delta: str = "") -> pb.TranslateChunk:
+    """The stream's last chunk: any remaining delta and the whole result."""
+    return pb.TranslateChunk(text_delta=text_delta, final=True,
+                             translation=translation_to_pb(hypotheses, options))
+
+
+def model_info_to_pb(manifest: Manifest, provider: str,
+                     defaults: Mapping[str, Any] | DecodingOptions | None = None,
+                     ) -> pb.ModelInfo:
+    """A ListModels entry. `defaults` are what unset request fields become; the
+    manifest's generation settings when not given (pass resolved options to
+    show the server's caps and built-ins as well)."""
+    return pb.ModelInfo(
+        name=manifest.name,
+        task=manifest.task,
+        source_language=manifest.source_language,
+        target_language=manifest.target_language,
+        precision=manifest.precision,
+        provider=provider,
+        max_source_length=manifest.max_source_length,
+        defaults=options_to_pb(manifest.generation if defaults is None else defaults),
+    )
+
+
+def _hypotheses_to_pb(hypotheses: Sequence[TextHypothesis],
+                      options: pb.DecodingOptions) -> list[pb.Hypothesis]:
+    return [hypothesis_to_pb(text, h.score, h.token_ids, h.alignment, options)
+            for text, h in hypotheses]
+
+
+def _float32_as_written(value: float) -> float:
+    # A proto `float` is float32: 0.9 arrives as 0.8999999761581421. The shortest
+    # decimal that is the same float32 is what the client wrote, and what an
+    # error message ("sampling_top_p must be in (0, 1], got 1.5") should echo.
+    return float(str(np.float32(value)))

@@ -1,0 +1,175 @@
+"""Prometheus metrics of the server, on their own registry and HTTP port.
+
+Each `Metrics` owns a `CollectorRegistry` rather than using the global one, so a
+test process can start many servers without "Duplicated timeseries" errors.
+Names follow Prometheus conventions: base units (seconds), `_total` counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+NAMESPACE = "seq2serve"
+
+# Whole requests: a few ms (one short text on a GPU) to a minute (a long
+# summary with a wide beam on a busy CPU).
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Queue waits sit around the batching delay (ms) unless the server is overloaded.
+QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                 2.5, 5.0, 10.0)
+# One encoder run: sub-ms on a GPU, up to seconds for a big CPU batch.
+ENCODER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0)
+# One decoder step (all rows of a batch): 0.1 ms to a few hundred ms.
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                0.25, 0.5, 1.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            f"{NAMESPACE}_requests", "RPCs finished, by model, method and gRPC status code",
+            ["model", "method", "code"], registry=r)
+        self.request_duration = Histogram(
+            f"{NAMESPACE}_request_duration_seconds", "RPC duration from arrival to answer",
+            ["model", "method"], buckets=REQUEST_BUCKETS, registry=r)
+        self.queue_duration = Histogram(
+            f"{NAMESPACE}_queue_duration_seconds", "time a text waited in the queue "
+            "before its batch started", ["model"], buckets=QUEUE_BUCKETS, registry=r)
+        self.time_to_first_token = Histogram(
+            f"{NAMESPACE}_time_to_first_token_seconds", "from queueing a text to its first "
+            "output token (streamed), or to its whole result (not streamed)", ["model"],
+            buckets=REQUEST_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            f"{NAMESPACE}_batch_size", "texts (sources) per batch", ["model"],
+            buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(
+            f"{NAMESPACE}_batch_tokens", "tokens per batch as the scheduler counts them: "
+            "longest source x texts x beam width", ["model"], buckets=BATCH_TOKEN_BUCKETS,
+            registry=r)
+        self.batches = Counter(
+            f"{NAMESPACE}_batches", "batches run, by why the scheduler closed them "
+            "(full, tokens, delay, drain)", ["model", "reason"], registry=r)
+        self.encoder_duration = Histogram(
+            f"{NAMESPACE}_encoder_duration_seconds", "encoder run per batch", ["model"],
+            buckets=ENCODER_BUCKETS, registry=r)
+        self.decoder_step_duration = Histogram(
+            f"{NAMESPACE}_decoder_step_duration_seconds", "one decoder step of a batch "
+            "(ONNX Runtime and host work)", ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.generated_tokens = Counter(
+            f"{NAMESPACE}_generated_tokens", "tokens of the best hypothesis of each "
+            "finished text", ["model"], registry=r)
+        self.input_tokens = Counter(
+            f"{NAMESPACE}_input_tokens", "source tokens of the texts that ran", ["model"],
+            registry=r)
+        self.queue_depth = Gauge(
+            f"{NAMESPACE}_queue_depth", "texts waiting in the queue", ["model"], registry=r)
+        self.in_flight = Gauge(
+            f"{NAMESPACE}_in_flight_requests", "RPCs being handled", ["model"], registry=r)
+        self.cancelled = Counter(
+            f"{NAMESPACE}_cancelled", "texts dropped before finishing, by reason "
+            "(deadline, cancelled)", ["model", "reason"], registry=r)
+        self.engine_errors = Counter(
+            f"{NAMESPACE}_engine_errors", "engine calls that raised", ["model"], registry=r)
+        self.model_info = Gauge(
+            f"{NAMESPACE}_model_info", "served models (always 1)",
+            ["model", "precision", "provider", "task"], registry=r)
+
+    # -- convenience -----------------------------------------------------------
+
+    def set_model_info(self, model: str, precision: str, provider: str, task: str) -> None:
+        self.model_info.labels(model, precision, provider, task).set(1)
+
+    def watch_queue(self, model: str, depth: Callable[[], float]) -> None:
+        """Read the queue depth at scrape time, so the gauge is never stale."""
+        self.queue_depth.labels(model).set_function(depth)
+
+    def track(self, model: str, method: str) -> RequestTracker:
+        """`with metrics.track(model, "Translate") as t: ...; t.ok()`: in-flight
+        gauge, duration histogram and the request counter with its status code."""
+        return RequestTracker(self, model, method)
+
+    def render(self) -> bytes:
+        """The exposition text, as /metrics serves it."""
+        return generate_latest(self.registry)
+
+    def start_http(self, port: int, host: str = "0.0.0.0") -> MetricsServer:
+        """Serve /metrics on its own port (0 picks a free one, for tests)."""
+        httpd, thread = start_http_server(port, addr=host, registry=self.registry)
+        return MetricsServer(httpd, thread)
+
+
+class MetricsServer:
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+class RequestTracker:
+    def __init__(self, metrics: Metrics, model: str, method: str) -> None:
+        self.metrics, self.model, self.method = metrics, model, method
+        self.code: str | None = None
+        self.start = 0.0
+
+    def ok(self) -> None:
+        self.code = "OK"
+
+    def set_code(self, code: Any) -> None:
+        """A grpc.StatusCode or its name, for handlers that answer without raising."""
+        self.code = getattr(code, "name", None) or str(code)
+
+    def __enter__(self) -> RequestTracker:
+        self.start = time.perf_counter()
+        self.metrics.in_flight.labels(self.model).inc()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        m = self.metrics
+        m.in_flight.labels(self.model).dec()
+        m.request_duration.labels(self.model, self.method).observe(
+            time.perf_counter() - self.start)
+        code = status_name(exc) if exc is not None else (self.code or "OK")
+        m.requests.labels(self.model, self.method, code).inc()
+
+
+def status_name(error: BaseException) -> str:
+    """The gRPC status the error interceptor will answer with, by name. Duck-typed
+    (a `code` attribute holding a grpc.StatusCode) so this module needs no grpc."""
+    code = getattr(error, "code", None)
+    name = getattr(code, "name", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return "CANCELLED"
+    if isinstance(error, ValueError):
+        return "INVALID_ARGUMENT"
+    return "INTERNAL"

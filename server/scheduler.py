@@ -1,0 +1,368 @@
+"""Dynamic batching for one model: a bounded queue of texts and the batches formed from it.
+
+gRPC handlers (an asyncio loop) `submit()` one `WorkItem` per text; the model's
+worker thread calls `next_batch()`. Everything here is pure Python and
+threading: the scheduler decides, as plain data (`Batch`), and never runs a model.
+
+How a batch is formed (request-level batching):
+- The oldest queued item picks the decoding shape (its beam width)
+  and is always in the batch, so no shape and no long text can starve.
+- Once an item is queued, the scheduler waits up to `max_queue_delay_s` after it
+  arrived for more work, unless the batch fills first.
+- Items of that shape join in FIFO order while the batch stays within
+  `max_batch_size` texts and `max_batch_tokens` tokens. Tokens counted are what
+  the engine allocates: longest source in the batch x texts x beam width (the
+  padded encoder input and the per-beam cross-attention rows). An item that
+  would burst the token budget is skipped, not waited for: it becomes the oldest
+  at the next batch. A lone item above the budget still runs, alone.
+- The chosen items are sorted by source length (shortest first), so the engine
+  can compact finished rows and split sub-batches with little padding.
+- Items cancelled by their client or past their deadline are dropped before
+  batching, get a `Cancelled` exception delivered, and are reported in the batch.
+
+`close()` starts the drain: `submit()` raises `Draining`, queued work is still
+batched, without waiting for the delay, and `next_batch()` returns None once empty.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+
+class OptionsLike(Protocol):
+    """The only thing the scheduler reads from resolved decoding options."""
+
+    beam_size: int
+
+
+class QueueFull(Exception):
+    """The model's queue cannot take the item(s); the service maps it to RESOURCE_EXHAUSTED."""
+
+
+class Draining(Exception):
+    """The server is shutting down and accepts no new work (UNAVAILABLE)."""
+
+
+class Cancelled(Exception):
+    """Delivered to an item that left the queue or its batch before finishing.
+    `reason` is "deadline" or "cancelled" (the label of the cancelled metric)."""
+
+    def __init__(self, reason: str, item_id: Hashable):
+        self.reason = reason
+        self.item_id = item_id
+        what = "deadline passed" if reason == "deadline" else "cancelled by the client"
+        super().__init__(f"work item {item_id} dropped: {what}")
+
+
+def shape_of(options: Any) -> int:
+    """Items batched together share this key, the beam width: the decoder graph
+    runs B x K rows with one K. Greedy and sampling share K = 1 (the engine gives
+    every sampled source its own random stream, so neighbours do not matter)."""
+    return int(options.beam_size)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch_size: int = 32  # texts (sources), not beams
+    max_batch_tokens: int = 8192  # longest source x texts x beam width
+    max_queue_delay_s: float = 0.005
+    max_queue_size: int = 1024  # texts
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
+                    for name in ("max_batch_size", "max_batch_tokens", "max_queue_size")
+                    if getattr(self, name) < 1]
+        if not self.max_queue_delay_s >= 0:
+            problems.append(f"max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}")
+        if problems:
+            raise ValueError("invalid BatchLimits: " + "; ".join(problems))
+
+
+@dataclass(eq=False)
+class WorkItem:
+    """One source text on its way through the queue and the engine.
+
+    `deliver` is called exactly once, from the worker thread, with the engine's
+    n-best list for this source or with an exception (`Cancelled`, or the
+    engine's error). An asyncio handler must hop back to its loop in it
+    (`worker.deliver_to_future` does).
+    """
+
+    source: Sequence[int]  # source token ids, EOS included
+    options: Any  # resolved DecodingOptions; opaque here except for `shape_of`
+    deliver: Callable[[Any], None]
+    deadline: float | None = None  # time.monotonic() seconds
+    on_token: Callable[..., None] | None = None  # streaming callback, passed to the engine
+    # The handler's view of its RPC (e.g. `context.cancelled`), shared by all of a
+    # request's items; `cancel()` below works without one.
+    cancelled: Callable[[], bool] | None = None
+    id: Hashable = field(default_factory=lambda: next(_ids))
+    enqueued_at: float = 0.0  # set by Scheduler.submit (time.monotonic())
+    _cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _done: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def shape(self) -> int:
+        return shape_of(self.options)
+
+    @property
+    def beam_size(self) -> int:
+        return int(self.options.beam_size)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def drop_reason(self, now: float | None = None) -> str | None:
+        """"deadline", "cancelled", or None while the item should still run. The
+        deadline is checked first: a handler's `cancelled()` may also turn true
+        when the deadline passes, and the metric should say which it was."""
+        if self.deadline is not None:
+            if (time.monotonic() if now is None else now) >= self.deadline:
+                return "deadline"
+        if self._cancel.is_set() or (self.cancelled is not None and self.cancelled()):
+            return "cancelled"
+        return None
+
+    def should_stop(self) -> bool:
+        """The per-source `cancelled()` callable handed to the engine."""
+        return self.drop_reason() is not None
+
+    def resolve(self, result: Any) -> bool:
+        """Deliver once; later calls are ignored (a drop racing a result). A raising
+        callback is logged, never allowed to take the worker thread down."""
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+        try:
+            self.deliver(result)
+        except Exception:
+            log.exception("delivering the result of work item %s failed", self.id)
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+@dataclass(frozen=True)
+class Dropped:
+    item_id: Hashable
+    reason: str  # "deadline" | "cancelled"
+    waited_s: float  # time in the queue
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A scheduling decision. `items` may be empty when every candidate was
+    dropped; the drops are still reported so the worker can count them."""
+
+    items: tuple[WorkItem, ...]
+    shape: int | None  # beam width; None when items is empty
+    tokens: int  # what the budget counted: longest source x len(items) x beam width
+    source_tokens: int  # sum of unpadded source lengths
+    reason: str  # why it closed: "full" | "tokens" | "delay" | "drain" | "dropped"
+    dropped: tuple[Dropped, ...] = ()
+    formed_at: float = 0.0  # time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def padded_tokens(items: Iterable[WorkItem]) -> int:
+    items = list(items)
+    if not items:
+        return 0
+    return max(len(i.source) for i in items) * len(items) * items[0].beam_size
+
+
+class Scheduler:
+    def __init__(self, limits: BatchLimits | None = None) -> None:
+        self.limits = limits or BatchLimits()
+        # time.monotonic throughout: deadlines come from handlers in the same clock.
+        self._clock = time.monotonic
+        self._queue: list[WorkItem] = []  # FIFO; short (<= max_queue_size), scanned per batch
+        self._cond = threading.Condition()
+        self._closed = False
+
+    # -- handler side (any thread, including an asyncio loop: never blocks) --
+
+    def submit(self, item: WorkItem) -> None:
+        self.submit_many([item])
+
+    def submit_many(self, items: Sequence[WorkItem]) -> None:
+        """All or nothing, so a request's texts are never half queued."""
+        with self._cond:
+            if self._closed:
+                raise Draining("the server is draining and accepts no new work")
+            size = self.limits.max_queue_size
+            if len(self._queue) + len(items) > size:
+                raise QueueFull(f"the queue is full ({len(self._queue)} of {size} texts "
+                                f"queued, {len(items)} more requested); retry later")
+            now = self._clock()
+            for item in items:
+                item.enqueued_at = now
+            self._queue.extend(items)
+            self._cond.notify_all()
+
+    @property
+    def depth(self) -> int:
+        """Queued texts, for the queue-depth gauge (a racy read is fine there)."""
+        return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop accepting work; what is queued is still batched."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def abort(self, error: BaseException) -> int:
+        """Empty the queue, delivering `error` to each item (grace period over)."""
+        with self._cond:
+            items, self._queue = self._queue, []
+        for item in items:
+            item.resolve(error)
+        return len(items)
+
+    # -- worker side --
+
+    def next_batch(self, timeout: float | None = None) -> Batch | None:
+        """Wait up to `timeout` seconds (None: forever) for a first item, then up
+        to the queue delay for the batch to fill. None: nothing came, or drained."""
+        limit = None if timeout is None else self._clock() + timeout
+        dropped: list[tuple[WorkItem, Dropped]] = []
+        try:
+            with self._cond:
+                while True:
+                    dropped += self._purge()
+                    if self._queue:
+                        batch = self._fill(dropped)
+                        if batch is not None:
+                            return batch
+                        continue  # everything queued was dropped while waiting
+                    if dropped:
+                        return Batch((), None, 0, 0, "dropped", _plain(dropped), self._clock())
+                    if self._closed:
+                        return None
+                    remaining = None if limit is None else limit - self._clock()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._cond.wait(remaining)
+        finally:
+            # Outside the lock: a callback may be slow or submit more work.
+            for item, d in dropped:
+                item.resolve(Cancelled(d.reason, item.id))
+
+    def take(self, shape: int, max_items: int, max_tokens: int) -> list[WorkItem]:
+        """Non-blocking, for iteration-level batching: queued items of `shape` that
+        fit the free room of a running batch (tokens counted unpadded here: source
+        length x beam width). Only while the oldest queued item has this shape, so a
+        running batch cannot keep other shapes waiting."""
+        dropped: list[tuple[WorkItem, Dropped]] = []
+        try:
+            with self._cond:
+                dropped += self._purge()
+                if not self._queue or self._queue[0].shape != shape:
+                    return []
+                taken: list[WorkItem] = []
+                tokens = 0
+                for item in self._queue:
+                    cost = len(item.source) * item.beam_size
+                    if len(taken) == max_items:
+                        break
+                    if item.shape == shape and tokens + cost <= max_tokens:
+                        taken.append(item)
+                        tokens += cost
+                chosen = {id(i) for i in taken}
+                self._queue = [i for i in self._queue if id(i) not in chosen]
+                return sorted(taken, key=lambda i: len(i.source))
+        finally:
+            for item, d in dropped:
+                item.resolve(Cancelled(d.reason, item.id))
+
+    # -- internals (called with the lock held) --
+
+    def _purge(self) -> list[tuple[WorkItem, Dropped]]:
+        now = self._clock()
+        keep: list[WorkItem] = []
+        out: list[tuple[WorkItem, Dropped]] = []
+        for item in self._queue:
+            reason = item.drop_reason(now)
+            if reason is None:
+                keep.append(item)
+            else:
+                out.append((item, Dropped(item.id, reason, now - item.enqueued_at)))
+        self._queue = keep
+        return out
+
+    def _plan(self) -> tuple[list[WorkItem], str | None]:
+        """Items for a batch led by the oldest one, and why it cannot grow
+        ("full", "tokens"), or None while more work could still join."""
+        limits = self.limits
+        head = self._queue[0]
+        chosen = [head]
+        longest = len(head.source)
+        beam = head.beam_size
+        budget_hit = False
+        for item in self._queue[1:]:
+            if len(chosen) == limits.max_batch_size:
+                break
+            if item.shape != head.shape:
+                continue
+            grown = max(longest, len(item.source))
+            if grown * (len(chosen) + 1) * beam > limits.max_batch_tokens:
+                budget_hit = True
+                continue
+            chosen.append(item)
+            longest = grown
+        if len(chosen) == limits.max_batch_size:
+            return chosen, "full"
+        if budget_hit or longest * len(chosen) * beam >= limits.max_batch_tokens:
+            return chosen, "tokens"
+        return chosen, None
+
+    def _fill(self, dropped: list[tuple[WorkItem, Dropped]]) -> Batch | None:
+        """Wait for the batch led by the oldest item to fill or its delay to run
+        out, then take it off the queue. None when every queued item was dropped."""
+        while True:
+            chosen, reason = self._plan()
+            if reason is None:
+                if self._closed:
+                    reason = "drain"
+                else:
+                    remaining = self._queue[0].enqueued_at + self.limits.max_queue_delay_s \
+                        - self._clock()
+                    if remaining <= 0:
+                        reason = "delay"
+                    else:
+                        self._cond.wait(remaining)
+                        dropped += self._purge()
+                        if not self._queue:
+                            return None
+                        continue
+            taken = {id(i) for i in chosen}
+            self._queue = [i for i in self._queue if id(i) not in taken]
+            chosen.sort(key=lambda i: len(i.source))  # stable: FIFO among equal lengths
+            return Batch(items=tuple(chosen), shape=chosen[0].shape,
+                         tokens=padded_tokens(chosen),
+                         source_tokens=sum(len(i.source) for i in chosen), reason=reason,
+                         dropped=_plain(dropped), formed_at=self._clock())
+
+
+def _plain(dropped: list[tuple[WorkItem, Dropped]]) -> tuple[Dropped, ...]:
+    return tuple(d for _, d in dropped)

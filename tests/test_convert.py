@@ -1,0 +1,126 @@
+"""protobuf <-> internal conversion: presence semantics, requested extras only, round trips."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from seq2serve.export.package import Manifest
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server import convert
+from seq2serve.server.options import DecodingOptions
+
+
+@dataclass(frozen=True)
+class _Hyp:  # the engine's Hypothesis, as far as conversion cares
+    token_ids: list[int]
+    score: float | None
+    alignment: list[int] | None = None
+
+
+def test_unset_options_stay_none() -> None:
+    assert convert.options_from_pb(pb.DecodingOptions()) == DecodingOptions(
+        return_scores=False, return_alignment=False)
+
+
+@pytest.mark.parametrize("name", convert.OPTIONAL_FIELDS)
+def test_zero_is_a_value_not_unset(name: str) -> None:
+    options = convert.options_from_pb(pb.DecodingOptions(**{name: 0}))
+    assert getattr(options, name) == 0
+    others = [n for n in convert.OPTIONAL_FIELDS if n != name]
+    assert all(getattr(options, n) is None for n in others)
+
+
+def test_zero_beam_size_reaches_validation() -> None:
+    # Sent as 0, it must fail as 0, not quietly become the model's default.
+    options = convert.options_from_pb(pb.DecodingOptions(beam_size=0))
+    with pytest.raises(ValueError, match="beam_size must be in"):
+        options.resolve()
+
+
+def test_floats_arrive_as_the_client_wrote_them() -> None:
+    options = convert.options_from_pb(pb.DecodingOptions(
+        sampling_top_p=0.9, length_penalty=0.6, sampling_temperature=1.5))
+    assert (options.sampling_top_p, options.length_penalty, options.sampling_temperature) == (
+        0.9, 0.6, 1.5)
+
+
+def test_return_flags_are_always_set() -> None:
+    options = convert.options_from_pb(pb.DecodingOptions(return_scores=True,
+                                                         return_token_ids=True))
+    assert options.return_scores is True
+    assert options.return_alignment is False
+
+
+def test_options_round_trip() -> None:
+    message = pb.DecodingOptions(beam_size=5, num_hypotheses=2, length_penalty=0.6,
+                                 max_length=0, min_length=3, seed=2**64 - 1,
+                                 sampling_top_k=0, return_scores=True)
+    back = convert.options_to_pb(convert.options_from_pb(message))
+    assert back == message
+    assert back.HasField("max_length") and not back.HasField("max_length_ratio")
+
+
+def test_options_to_pb_from_a_manifest_mapping() -> None:
+    generation = {"beam_size": 4, "length_penalty": 1, "max_length_ratio": 2.0,
+                  "early_stopping": True, "seed": None}
+    message = convert.options_to_pb(generation)
+    assert [f.name for f, _ in message.ListFields()] == [
+        "beam_size", "length_penalty", "max_length_ratio"]
+
+
+def test_hypothesis_extras_only_when_requested() -> None:
+    args = ("Hallo", -1.25, [5, 6, 7], [0, 0, 1])
+    bare = convert.hypothesis_to_pb(*args, pb.DecodingOptions())
+    assert bare == pb.Hypothesis(text="Hallo")
+    full = convert.hypothesis_to_pb(*args, pb.DecodingOptions(
+        return_scores=True, return_token_ids=True, return_alignment=True))
+    assert full == pb.Hypothesis(text="Hallo", score=-1.25, token_ids=[5, 6, 7],
+                                 alignment=[0, 0, 1])
+    ids_only = convert.hypothesis_to_pb(*args, pb.DecodingOptions(return_token_ids=True))
+    assert list(ids_only.token_ids) == [5, 6, 7] and ids_only.score == 0
+    assert not ids_only.alignment
+
+
+def test_extras_that_were_not_computed_stay_unset() -> None:
+    everything = pb.DecodingOptions(return_scores=True, return_token_ids=True,
+                                    return_alignment=True)
+    assert convert.hypothesis_to_pb("x", None, None, None, everything) == pb.Hypothesis(text="x")
+
+
+def test_numpy_ids_convert() -> None:
+    np = pytest.importorskip("numpy")
+    message = convert.hypothesis_to_pb("x", np.float32(-0.5), np.array([3, 4]), None,
+                                       pb.DecodingOptions(return_scores=True,
+                                                          return_token_ids=True))
+    assert list(message.token_ids) == [3, 4] and message.score == -0.5
+
+
+def test_translation_summary_and_chunks_keep_order() -> None:
+    nbest = [("best", _Hyp([1], -0.5)), ("second", _Hyp([2], -0.75))]
+    options = pb.DecodingOptions(return_scores=True)
+    translation = convert.translation_to_pb(nbest, options)
+    assert [(h.text, h.score) for h in translation.hypotheses] == [("best", -0.5),
+                                                                   ("second", -0.75)]
+    summary = convert.summary_to_pb(nbest[:1], options, truncated=True)
+    assert summary.truncated and summary.hypotheses[0].text == "best"
+    assert convert.chunk_to_pb("Hal") == pb.TranslateChunk(text_delta="Hal")
+    final = convert.final_chunk_to_pb(nbest, options, text_delta="lo")
+    assert final.final and final.text_delta == "lo" and final.translation == translation
+
+
+def test_model_info() -> None:
+    manifest = Manifest(
+        name="opus-mt-en-de", task="translate", source_language="en", target_language="de",
+        config={}, special_tokens={}, tokenizer={}, precision="int8", max_source_length=512,
+        generation={"beam_size": 4, "num_hypotheses": 1, "max_length_ratio": 2.0})
+    info = convert.model_info_to_pb(manifest, "CPUExecutionProvider")
+    assert (info.name, info.task, info.source_language, info.target_language, info.precision,
+            info.provider, info.max_source_length) == (
+        "opus-mt-en-de", "translate", "en", "de", "int8", "CPUExecutionProvider", 512)
+    assert info.defaults == pb.DecodingOptions(beam_size=4, num_hypotheses=1,
+                                               max_length_ratio=2.0)
+    resolved = DecodingOptions().resolve(manifest.generation)
+    shown = convert.model_info_to_pb(manifest, "CPUExecutionProvider", resolved).defaults
+    assert shown.beam_size == 4 and shown.HasField("min_length") and shown.min_length == 0
