@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "(resumable)"),
     "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
                "Marian model to a verified ONNX model package"),
+    "serve": ("seq2serve.server.app", "serve model packages over gRPC (health, reflection, "
+              "Prometheus metrics)"),
     "translate": ("seq2serve.server.translate_cli", "translate texts on a running seq2serve "
                   "server"),
     "summarize": ("seq2serve.server.summarize_cli", "summarize text files on a running "

@@ -1,0 +1,131 @@
+"""`seq2serve serve`: the gRPC server process.
+
+Start-up order: the gRPC port opens first with health NOT_SERVING, models load
+and warm up, then health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING,
+the schedulers stop accepting work, in-flight calls get `grace_period_s` to
+finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from seq2serve.export.package import PackageError
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
+
+from .config import ConfigError, ServerConfig, add_arguments, from_args
+from .errors import ErrorInterceptor
+from .metrics import Metrics
+from .models import ModelRegistry
+from .service import TranslatorService
+
+log = logging.getLogger("seq2serve.server")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
+
+
+class Server:
+    """One server: gRPC + health + reflection + metrics over a model registry."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None):
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.registry = ModelRegistry()
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else \
+            health.HealthServicer()
+        limit = config.max_message_bytes
+        self.grpc = grpc.aio.server(
+            interceptors=[ErrorInterceptor()],
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit)])
+        pb_grpc.add_TranslatorServicer_to_server(
+            TranslatorService(self.registry, config, self.metrics), self.grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.grpc)
+        self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
+        self.metrics_server = None
+        self._stopping = asyncio.Event()
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE_NAME):
+            result = self.health.set(service, status)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def start(self) -> None:
+        await self._set_health(False)
+        await self.grpc.start()
+        if self.config.metrics_port:
+            self.metrics_server = self.metrics.start_http(self.config.metrics_port,
+                                                          self.config.host)
+        log.info("listening on %s:%d (health NOT_SERVING while models load)",
+                 self.config.host, self.port)
+        # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
+        # health checks meanwhile.
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.registry.load, self.config, self.metrics)
+        await self._set_health(True)
+        log.info("SERVING %s", ", ".join(h.name for h in self.registry.handles()))
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: refuse new work, let in-flight calls finish within the grace period."""
+        grace = self.config.grace_period_s if grace is None else grace
+        await self._set_health(False)
+        for handle in self.registry.handles():
+            handle.scheduler.close()
+        await self.grpc.stop(grace)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.registry.close(drain=False, timeout=grace))
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        log.info("stopped")
+
+    async def serve_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        try:
+            await self.start()
+        except BaseException:
+            await self.grpc.stop(0)
+            raise
+        await self._stopping.wait()
+        log.info("signal received: draining (grace %.0fs)", self.config.grace_period_s)
+        await self.stop()
+
+
+async def _serve(config: ServerConfig) -> None:
+    # grpc.aio binds a server to the loop it is created in: create it inside.
+    await Server(config).serve_until_signal()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = from_args(args)
+    except ConfigError as e:
+        print(f"seq2serve serve: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve(config))
+    except PackageError as e:
+        print(f"seq2serve serve: error: {e}", file=sys.stderr)
+        return 1
+    return 0

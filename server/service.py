@@ -1,0 +1,303 @@
+"""The gRPC handlers: validate, tokenize, queue, await, answer. Nothing else.
+
+One work item per sentence-sized piece goes to the model's scheduler; the
+handler awaits every piece and reassembles the answer in input order. Errors
+are raised as ServiceError/InvalidOptions and mapped to status codes by the
+interceptor in errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
+
+from . import convert
+from .config import ServerConfig
+from .errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
+from .metrics import Metrics
+from .models import ModelHandle, ModelRegistry
+from .options import DecodingOptions, OptionLimits
+from .scheduler import Cancelled as SchedulerCancelled
+from .scheduler import Draining, QueueFull, WorkItem
+from .segment import reassemble, segment, split_long
+from .worker import deliver_to_future
+
+
+@dataclass
+class Piece:
+    """One unit of work: a sentence-sized source segment."""
+
+    text: str
+    source_ids: list[int]
+
+
+class RequestContext:
+    """Deadline and cancellation of one RPC, shared by all of its work items."""
+
+    def __init__(self, context: grpc.aio.ServicerContext):
+        remaining = context.time_remaining()
+        self.deadline = None if remaining is None else time.monotonic() + remaining
+        self._cancelled = False
+        context.add_done_callback(self._on_done)
+        self._context = context
+
+    def _on_done(self, _: Any) -> None:
+        # Called when the RPC ends for any reason; only a client cancel matters here.
+        if self._context.cancelled():
+            self._cancelled = True
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled or (self.deadline is not None and time.monotonic() > self.deadline)
+
+
+class TranslatorService(pb_grpc.TranslatorServicer):
+    def __init__(self, registry: ModelRegistry, config: ServerConfig, metrics: Metrics):
+        self.registry = registry
+        self.config = config
+        self.metrics = metrics
+        self.limits = OptionLimits(max_beam_size=config.max_beam_size,
+                                   max_length=config.max_length_cap)
+
+    # -- validation -----------------------------------------------------------
+
+    def _texts(self, texts: list[str]) -> list[str]:
+        if not texts:
+            raise InvalidArgument("texts must hold at least one text, got 0")
+        if len(texts) > self.config.max_texts_per_request:
+            raise InvalidArgument(f"texts must hold at most {self.config.max_texts_per_request} "
+                                  f"texts per request, got {len(texts)}")
+        for i, text in enumerate(texts):
+            if len(text) > self.config.max_text_chars:
+                raise InvalidArgument(f"texts[{i}] must be at most {self.config.max_text_chars} "
+                                      f"characters, got {len(text)}")
+        return list(texts)
+
+    def _options(self, request_options: pb.DecodingOptions, handle: Any) -> DecodingOptions:
+        return convert.options_from_pb(request_options).resolve(handle.manifest.generation,
+                                                                self.limits)
+
+    # -- queueing -------------------------------------------------------------
+
+    def _queue(self, handle: ModelHandle, sources: list[list[int]], options: DecodingOptions,
+               rpc: RequestContext,
+               on_token: list[Callable[[int], None] | None] | None = None
+               ) -> list[asyncio.Future]:
+        """All of a request's work items enter the queue together, or none does."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in sources]
+        items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),
+                          deadline=rpc.deadline, cancelled=rpc.cancelled,
+                          on_token=on_token[i] if on_token else None)
+                 for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
+        try:
+            handle.scheduler.submit_many(items)
+        except QueueFull as e:
+            raise ResourceExhausted(str(e)) from None
+        except Draining:
+            raise Unavailable("the server is shutting down; retry on another replica") from None
+        return futures
+
+    async def _gather(self, futures: list[asyncio.Future], rpc: RequestContext) -> list[Any]:
+        try:
+            return await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            rpc.cancel()  # the engine drops our items at its next step
+            raise
+        except SchedulerCancelled as e:
+            rpc.cancel()
+            if e.reason == "deadline":
+                raise DeadlineExceeded("the deadline passed before the result was ready") from None
+            raise Cancelled("the request was cancelled") from None
+
+    # -- handlers -------------------------------------------------------------
+
+    async def Translate(self, request: pb.TranslateRequest,
+                        context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        handle = self.registry.pick("translate", request.model, request.source_language,
+                                    request.target_language)
+        with self.metrics.track(handle.name, "Translate") as track:
+            texts = self._texts(request.texts)
+            options = self._options(request.options, handle)
+            rpc = RequestContext(context)
+            plans = [self._plan_translation(handle, text) for text in texts]
+            futures = self._queue(handle, [p.source_ids for _, ps in plans for p in ps],
+                                  options, rpc)
+            results = await self._gather(futures, rpc)
+            it = iter(results)
+            response = pb.TranslateResponse(model=handle.name)
+            for segmented, pieces in plans:
+                nbests = [next(it) for _ in pieces]
+                response.translations.append(self._translation(handle, segmented, pieces,
+                                                               nbests, request.options))
+            track.ok()
+            return response
+
+    async def Summarize(self, request: pb.SummarizeRequest,
+                        context: grpc.aio.ServicerContext) -> pb.SummarizeResponse:
+        handle = self.registry.pick("summarize", request.model, "", "")
+        with self.metrics.track(handle.name, "Summarize") as track:
+            texts = self._texts(request.texts)
+            options = self._options(request.options, handle)
+            rpc = RequestContext(context)
+            limit = handle.manifest.max_source_length
+            sources, truncated = [], []
+            for i, text in enumerate(texts):
+                ids = handle.tokenizer.encode(text)
+                if len(ids) > limit and not request.truncate:
+                    raise InvalidArgument(
+                        f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
+                        "(set truncate to cut it)")
+                truncated.append(len(ids) > limit)
+                sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
+            wanted = [bool(text.strip()) for text in texts]
+            futures = self._queue(handle, [s for s, w in zip(sources, wanted, strict=True) if w],
+                                  options, rpc)
+            results = await self._gather(futures, rpc)
+            it = iter(results)
+            response = pb.SummarizeResponse(model=handle.name)
+            for want, cut in zip(wanted, truncated, strict=True):
+                hyps = next(it) if want else [_EMPTY]
+                response.summaries.append(pb.Summary(
+                    hypotheses=[self._hypothesis(handle, h, request.options) for h in hyps],
+                    truncated=cut))
+            track.ok()
+            return response
+
+    async def TranslateStream(self, request: pb.TranslateRequest,
+                              context: grpc.aio.ServicerContext
+                              ) -> AsyncIterator[pb.TranslateChunk]:
+        handle = self.registry.pick("translate", request.model, request.source_language,
+                                    request.target_language)
+        with self.metrics.track(handle.name, "TranslateStream") as track:
+            texts = self._texts(request.texts)
+            if len(texts) != 1:
+                raise InvalidArgument(f"TranslateStream takes exactly 1 text, got {len(texts)}")
+            options = self._options(request.options, handle)
+            rpc = RequestContext(context)
+            segmented, pieces = self._plan_translation(handle, texts[0])
+            stream_tokens = options.decoding != "beam"
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+
+            def token_sink(index: int) -> Callable[[int], None]:
+                def on_token(token: int) -> None:  # runs on the engine's thread
+                    loop.call_soon_threadsafe(queue.put_nowait, (index, token))
+                return on_token
+
+            callbacks = [token_sink(i) if stream_tokens else None for i in range(len(pieces))]
+            futures = self._queue(handle, [p.source_ids for p in pieces], options, rpc,
+                                  callbacks)
+            # Pieces are emitted in order: a later piece's tokens wait for the earlier ones.
+            emitted = ""
+            done_pieces: dict[int, list[Any]] = {}
+            partial: dict[int, list[int]] = {i: [] for i in range(len(pieces))}
+            waiter = asyncio.ensure_future(asyncio.gather(*futures))
+            try:
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        index, token = getter.result()
+                        partial[index].append(token)
+                    else:
+                        getter.cancel()
+                    for i, f in enumerate(futures):
+                        if f.done() and i not in done_pieces:
+                            done_pieces[i] = f.result()
+                    text = self._stream_text(handle, segmented, pieces, done_pieces, partial)
+                    if len(text) > len(emitted) and text.startswith(emitted):
+                        yield pb.TranslateChunk(text_delta=text[len(emitted):])
+                        emitted = text
+                    if waiter.done() and queue.empty():
+                        break
+                nbests = waiter.result()
+            finally:
+                if not waiter.done():
+                    rpc.cancel()
+                    waiter.cancel()
+            translation = self._translation(handle, segmented, pieces, nbests, request.options)
+            final_text = translation.hypotheses[0].text if translation.hypotheses else ""
+            yield pb.TranslateChunk(
+                text_delta=final_text[len(emitted):] if final_text.startswith(emitted) else "",
+                final=True, translation=translation)
+            track.ok()
+
+    async def ListModels(self, request: pb.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(models=[
+            convert.model_info_to_pb(h.manifest, h.provider) for h in self.registry.handles()])
+
+    # -- assembling answers ----------------------------------------------------
+
+    def _plan_translation(self, handle: Any, text: str) -> tuple[Any, list[Piece]]:
+        limit = handle.manifest.max_source_length
+        segmented = split_long(segment(text, handle.manifest.source_language),
+                               lambda t: len(handle.tokenizer.encode(t)), limit)
+        pieces = [Piece(t, handle.tokenizer.encode(t)[:limit]) for t in segmented.pieces]
+        return segmented, pieces
+
+    def _hypothesis(self, handle: Any, hyp: Any, options: pb.DecodingOptions) -> pb.Hypothesis:
+        return convert.hypothesis_to_pb(handle.tokenizer.decode(hyp.token_ids), hyp.score,
+                                        hyp.token_ids, hyp.alignment, options)
+
+    def _translation(self, handle: Any, segmented: Any, pieces: list[Piece],
+                     nbests: list[list[Any]], options: pb.DecodingOptions) -> pb.Translation:
+        """n-best of a segmented text: the i-th hypothesis joins every piece's i-th best
+        (or its best when a piece has fewer), scores summed over pieces."""
+        if not pieces:
+            return pb.Translation(hypotheses=[pb.Hypothesis(text=segmented.original)])
+        if len(pieces) == 1:
+            hyps = [self._hypothesis(handle, h, options) for h in nbests[0]]
+            for h in hyps:
+                h.text = reassemble(segmented, [h.text])
+            return pb.Translation(hypotheses=hyps)
+        count = max(len(n) for n in nbests)
+        out = []
+        for i in range(count):
+            chosen = [n[min(i, len(n) - 1)] for n in nbests]
+            text = reassemble(segmented, [handle.tokenizer.decode(h.token_ids) for h in chosen])
+            ids = [t for h in chosen for t in h.token_ids]
+            score = sum(h.score for h in chosen)
+            out.append(convert.hypothesis_to_pb(text, score, ids, None, options))
+        return pb.Translation(hypotheses=out)
+
+    def _stream_text(self, handle: Any, segmented: Any, pieces: list[Piece],
+                     done: dict[int, list[Any]], partial: dict[int, list[int]]) -> str:
+        """The text so far: finished pieces in order, then the growing one."""
+        texts: list[str] = []
+        for i in range(len(pieces)):
+            if i in done:
+                texts.append(handle.tokenizer.decode(done[i][0].token_ids))
+            else:
+                texts.append(handle.tokenizer.decode(partial[i]))
+                break
+        return reassemble(segmented, texts, partial=True)
+
+
+@dataclass
+class _Empty:
+    token_ids: list[int] = field(default_factory=list)
+    score: float = 0.0
+    alignment: list[int] | None = None
+
+
+_EMPTY = _Empty()
+
+
