@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger("seq2serve.server")
 
@@ -74,10 +75,22 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:
     await context.abort(code, message)
 
 
-def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]]):
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _parse(deserializer: Callable[[bytes], Any] | None, raw: bytes) -> Any:
+    """Decode here rather than in gRPC core, which answers a bad message (say, a
+    string field holding invalid UTF-8) with UNKNOWN instead of INVALID_ARGUMENT."""
+    if deserializer is None:
+        return raw
+    try:
+        return deserializer(raw)
+    except DecodeError as e:
+        raise InvalidArgument(f"the request is not a valid message: {e}") from None
+
+
+def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]],
+                deserializer: Callable[[bytes], Any] | None):
+    async def wrapped(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await behavior(request, context)
+            return await behavior(_parse(deserializer, raw), context)
         except _PASS_THROUGH:
             raise
         except Exception as e:  # noqa: BLE001 - mapped to a status right here
@@ -86,10 +99,11 @@ def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]]):
     return wrapped
 
 
-def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]]):
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]],
+                 deserializer: Callable[[bytes], Any] | None):
+    async def wrapped(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for item in behavior(request, context):
+            async for item in behavior(_parse(deserializer, raw), context):
                 yield item
         except _PASS_THROUGH:
             raise
@@ -106,12 +120,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                _wrap_unary(handler.unary_unary, handler.request_deserializer),
                 response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                _wrap_stream(handler.unary_stream, handler.request_deserializer),
                 response_serializer=handler.response_serializer)
         return handler

@@ -274,7 +274,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             chosen = [n[min(i, len(n) - 1)] for n in nbests]
             text = reassemble(segmented, [handle.tokenizer.decode(h.token_ids) for h in chosen])
             ids = [t for h in chosen for t in h.token_ids]
-            score = sum(h.score for h in chosen)
+            scores = [h.score for h in chosen]
+            score = None if None in scores else sum(scores)
             out.append(convert.hypothesis_to_pb(text, score, ids, None, options))
         return pb.Translation(hypotheses=out)
 

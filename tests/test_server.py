@@ -1,0 +1,312 @@
+"""End to end over real gRPC on 127.0.0.1: parity with Hugging Face, isolation
+under concurrency, metrics, health, bad input, deadlines, cancellation, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+import transformers
+from conftest import CORPUS
+
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.app import Server
+from seq2serve.server.client import Seq2ServeClient
+from seq2serve.server.config import ServerConfig
+
+
+class RunningServer:
+    """A Server on its own event loop thread, for synchronous test clients."""
+
+    def __init__(self, config: ServerConfig):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server: Server = self.call(self._create(config))
+        self.call(self.server.start())
+        self.target = f"127.0.0.1:{self.server.port}"
+
+    @staticmethod
+    async def _create(config: ServerConfig) -> Server:
+        return Server(config)
+
+    def call(self, coro, timeout: float = 120):  # noqa: ANN001, ANN201
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.call(self.server.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
+    values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
+                  provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0)
+    values.update(overrides)
+    return ServerConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(marian_package, root / "tiny-en-de")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(models_dir: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(models_dir, max_texts_per_request=8,
+                                          max_text_chars=500, max_length_cap=64,
+                                          max_message_bytes=64 * 1024))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[Seq2ServeClient]:
+    with Seq2ServeClient(server.target, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir: Path):  # noqa: ANN201
+    return (transformers.MarianMTModel.from_pretrained(marian_dir).eval(),
+            transformers.MarianTokenizer.from_pretrained(marian_dir))
+
+
+def hf_generate(hf, texts: list[str], **kwargs: object) -> list[list[str]]:  # noqa: ANN001
+    model, tok = hf
+    batch = tok(texts, return_tensors="pt", padding=True)
+    n = int(kwargs.get("num_return_sequences", 1))
+    with torch.no_grad():
+        out = model.generate(**batch, do_sample=False, forced_eos_token_id=None,
+                             bad_words_ids=[[model.config.pad_token_id]], max_new_tokens=40,
+                             **kwargs)
+    decoded = tok.batch_decode(out, skip_special_tokens=True)
+    return [decoded[i * n:(i + 1) * n] for i in range(len(texts))]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(num_beams=1),
+    dict(num_beams=4),
+    dict(num_beams=5, num_return_sequences=3, length_penalty=0.6),
+])
+def test_outputs_equal_hf_generate(client: Seq2ServeClient, hf, settings: dict) -> None:  # noqa: ANN001
+    texts = CORPUS[:4]
+    options = dict(beam_size=settings["num_beams"], max_length=40,
+                   num_hypotheses=settings.get("num_return_sequences", 1))
+    if "length_penalty" in settings:
+        options["length_penalty"] = settings["length_penalty"]
+    got = client.translate(texts, model="opus-mt-en-de", **options)
+    want = hf_generate(hf, texts, **settings)
+    assert [[h.text for h in hyps] for hyps in got] == want
+
+
+def test_concurrent_clients_get_their_own_results(server: RunningServer) -> None:
+    texts = [f"{CORPUS[i % len(CORPUS)]} {i}" for i in range(24)]
+    with Seq2ServeClient(server.target, timeout=120) as c:
+        alone = [c.translate([t], beam_size=2, max_length=20)[0][0].text for t in texts]
+
+    def call(i: int) -> str:
+        with Seq2ServeClient(server.target, timeout=120) as c:
+            return c.translate([texts[i]], beam_size=2, max_length=20)[0][0].text
+
+    batches_before = sum(h.worker.batches for h in server.server.registry.handles())
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(call, range(len(texts))))
+    batches = sum(h.worker.batches for h in server.server.registry.handles()) - batches_before
+    assert together == alone
+    assert batches < len(texts)  # they really were batched together
+
+
+def test_many_texts_in_one_request_keep_their_order(client: Seq2ServeClient) -> None:
+    texts = CORPUS[:6]
+    one_by_one = [client.translate([t], beam_size=1, max_length=20)[0][0].text for t in texts]
+    together = [h[0].text for h in client.translate(texts, beam_size=1, max_length=20)]
+    assert together == one_by_one
+
+
+def test_long_text_is_segmented_and_whitespace_kept(client: Seq2ServeClient) -> None:
+    text = f"  {CORPUS[0]} {CORPUS[1]}\n\n{CORPUS[2]}\n"
+    [[whole]] = client.translate([text], beam_size=1, max_length=20)
+    parts = [client.translate([t], beam_size=1, max_length=20)[0][0].text for t in CORPUS[:3]]
+    assert whole.text == f"  {parts[0]} {parts[1]}\n\n{parts[2]}\n"
+
+
+def test_empty_text_gets_empty_translation(client: Seq2ServeClient) -> None:
+    [[hyp]] = client.translate([""])
+    assert hyp.text == ""
+
+
+def test_stream_deltas_add_up_to_the_final_text(client: Seq2ServeClient) -> None:
+    chunks = list(client.translate_stream(CORPUS[0], beam_size=1, max_length=20))
+    assert chunks[-1].final
+    assert len(chunks) > 2  # streamed token by token
+    assert "".join(c.text_delta for c in chunks) == chunks[-1].hypotheses[0].text
+    [[direct]] = client.translate([CORPUS[0]], beam_size=1, max_length=20)
+    assert chunks[-1].hypotheses[0].text == direct.text
+
+
+def test_list_models_and_health(client: Seq2ServeClient) -> None:
+    [info] = client.list_models()
+    assert (info.name, info.task, info.source_language, info.target_language) == (
+        "opus-mt-en-de", "translate", "en", "de")
+    assert info.provider == "CPUExecutionProvider"
+    assert client.health() == "SERVING"
+    assert client.health("seq2serve.v1.Translator") == "SERVING"
+
+
+BAD = [
+    (dict(texts=[]), "texts must hold at least one text"),
+    (dict(options=dict(beam_size=0)), "beam_size must be in [1, 16], got 0"),
+    (dict(options=dict(beam_size=17)), "beam_size must be in [1, 16], got 17"),
+    (dict(options=dict(beam_size=2, num_hypotheses=3)), "num_hypotheses must be <= beam_size"),
+    (dict(options=dict(beam_size=1, sampling_temperature=1.0, sampling_top_p=1.5)),
+     "sampling_top_p must be in (0, 1], got 1.5"),
+    (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
+    (dict(options=dict(max_length=65)), "max_length must be in [1, 64], got 65"),
+    (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
+    (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD)
+def test_bad_input_is_invalid_argument(server: RunningServer, fields: dict,
+                                       message: str) -> None:
+    options = pb.DecodingOptions(**fields.pop("options", {}))
+    request = pb.TranslateRequest(model="opus-mt-en-de", texts=fields.get("texts", ["Hello"]),
+                                  options=options)
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Translate(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in err.value.details()
+        # the server is still up and answering
+        assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+
+
+def test_unknown_model_is_not_found_listing_models(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Translate(pb.TranslateRequest(model="nope", texts=["x"]), timeout=30)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "opus-mt-en-de" in err.value.details()
+
+
+def test_message_above_size_limit(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Translate(pb.TranslateRequest(texts=["x" * 100_000]), timeout=30)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_invalid_utf8_is_invalid_argument(server: RunningServer) -> None:
+    # proto3 strings must be UTF-8; the raw bytes are sent past the client's encoder.
+    bad = b"\x12\x02\xff\xfe"  # field 2 (texts), length 2, invalid UTF-8
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_unary("/seq2serve.v1.Translator/Translate",
+                                   request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as err:
+            call(bad, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in err.value.details()
+
+
+def test_deadline_and_cancellation_leave_the_server_serving(server: RunningServer) -> None:
+    long = pb.TranslateRequest(model="opus-mt-en-de", texts=CORPUS[:8],
+                               options=pb.DecodingOptions(beam_size=8, max_length=64))
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Translate(long, timeout=0.05)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        future = stub.Translate.future(long, timeout=60)
+        time.sleep(0.05)
+        future.cancel()
+        assert future.cancelled()
+        ok = stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=60)
+        assert len(ok.translations) == 1
+    metrics = server.server.metrics.render().decode()
+    assert 'seq2serve_cancelled_total{model="opus-mt-en-de"' in metrics
+
+
+def test_metrics_count_what_was_sent(models_dir: Path) -> None:
+    running = RunningServer(server_config(models_dir, metrics_port=0))
+    try:
+        port = running.server.metrics.start_http(0, "127.0.0.1").port
+        with Seq2ServeClient(running.target, timeout=60) as c:
+            for _ in range(3):
+                c.translate([CORPUS[0], CORPUS[1]], beam_size=1, max_length=10)
+            with pytest.raises(grpc.RpcError):
+                c.translate(["x"], beam_size=0)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        text = body.decode()
+        assert ('seq2serve_requests_total{code="OK",method="Translate",model="opus-mt-en-de"} '
+                '3.0') in text
+        assert ('seq2serve_requests_total{code="INVALID_ARGUMENT",method="Translate",'
+                'model="opus-mt-en-de"} 1.0') in text
+        assert "seq2serve_request_duration_seconds_bucket" in text
+        assert 'seq2serve_model_info{' in text
+    finally:
+        running.stop()
+
+
+def test_health_goes_not_serving_when_draining(models_dir: Path) -> None:
+    running = RunningServer(server_config(models_dir))
+    with Seq2ServeClient(running.target, timeout=30) as c:
+        assert c.health() == "SERVING"
+        running.call(running.server._set_health(False))
+        assert c.health() == "NOT_SERVING"
+    running.stop()
+
+
+def test_sigterm_drains_in_flight_call_and_exits_zero(models_dir: Path, tmp_path: Path) -> None:
+    port = 50000 + os.getpid() % 10000
+    env = {**os.environ, "SEQ2SERVE_MODELS_DIR": str(models_dir), "SEQ2SERVE_PORT": str(port),
+           "SEQ2SERVE_HOST": "127.0.0.1", "SEQ2SERVE_METRICS_PORT": "0",
+           "SEQ2SERVE_PROVIDER": "cpu", "SEQ2SERVE_GRACE_PERIOD_S": "30"}
+    proc = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli", "serve"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        target = f"127.0.0.1:{port}"
+        with Seq2ServeClient(target, timeout=60) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if c.health() == "SERVING":
+                        break
+                except grpc.RpcError:
+                    pass
+                assert time.monotonic() < deadline, "server did not become SERVING"
+                time.sleep(0.2)
+            with grpc.insecure_channel(target) as channel:
+                stub = pb_grpc.TranslatorStub(channel)
+                future = stub.Translate.future(pb.TranslateRequest(
+                    texts=CORPUS[:8], options=pb.DecodingOptions(beam_size=6, max_length=48)),
+                    timeout=60)
+                time.sleep(0.2)
+                proc.send_signal(signal.SIGTERM)
+                response = future.result()
+        assert len(response.translations) == 8
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
