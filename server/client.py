@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,21 @@ class Seq2ServeClient:
                                       timeout=self.timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
+    def wait_until_serving(self, timeout: float) -> None:
+        """Poll health until SERVING; raise the last RpcError or TimeoutError after
+        `timeout` seconds (a server that is starting refuses connections at first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.health() == "SERVING":
+                    return
+                error: Exception = TimeoutError(f"server not SERVING after {timeout:g}s")
+            except grpc.RpcError as e:
+                error = e
+            if time.monotonic() >= deadline:
+                raise error
+            time.sleep(0.25)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -186,6 +202,9 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the seq2serve server (default {DEFAULT_TARGET})")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="deadline per call in seconds (default none)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="S",
+                        help="wait up to S seconds for the server to report SERVING (it "
+                        "may still be starting or loading models) before calling")
 
 
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -47,10 +47,15 @@ def run(args: argparse.Namespace) -> int:
     n_best = bool(args.n_best and args.n_best > 1)
     try:
         with Seq2ServeClient(args.server, args.timeout) as client:
+            if args.wait > 0:
+                client.wait_until_serving(args.wait)
             summaries = client.summarize(texts, args.model, args.truncate,
                                          **decoding_options(args))
     except grpc.RpcError as error:
         return report_rpc_error(PROG, error)
+    except TimeoutError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
     for i, (name, summary) in enumerate(zip(args.files, summaries, strict=True)):
         if summary.truncated:
             print(f"{PROG}: note: {name} was cut to the model's input limit", file=sys.stderr)

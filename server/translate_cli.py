@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     first = True
     try:
         with Seq2ServeClient(args.server, args.timeout) as client:
+            if args.wait > 0:
+                client.wait_until_serving(args.wait)
             for batch in _batches(_texts(args.text), args.batch_size):
                 for hyps in client.translate(batch, args.model, args.source_language,
                                              args.target_language, **decoding_options(args)):
@@ -59,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
                     print("\n".join(hypothesis_lines(hyps, n_best, args.scores)), flush=True)
     except grpc.RpcError as error:
         return report_rpc_error(PROG, error)
+    except TimeoutError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
