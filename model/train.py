@@ -38,7 +38,16 @@ from .batching import (
     tokenize_split,
 )
 from .config import ModelConfig
-from .evaluate import MAIN_SCORE, TASKS, evaluate, generate, read_corpus_info, score
+from .ddtp import KINDS
+from .evaluate import (
+    MAIN_SCORE,
+    TASKS,
+    evaluate,
+    format_report,
+    generate,
+    read_corpus_info,
+    score,
+)
 from .tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from .transformer import Seq2SeqTransformer
 
@@ -100,12 +109,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="weights of best/ (resume checkpoints stay float32)")
 
     sc = parser.add_argument_group("scoring a finished checkpoint")
-    sc.add_argument("--score", metavar="CHECKPOINT_DIR", help="score this checkpoint on "
-                    "--data --split instead of training")
+    sc.add_argument("--score", metavar="CHECKPOINT_DIR", help="score this checkpoint and a "
+                    "copy-the-source baseline on --data --split instead of training; prints "
+                    "a summary")
     sc.add_argument("--split", default="test")
+    sc.add_argument("--kind", choices=KINDS, help="only the segments of this kind "
+                    "(needs {split}.kind)")
     sc.add_argument("--beam", type=int, default=1, help="only 1 (greedy) for now")
-    sc.add_argument("--score-max-sentences", type=int)
-    sc.add_argument("--score-out", help="write scores here (JSON) and hypotheses next to it")
+    sc.add_argument("--score-max-sentences", type=int, help="the first N (after --kind)")
+    sc.add_argument("--samples", type=int, default=10, help="sample outputs in the report, "
+                    "evenly spaced over the split")
+    sc.add_argument("--score-out", help="write the full report here (JSON) and the "
+                    "hypotheses next to it (.hyp)")
 
 
 # -- optimization -----------------------------------------------------------------------
@@ -258,10 +273,19 @@ def run_score(args: argparse.Namespace) -> int:
         print("error: only --beam 1 (greedy) is implemented in the trainer's scorer; "
               "beam search lives in the server", file=sys.stderr)
         return 2
-    result = evaluate(args.score, args.data, args.split, args.score_max_sentences,
-                      max_tokens=args.max_tokens, device=str(resolve_device(args.device)),
-                      output=args.score_out)
-    print(json.dumps(result, indent=2))
+    if args.samples < 0:
+        print(f"error: --samples must be >= 0, got {args.samples}", file=sys.stderr)
+        return 2
+    try:
+        result = evaluate(args.score, args.data, args.split, args.score_max_sentences,
+                          max_tokens=args.max_tokens, device=str(resolve_device(args.device)),
+                          output=args.score_out, samples=args.samples, kind=args.kind)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(result))
+    if args.score_out:
+        print(f"\nreport: {args.score_out}", file=sys.stderr)
     return 0
 
 
@@ -366,7 +390,8 @@ class Trainer:
         args = vars(self.args).copy()
         return {"task": self.task, "src_lang": self.corpus.get("src_lang"),
                 "tgt_lang": self.corpus.get("tgt_lang"), "step": self.step,
-                "data": str(self.data_dir), "train_args": args, "valid": scores or {}}
+                "data": str(self.data_dir), "train_args": args, "valid": scores or {},
+                "elapsed_seconds": self.elapsed()}
 
     def save(self, scores: dict[str, float] | None = None) -> Path:
         state = {"optimizer": self.optimizer.state_dict(), "step": self.step,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -18,7 +19,13 @@ from seq2serve.model import batching, train
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.batching import read_split
 from seq2serve.model.config import ModelConfig
-from seq2serve.model.evaluate import generate, score
+from seq2serve.model.evaluate import (
+    evaluate,
+    generate,
+    sample_indices,
+    score,
+    score_with_signatures,
+)
 from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
 
@@ -239,18 +246,99 @@ def test_training_lowers_loss_and_memorizes(trained: Path) -> None:
     assert not (trained / "best" / ckpt.STATE_FILE).exists()
 
 
-def test_score_entry_point(trained: Path, tmp_path: Path,
-                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_score_report_has_model_baseline_samples_and_settings(
+        trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seq2serve.server.cli import main
 
     out = tmp_path / "scores.json"
     argv = ["train", "--score", str(trained / "best"), "--data", str(CORPUS), "--split",
-            "test", "--score-out", str(out)]
+            "test", "--score-out", str(out), "--samples", "3", "--threads", "1"]
     assert main(argv) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == json.loads(out.read_text())
-    assert printed["sentences"] == 4 and 0 <= printed["bleu"] <= 100
-    assert len(out.with_suffix(".hyp").read_text().splitlines()) == 4
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["format"] == "seq2serve-score" and report["task"] == "translate"
+    assert report["segments"] == 4 and report["split"] == "test" and report["kind"] is None
+    for side in ("model", "copy_source"):
+        assert set(report["scores"][side]) == {"bleu", "chrf"}
+        assert all(0 <= v <= 100 for v in report["scores"][side].values())
+    assert report["signatures"]["bleu"].startswith("nrefs:1|case:mixed|")
+    assert "version:" in report["signatures"]["chrf"]
+    ck = report["checkpoint"]
+    assert ck["step"] == ckpt.read_meta(trained / "best")["step"] > 0
+    assert ck["training_seconds"] > 0 and ck["training_seconds_source"].endswith("log.jsonl")
+    assert ck["weights_dtype"] == "float32" and ck["parameters"] > 0
+    assert report["decoding"]["method"] == "greedy" and report["decoding"]["max_len"] == 24
+    assert report["speed"]["segments_per_s"] > 0 and report["speed"]["threads"] == 1
+    assert report["by_kind"]["short"]["segments"] == 4
+    sources, references = read_split(CORPUS, "test")
+    samples = report["samples"]
+    assert [s["line"] for s in samples] == [1, 3, 4]  # evenly spaced, not the first three
+    assert [(s["source"], s["reference"]) for s in samples] == [
+        (sources[i], references[i]) for i in (0, 2, 3)]
+    hyps = out.with_suffix(".hyp").read_text().splitlines()
+    assert [s["hypothesis"] for s in samples] == [hyps[i] for i in (0, 2, 3)]
+    # The summary on stdout carries the same numbers, baseline beside the model.
+    bleu = report["scores"]["model"]["bleu"], report["scores"]["copy_source"]["bleu"]
+    assert f"{bleu[0]:.2f} / {bleu[1]:.2f}" in printed and "segments/s" in printed
+    assert samples[1]["hypothesis"] in printed
+    # Same command, same report (bar the timing).
+    again = evaluate(trained / "best", CORPUS, "test", samples=3)
+    for key in ("scores", "samples", "signatures", "by_kind", "decoding", "segments"):
+        assert again[key] == report[key], key
+
+
+def test_copy_source_baseline_is_perfect_when_source_is_target(trained: Path,
+                                                               tmp_path: Path) -> None:
+    data = tmp_path / "copy"
+    data.mkdir()
+    shutil.copyfile(CORPUS / "corpus.json", data / "corpus.json")
+    shutil.copyfile(CORPUS / "test.tgt", data / "test.src")
+    shutil.copyfile(CORPUS / "test.tgt", data / "test.tgt")
+    (data / "test.kind").write_text("sentence\nsynopsis\nsentence\nsynopsis\n")
+    report = evaluate(trained / "best", data, "test", samples=10)
+    assert report["scores"]["copy_source"]["bleu"] == pytest.approx(100)
+    assert report["scores"]["copy_source"]["chrf"] == pytest.approx(100)
+    assert len(report["samples"]) == 4  # never more than the split has
+    assert sorted(report["by_kind"]) == ["sentence", "synopsis"]
+    assert report["by_kind"]["synopsis"]["copy_source"]["bleu"] == pytest.approx(100)
+    only = evaluate(trained / "best", data, "test", samples=10, kind="synopsis")
+    assert only["kind"] == "synopsis" and only["segments"] == 2
+    assert [s["line"] for s in only["samples"]] == [2, 4]
+    assert {s["kind"] for s in only["samples"]} == {"synopsis"}
+    with pytest.raises(ValueError, match="no such segments"):
+        evaluate(trained / "best", data, "test", kind="paragraph")
+    # ROUGE's baseline on the same split, for the summarization card.
+    refs = read_split(data, "test")[1]
+    rouge, signatures = score_with_signatures("summarize", refs, refs)
+    assert rouge == pytest.approx(dict.fromkeys(("rouge1", "rouge2", "rougeL"), 100.0))
+    assert signatures["rougeL"].startswith("rouge-score:")
+
+
+def test_sample_indices_are_spread_and_deterministic() -> None:
+    assert sample_indices(1000, 10) == [50, 150, 250, 350, 450, 550, 650, 750, 850, 950]
+    assert sample_indices(4, 10) == [0, 1, 2, 3]
+    assert sample_indices(5, 0) == [] and sample_indices(0, 10) == []
+    picked = sample_indices(1202, 10)
+    assert picked == sample_indices(1202, 10) and len(set(picked)) == 10
+    assert picked[0] > 0 and picked[-1] < 1201
+
+
+def test_score_reads_float16_checkpoint_into_float32_model(trained: Path,
+                                                           tmp_path: Path) -> None:
+    model, meta, _ = ckpt.load_checkpoint(trained / "best")
+    reserved = ("format", "format_version", "model", "weights", "tokenizer")
+    half = ckpt.save_checkpoint(tmp_path / "half", model, trained / "best" / ckpt.TOKENIZER_FILE,
+                                {k: v for k, v in meta.items() if k not in reserved},
+                                save_dtype="float16")
+    loaded, _, _ = ckpt.load_checkpoint(half)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    report = evaluate(half, CORPUS, "test")
+    full = evaluate(trained / "best", CORPUS, "test")
+    assert report["checkpoint"]["weights_dtype"] == "float16"
+    assert report["segments"] == 4 and 0 <= report["scores"]["model"]["bleu"] <= 100
+    # fp16 rounding may flip a rare argmax, not the model's behaviour.
+    assert report["scores"]["model"]["chrf"] == pytest.approx(
+        full["scores"]["model"]["chrf"], abs=15)
 
 
 def test_resume_continues_where_it_stopped(tmp_path: Path) -> None:
