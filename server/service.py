@@ -30,7 +30,7 @@ from .errors import (
 )
 from .metrics import Metrics
 from .models import ModelHandle, ModelRegistry
-from .options import DecodingOptions, OptionLimits
+from .options import DecodingOptions
 from .scheduler import Cancelled as SchedulerCancelled
 from .scheduler import Draining, QueueFull, WorkItem
 from .segment import reassemble, segment, split_long
@@ -72,8 +72,6 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self.registry = registry
         self.config = config
         self.metrics = metrics
-        self.limits = OptionLimits(max_beam_size=config.max_beam_size,
-                                   max_length=config.max_length_cap)
 
     # -- validation -----------------------------------------------------------
 
@@ -90,8 +88,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         return list(texts)
 
     def _options(self, request_options: pb.DecodingOptions, handle: Any) -> DecodingOptions:
-        return convert.options_from_pb(request_options).resolve(handle.manifest.generation,
-                                                                self.limits)
+        # The engine's resolve adds what this model allows (position cap, alignment).
+        return handle.engine.resolve(convert.options_from_pb(request_options))
 
     # -- queueing -------------------------------------------------------------
 

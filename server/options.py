@@ -1,0 +1,202 @@
+"""Decoding options: one validated dataclass (vLLM's SamplingParams style).
+
+A request sets only what it cares about; every field left as None takes the
+model's default from the package manifest (`manifest.generation`), then the
+built-in default below. `resolve()` returns a copy with every field set and
+checked; each error names the field and its valid range, so the server can
+hand it to the client as an INVALID_ARGUMENT unchanged.
+
+Which decoding runs:
+- sampling when `sampling_temperature > 0`, or when `sampling_top_k` or
+  `sampling_top_p` is set and the temperature is not (it then defaults to 1.0).
+  Sampling draws one hypothesis per source, so it needs `beam_size` 1 (a
+  beam size left unset resolves to 1) and `num_hypotheses` 1;
+- otherwise greedy search when `beam_size` is 1, beam search when it is more.
+
+Lengths count generated tokens (the decoder start token is not one; EOS is).
+The limit for one source is `max_length`, lowered to
+`ceil(max_length_ratio * source length)` when the ratio is > 0, and never
+above the server's cap (`OptionLimits.max_length`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+EARLY_STOPPING = (False, True, "never")
+
+
+class InvalidOptions(ValueError):
+    """A decoding option (or the input it applies to) is out of range; `field` names it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class OptionLimits:
+    """Server-side caps; the engine lowers `max_length` to the model's position count."""
+
+    max_beam_size: int = 16
+    max_length: int = 512
+
+
+# Used for fields that neither the request nor the manifest sets.
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "beam_size": 4,
+    "num_hypotheses": 1,
+    "length_penalty": 1.0,
+    "early_stopping": False,  # Hugging Face's default
+    "max_length": 256,
+    "max_length_ratio": 0.0,
+    "min_length": 0,
+    "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "sampling_temperature": 0.0,
+    "sampling_top_k": 0,
+    "sampling_top_p": 1.0,
+    "seed": None,
+    "return_scores": True,
+    "return_alignment": False,
+}
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    beam_size: int | None = None
+    num_hypotheses: int | None = None  # n-best size, <= beam_size
+    length_penalty: float | None = None  # beam score = sum log-probs / length ** length_penalty
+    early_stopping: bool | str | None = None  # False, True or "never", as in Hugging Face
+    max_length: int | None = None  # new tokens
+    max_length_ratio: float | None = None  # to the source length; 0 = no relative limit
+    min_length: int | None = None  # new tokens before EOS may be generated
+    no_repeat_ngram_size: int | None = None  # 0 = off
+    repetition_penalty: float | None = None  # 1 = off
+    sampling_temperature: float | None = None  # 0 = no sampling
+    sampling_top_k: int | None = None  # 0 = off
+    sampling_top_p: float | None = None  # 1 = off
+    seed: int | None = None  # None = a fresh random seed per request
+    return_scores: bool | None = None
+    return_alignment: bool | None = None
+
+    @property
+    def sampling(self) -> bool:
+        """Whether these (resolved) options sample instead of searching."""
+        return bool(self.sampling_temperature and self.sampling_temperature > 0)
+
+    @property
+    def decoding(self) -> str:
+        """'sampling', 'greedy' or 'beam' (resolved options)."""
+        if self.sampling:
+            return "sampling"
+        return "greedy" if self.beam_size == 1 else "beam"
+
+    def resolve(self, defaults: Mapping[str, Any] | None = None,
+                limits: OptionLimits | None = None) -> DecodingOptions:
+        """Fill unset fields (request, then `defaults`, then built-ins) and validate."""
+        defaults = defaults or {}
+        limits = limits or OptionLimits()
+        values = dataclasses.asdict(self)
+        sampling_requested = (
+            (self.sampling_temperature is not None and self.sampling_temperature != 0)
+            or self.sampling_top_k not in (None, 0) or self.sampling_top_p not in (None, 1.0))
+        if sampling_requested:
+            # A model's default beam size must not turn a sampling request into an error.
+            if values["beam_size"] is None:
+                values["beam_size"] = 1
+            if values["sampling_temperature"] is None:
+                values["sampling_temperature"] = 1.0
+        for name, value in values.items():
+            if value is None:
+                values[name] = defaults.get(name, BUILTIN_DEFAULTS[name])
+        if self.max_length is None and isinstance(values["max_length"], int):
+            # A manifest default beyond the server's cap is lowered, not an error.
+            values["max_length"] = min(values["max_length"], limits.max_length)
+        resolved = DecodingOptions(**values)
+        resolved.validate(limits)
+        return resolved
+
+    def validate(self, limits: OptionLimits | None = None) -> None:
+        """Raise InvalidOptions for the first field out of range. Expects resolved options."""
+        limits = limits or OptionLimits()
+        _int_in("beam_size", self.beam_size, 1, limits.max_beam_size)
+        _integer("num_hypotheses", self.num_hypotheses)
+        if self.num_hypotheses < 1:
+            raise InvalidOptions("num_hypotheses",
+                                 f"num_hypotheses must be >= 1, got {self.num_hypotheses}")
+        if self.num_hypotheses > self.beam_size:
+            raise InvalidOptions("num_hypotheses", f"num_hypotheses must be <= beam_size "
+                                 f"({self.beam_size}), got {self.num_hypotheses}")
+        _finite("length_penalty", self.length_penalty)
+        if self.early_stopping not in EARLY_STOPPING or (
+                isinstance(self.early_stopping, int) and not isinstance(self.early_stopping, bool)):
+            raise InvalidOptions("early_stopping", "early_stopping must be one of False, True, "
+                                 f"'never', got {self.early_stopping!r}")
+        _int_in("max_length", self.max_length, 1, limits.max_length)
+        _finite("max_length_ratio", self.max_length_ratio)
+        if self.max_length_ratio < 0:
+            raise InvalidOptions("max_length_ratio", "max_length_ratio must be >= 0 (0 = no "
+                                 f"relative limit), got {self.max_length_ratio}")
+        _int_in("min_length", self.min_length, 0, self.max_length,
+                upper_name=f"max_length ({self.max_length})")
+        _int_in("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, self.max_length + 1,
+                upper_name=f"max_length + 1 ({self.max_length + 1})")
+        _finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise InvalidOptions("repetition_penalty", "repetition_penalty must be in (0, inf) "
+                                 f"(1 = off), got {self.repetition_penalty}")
+        _finite("sampling_temperature", self.sampling_temperature)
+        if self.sampling_temperature < 0:
+            raise InvalidOptions("sampling_temperature", "sampling_temperature must be >= 0 "
+                                 f"(0 = no sampling), got {self.sampling_temperature}")
+        _integer("sampling_top_k", self.sampling_top_k)
+        if self.sampling_top_k < 0:
+            raise InvalidOptions("sampling_top_k", "sampling_top_k must be >= 0 (0 = off), "
+                                 f"got {self.sampling_top_k}")
+        _finite("sampling_top_p", self.sampling_top_p)
+        if not 0 < self.sampling_top_p <= 1:
+            raise InvalidOptions("sampling_top_p",
+                                 f"sampling_top_p must be in (0, 1], got {self.sampling_top_p}")
+        if not self.sampling and (self.sampling_top_k != 0 or self.sampling_top_p != 1):
+            raise InvalidOptions("sampling_temperature", "sampling_top_k and sampling_top_p "
+                                 "need sampling_temperature > 0, got "
+                                 f"{self.sampling_temperature}")
+        if self.sampling and self.beam_size != 1:
+            raise InvalidOptions("beam_size", "beam_size must be 1 when sampling "
+                                 f"(sampling_temperature > 0), got {self.beam_size}")
+        if self.seed is not None:
+            _int_in("seed", self.seed, 0, 2**64 - 1)
+        for name in ("return_scores", "return_alignment"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidOptions(name, f"{name} must be true or false, "
+                                     f"got {getattr(self, name)!r}")
+
+    def max_new_tokens(self, source_length: int) -> int:
+        """The generated-token limit for one source (resolved options)."""
+        limit = self.max_length
+        if self.max_length_ratio > 0:
+            limit = min(limit, max(1, math.ceil(self.max_length_ratio * source_length)))
+        return limit
+
+
+def _integer(name: str, value: Any) -> None:
+    # bool is an int subclass; a JSON `true` for beam_size is a client bug, not 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidOptions(name, f"{name} must be an integer, got {value!r}")
+
+
+def _int_in(name: str, value: Any, low: int, high: int, upper_name: str | None = None) -> None:
+    _integer(name, value)
+    if not low <= value <= high:
+        raise InvalidOptions(name, f"{name} must be in [{low}, {upper_name or high}], "
+                             f"got {value}")
+
+
+def _finite(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidOptions(name, f"{name} must be a finite number, got {value!r}")

@@ -1,0 +1,273 @@
+"""The Runner owns the ONNX Runtime sessions of one model package.
+
+It runs the two graphs and keeps their tensors where the provider computes
+them; it makes no decoding or scheduling decisions (see engine.py).
+
+Providers: `cpu`, `cuda` (CUDAExecutionProvider), or `auto` (CUDA when this
+onnxruntime build has it, logged either way). Both go through I/O binding:
+encoder outputs and the self-attention cache are OrtValues that are bound as
+the next step's inputs, so on CUDA they never leave the device; only the
+(N, V) log-probs are copied to the host each step, into one reused buffer.
+Tokens, positions and beam origins are small host arrays copied per step.
+
+Cache growth (measured, not assumed): per step the decoder graph copies the
+whole self-attention cache four times: Gather by beam_origin, the per-layer
+slicing of the stacked (L, N, H, T, Dh) input (ORT fuses it into Split), the
+Concat that appends the new position, and the Concat that stacks the layers
+into the output. ORT profiles of one step (OPUS-MT shape: d_model 512, 6+6
+layers, vocab 58101; N = 64 rows = batch 16 x beam 4; 2 CPU threads) give
+these copies' share of the step: T=8 12%, T=32 28%, T=64 44%, T=128 58%,
+T=256 70% (MatMul/Gemm dominate below T~32). So the growth is O(T) copying per
+step, O(T^2) per sequence. A preallocated buffer written in place (a write
+index plus ScatterND, or ORT's GroupQueryAttention with a shared past/present
+buffer) needs a different graph and must still reorder beams; per-layer cache
+inputs/outputs alone would remove two of the four copies. We keep the
+exported graph (Concat) for now; the engine side is ready for either, since
+the cache is opaque OrtValues handed from one step to the next.
+
+Finished sources leave the batch: the cache needs nothing (the next step's
+beam_origin simply omits their rows, and the graph's gather drops them); the
+cross K/V are gathered once per shrink, trimmed to the longest remaining
+source. On CUDA that gather goes through the host (a rare event per batch,
+not per step), as the server has no device array library to index with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from seq2serve.export.package import ModelPackage
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("auto", "cpu", "cuda")
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+             "tensor(int64)": np.int64}
+
+
+def physical_cores() -> int:
+    """Physical cores this process may use (hyper-threads share a core's units,
+    so ORT's intra-op threads scale with cores, not logical CPUs)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return max(1, (os.cpu_count() or 2) // 2)
+    cores: set[tuple[str, str]] = set()
+    try:
+        for cpu in allowed:
+            topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+            with open(f"{topo}/physical_package_id") as pkg, open(f"{topo}/core_id") as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+    except OSError:
+        return len(allowed)
+    return max(1, len(cores))
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    provider: str = "auto"
+    intra_op_threads: int = 0  # 0 = the physical cores
+    inter_op_threads: int = 1  # the graphs are sequential chains; parallelism is intra-op
+    graph_optimization: str = "all"
+    device_id: int = 0
+    warmup: bool = True
+    # ORT's idle threads spin for a while after each run, competing with the
+    # engine's numpy work between steps when cores are few.
+    allow_spinning: bool = True
+
+    def validate(self) -> RunnerConfig:
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if self.graph_optimization not in OPTIMIZATION_LEVELS:
+            raise ValueError(f"graph_optimization must be one of {tuple(OPTIMIZATION_LEVELS)}, "
+                             f"got {self.graph_optimization!r}")
+        for name in ("intra_op_threads", "inter_op_threads", "device_id"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        return self
+
+
+def choose_provider(requested: str, available: list[str] | None = None) -> str:
+    available = ort.get_available_providers() if available is None else available
+    if requested == "cpu":
+        return CPU
+    if requested == "cuda":
+        if CUDA not in available:
+            raise RuntimeError("provider 'cuda' requested but this onnxruntime has no "
+                               f"{CUDA} (available: {', '.join(available)}); install "
+                               "onnxruntime-gpu or use provider 'cpu'")
+        return CUDA
+    chosen = CUDA if CUDA in available else CPU
+    log.info("provider auto: using %s (available: %s)", chosen, ", ".join(available))
+    return chosen
+
+
+@dataclass(frozen=True)
+class EncoderState:
+    """One batch's encoder results, kept where the provider computed them.
+    cross_k/cross_v (L, B, H, S, Dh) and src_mask (B, S) as OrtValues; lengths (B,)
+    the source lengths on the host."""
+
+    cross_k: ort.OrtValue
+    cross_v: ort.OrtValue
+    src_mask: ort.OrtValue
+    lengths: np.ndarray
+
+    @property
+    def sources(self) -> int:
+        return int(self.lengths.shape[0])
+
+
+@dataclass(frozen=True)
+class DecoderCache:
+    """The self-attention cache, self_k/self_v (L, N, H, T, Dh) OrtValues."""
+
+    self_k: ort.OrtValue
+    self_v: ort.OrtValue
+
+    @property
+    def rows(self) -> int:
+        return int(self.self_k.shape()[1])
+
+    @property
+    def length(self) -> int:
+        return int(self.self_k.shape()[3])
+
+
+class Runner:
+    def __init__(self, package: ModelPackage, config: RunnerConfig | None = None):
+        self.config = (config or RunnerConfig()).validate()
+        self.package = package
+        self.provider = choose_provider(self.config.provider)
+        self.device = "cuda" if self.provider == CUDA else "cpu"
+        self.device_id = self.config.device_id if self.device == "cuda" else 0
+        self.threads = self.config.intra_op_threads or physical_cores()
+        self.encoder = self._session(str(package.encoder_path))
+        self.decoder = self._session(str(package.decoder_path))
+        cfg = package.manifest.config
+        self.layers = int(cfg["decoder_layers"])
+        self.heads = int(cfg["decoder_heads"])
+        self.head_dim = int(cfg["d_model"]) // self.heads
+        self.vocab_size = int(cfg["tgt_vocab_size"])
+        self.max_positions = int(cfg["max_positions"])
+        types = {i.name: i.type for i in self.decoder.get_inputs()}
+        self.cache_dtype = _NP_TYPES[types["self_k"]]
+        self.output_names = [o.name for o in self.decoder.get_outputs()]
+        self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
+        self.warmup_seconds = 0.0
+        if self.config.warmup:
+            self.warmup_seconds = self._warmup(cfg)
+
+    def _session(self, path: str) -> ort.InferenceSession:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = self.config.inter_op_threads
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = OPTIMIZATION_LEVELS[self.config.graph_optimization]
+        opts.log_severity_level = 3
+        if not self.config.allow_spinning:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers: list[Any] = [CPU]
+        if self.provider == CUDA:
+            providers = [(CUDA, {"device_id": self.device_id}), CPU]
+        session = ort.InferenceSession(path, opts, providers=providers)
+        if session.get_providers()[0] != self.provider:
+            raise RuntimeError(f"{path}: onnxruntime did not enable {self.provider} "
+                               f"(got {session.get_providers()})")
+        return session
+
+    def _warmup(self, cfg: dict[str, Any]) -> float:
+        """First runs allocate arenas and (on CUDA) pick kernels; do it before serving."""
+        start = time.perf_counter()
+        ids = np.array([[cfg["eos_id"], cfg["eos_id"]]], dtype=np.int64)
+        enc = self.encode(ids, np.ones_like(ids))
+        cache = self.empty_cache(1)
+        origin = np.zeros(1, dtype=np.int64)
+        for step in range(2):
+            tokens = np.full(1, cfg["decoder_start_id"], dtype=np.int64)
+            _, cache = self.step(tokens, np.full(1, step, dtype=np.int64), origin, cache, enc)
+        return time.perf_counter() - start
+
+    # -- tensors -----------------------------------------------------------------------
+
+    def _to_device(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device,
+                                                self.device_id)
+
+    def empty_cache(self, rows: int) -> DecoderCache:
+        shape = (self.layers, rows, self.heads, 0, self.head_dim)
+        empty = np.zeros(shape, dtype=self.cache_dtype)
+        return DecoderCache(self._to_device(empty), self._to_device(empty))
+
+    # -- the graphs --------------------------------------------------------------------
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> EncoderState:
+        """src_ids, src_mask (B, S) int64, sources left-aligned and right-padded."""
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
+        binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
+        for name in ("memory", "cross_k", "cross_v"):
+            binding.bind_output(name, self.device, self.device_id)
+        self.encoder.run_with_iobinding(binding)
+        _, cross_k, cross_v = binding.get_outputs()
+        mask = np.ascontiguousarray(src_mask, dtype=np.int64)
+        return EncoderState(cross_k, cross_v, self._to_device(mask),
+                            mask.sum(axis=1).astype(np.int64))
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, beam_origin: np.ndarray,
+             cache: DecoderCache, enc: EncoderState) -> tuple[np.ndarray, DecoderCache]:
+        """One decoder step for N = len(tokens) rows (a multiple of enc.sources).
+
+        beam_origin (N,) picks, for each new row, the cache row it continues, so
+        reordering beams and dropping finished rows happen inside the graph.
+        Returns log_probs (N, V) float32 in a buffer this runner reuses: valid
+        until the next call, and free for the caller to modify in place.
+        """
+        rows = int(tokens.shape[0])
+        size = rows * self.vocab_size
+        if self._log_probs.size < size:
+            self._log_probs = np.empty(size, dtype=np.float32)
+        log_probs = self._log_probs[:size].reshape(rows, self.vocab_size)
+        binding = self.decoder.io_binding()
+        binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
+        binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
+        binding.bind_ortvalue_input("self_k", cache.self_k)
+        binding.bind_ortvalue_input("self_v", cache.self_v)
+        binding.bind_ortvalue_input("cross_k", enc.cross_k)
+        binding.bind_ortvalue_input("cross_v", enc.cross_v)
+        binding.bind_ortvalue_input("src_mask", enc.src_mask)
+        binding.bind_cpu_input("beam_origin", np.ascontiguousarray(beam_origin, dtype=np.int64))
+        # Written straight into our host buffer: no per-step allocation or extra copy.
+        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
+                            log_probs.ctypes.data)
+        binding.bind_output("new_self_k", self.device, self.device_id)
+        binding.bind_output("new_self_v", self.device, self.device_id)
+        self.decoder.run_with_iobinding(binding)
+        _, new_k, new_v = binding.get_outputs()
+        return log_probs, DecoderCache(new_k, new_v)
+
+    def select_sources(self, enc: EncoderState, keep: np.ndarray) -> EncoderState:
+        """The encoder state of the kept sources (indices into enc), source axis
+        trimmed to the longest of them."""
+        lengths = enc.lengths[keep]
+        width = int(lengths.max()) if lengths.size else 0
+        cross_k = enc.cross_k.numpy()[:, keep, :, :width]  # (L, B', H, S', Dh)
+        cross_v = enc.cross_v.numpy()[:, keep, :, :width]
+        mask = enc.src_mask.numpy()[keep, :width]
+        return EncoderState(self._to_device(cross_k), self._to_device(cross_v),
+                            self._to_device(mask), lengths)

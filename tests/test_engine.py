@@ -1,0 +1,259 @@
+"""The engine against Hugging Face `generate()` on the same Marian model, plus
+batching, shrinking, sampling, cancellation, streaming and precisions.
+
+HF runs with `forced_eos_token_id=None` (the engine forces no EOS at the
+length limit) and `suppress_tokens=[pad]` (the package's suppress list), and
+`max_new_tokens` = the engine's `max_length`. The limit (40) is long enough
+that hypotheses end with EOS and beams stop early, so the early-stop rules
+and the batch shrinking are exercised, not only the length limit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from conftest import CORPUS
+
+from seq2serve.server.engine import Engine, Result
+from seq2serve.server.options import DecodingOptions, InvalidOptions
+from seq2serve.server.runner import RunnerConfig, physical_cores
+
+MAX_NEW = 40
+TEXTS = CORPUS[:6] + ["unseen wörds: ☃ zebra", "Open"]
+SCORE_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir: Path) -> tuple[Any, Any]:
+    tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    return tok, transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(marian_package: Path) -> Engine:
+    # One intra-op thread: the test machine's cores are shared with other work.
+    return Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1))
+
+
+@pytest.fixture(scope="module")
+def batch(hf: tuple[Any, Any]) -> dict[str, torch.Tensor]:
+    return hf[0](TEXTS, return_tensors="pt", padding=True)
+
+
+@pytest.fixture(scope="module")
+def sources(batch: dict[str, torch.Tensor]) -> list[list[int]]:
+    return [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+            for i in range(len(TEXTS))]
+
+
+def hf_generate(model: Any, batch: dict[str, torch.Tensor], num_beams: int = 1,
+                n: int = 1, **kwargs: Any) -> list[list[tuple[list[int], float]]]:
+    """HF's n-best per source: tokens without start, EOS and padding; the score is
+    `sequences_scores` for beams, the sum of log-softmax(logits) of the chosen
+    tokens (EOS included) for greedy."""
+    cfg = model.config
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=num_beams, num_return_sequences=n,
+                             do_sample=False, max_new_tokens=MAX_NEW,
+                             forced_eos_token_id=None, suppress_tokens=[cfg.pad_token_id],
+                             output_scores=True, output_logits=True,
+                             return_dict_in_generate=True, **kwargs)
+    seqs = out.sequences[:, 1:]
+    if num_beams > 1:
+        scores = out.sequences_scores.tolist()
+    else:
+        log_probs = torch.stack(out.logits, dim=1).log_softmax(-1)  # (B, T, V)
+        chosen = log_probs.gather(2, seqs[:, :, None])[:, :, 0]
+        before_eos = (torch.cumsum((seqs == cfg.eos_token_id).int(), 1)
+                      - (seqs == cfg.eos_token_id).int()) == 0
+        scores = (chosen * before_eos).sum(1).tolist()
+    found = []
+    for row in seqs.tolist():
+        tokens = row[: row.index(cfg.eos_token_id)] if cfg.eos_token_id in row else row
+        found.append([t for t in tokens if t != cfg.pad_token_id])
+    count = len(found) // n
+    return [[(found[i * n + j], scores[i * n + j]) for j in range(n)] for i in range(count)]
+
+
+PARITY = {
+    "greedy": ({}, {"beam_size": 1}),
+    "greedy_ngram_min_length": ({"no_repeat_ngram_size": 2, "min_new_tokens": 5},
+                                {"beam_size": 1, "no_repeat_ngram_size": 2, "min_length": 5}),
+    "beam4_length_penalty_1.0": ({"num_beams": 4, "length_penalty": 1.0},
+                                 {"beam_size": 4, "length_penalty": 1.0}),
+    "beam5_nbest3": ({"num_beams": 5, "n": 3}, {"beam_size": 5, "num_hypotheses": 3}),
+    "beam4_nbest3_length_penalty_0.6": (
+        {"num_beams": 4, "n": 3, "length_penalty": 0.6},
+        {"beam_size": 4, "num_hypotheses": 3, "length_penalty": 0.6}),
+    "min_length": ({"num_beams": 4, "min_new_tokens": 30}, {"beam_size": 4, "min_length": 30}),
+    "no_repeat_ngram_3": ({"num_beams": 4, "no_repeat_ngram_size": 3},
+                          {"beam_size": 4, "no_repeat_ngram_size": 3}),
+    "repetition_penalty": ({"num_beams": 4, "repetition_penalty": 1.5},
+                           {"beam_size": 4, "repetition_penalty": 1.5}),
+    "early_stopping_true": ({"num_beams": 4, "early_stopping": True},
+                            {"beam_size": 4, "early_stopping": True}),
+    "early_stopping_never": ({"num_beams": 4, "early_stopping": "never", "length_penalty": 1.5},
+                             {"beam_size": 4, "early_stopping": "never",
+                              "length_penalty": 1.5}),
+}
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_matches_hf_generate(case: str, engine: Engine, hf: tuple[Any, Any],
+                             batch: dict[str, torch.Tensor], sources: list[list[int]]) -> None:
+    hf_kwargs, ours = PARITY[case]
+    ref = hf_generate(hf[1], batch, **hf_kwargs)
+    results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
+                                                       **ours))
+    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
+    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
+               for (_, s), h in zip(r, o, strict=True))
+    assert diff <= SCORE_TOLERANCE
+    assert all(h.finish_reason in ("eos", "length") for r in results for h in r)
+
+
+def test_batch_equals_one_at_a_time(engine: Engine, sources: list[list[int]]) -> None:
+    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
+    together = engine.generate(sources, options)
+    for src, result in zip(sources, together, strict=True):
+        alone = engine.generate([src], options)[0]
+        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+
+
+def test_mixed_options_in_one_batch(engine: Engine, sources: list[list[int]]) -> None:
+    """Per-source options: each source decodes as it would alone with its own."""
+    options = [DecodingOptions(beam_size=1 + (i % 3), max_length=MAX_NEW - i)
+               for i in range(len(sources))]
+    mixed = engine.generate(sources, options)
+    for src, opt, result in zip(sources, options, mixed, strict=True):
+        alone = engine.generate([src], opt)[0]
+        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
+
+
+def test_finished_sources_leave_the_batch(engine: Engine, sources: list[list[int]]) -> None:
+    engine.generate(sources, DecodingOptions(beam_size=4, max_length=MAX_NEW))
+    steps = engine.last_stats.steps
+    rows = [s.rows for s in steps]
+    assert rows[0] == len(sources) and rows[1] == 4 * len(sources)
+    assert all(a >= b for a, b in zip(rows[1:-1], rows[2:], strict=True))  # N never grows
+    assert rows[-1] < rows[1]  # and shrinks as sources finish
+    assert all(s.rows == 4 * s.sources for s in steps[1:])
+    assert engine.last_stats.ort_seconds > 0 and engine.last_stats.host_seconds > 0
+
+
+def test_max_length_absolute_and_relative(engine: Engine, sources: list[list[int]]) -> None:
+    short = engine.generate(sources, DecodingOptions(beam_size=1, max_length=3))
+    assert all(len(r[0].token_ids) <= 3 for r in short)
+    assert any(r[0].finish_reason == "length" for r in short)
+    ratio = engine.generate(sources, DecodingOptions(beam_size=2, max_length=MAX_NEW,
+                                                     max_length_ratio=0.25))
+    for src, r in zip(sources, ratio, strict=True):
+        limit = int(np.ceil(0.25 * len(src)))
+        assert len(r[0].token_ids) + (r[0].finish_reason == "eos") <= limit
+
+
+def test_sampling_is_reproducible_per_seed(engine: Engine, sources: list[list[int]]) -> None:
+    def run(seed: int, subset: list[list[int]] = sources) -> list[list[int]]:
+        opts = DecodingOptions(sampling_temperature=1.5, sampling_top_k=20, seed=seed,
+                               max_length=MAX_NEW)
+        return [r[0].token_ids for r in engine.generate(subset, opts)]
+
+    first = run(1)
+    assert run(1) == first
+    assert run(2) != first
+    assert run(1, sources[2:3]) == first[2:3]  # a draw does not depend on the batch
+    greedy = [r[0].token_ids for r in engine.generate(sources, DecodingOptions(beam_size=1))]
+    assert first != greedy
+
+
+def test_cancellation_drops_the_source(engine: Engine, sources: list[list[int]]) -> None:
+    calls = {"n": 0}
+
+    def cancel_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3  # checked before steps 0..3; true before step 3
+
+    options = DecodingOptions(beam_size=4, max_length=MAX_NEW)
+    reference = engine.generate(sources, options)
+    results = engine.generate(sources, options,
+                              cancelled=[None, cancel_after_three] + [None] * (len(sources) - 2))
+    assert isinstance(results[1], Result) and results[1].cancelled and list(results[1]) == []
+    assert calls["n"] == 4  # never asked again once it was gone
+    rows = [s.rows for s in engine.last_stats.steps]
+    assert rows[3] == 4 * (len(sources) - 1)  # gone from step 3 on
+    for i in (0, *range(2, len(sources))):
+        assert not results[i].cancelled
+        assert [h.token_ids for h in results[i]] == [h.token_ids for h in reference[i]]
+
+
+def test_streaming_callback_sees_every_token(engine: Engine, sources: list[list[int]]) -> None:
+    seen: list[int] = []
+    result = engine.generate(sources[:3], DecodingOptions(beam_size=1, max_length=MAX_NEW),
+                             on_token=[None, seen.append, None])[1][0]
+    assert seen == result.token_ids + ([engine.eos_id] if result.finish_reason == "eos" else [])
+
+
+def test_options_errors_reach_the_caller(engine: Engine, sources: list[list[int]]) -> None:
+    with pytest.raises(InvalidOptions, match="return_alignment is not available") as err:
+        engine.generate(sources, DecodingOptions(return_alignment=True))
+    assert err.value.field == "return_alignment"
+    with pytest.raises(InvalidOptions, match="beam_size must be in"):
+        engine.generate(sources, DecodingOptions(beam_size=0))
+    with pytest.raises(InvalidOptions, match="source 1 is empty"):
+        engine.generate([sources[0], []])
+    with pytest.raises(InvalidOptions, match="outside"):
+        engine.generate([[10**6]])
+    assert engine.generate([]) == []
+    no_scores = engine.generate(sources[:1], DecodingOptions(return_scores=False))
+    assert no_scores[0][0].score is None
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_reduced_precision_package_runs(marian_dir: Path, tmp_path: Path,
+                                        sources: list[list[int]], precision: str) -> None:
+    from seq2serve.export.exporter import export
+
+    report = export(marian_dir, tmp_path / precision, precision=precision, progress=False)
+    engine = Engine(report.package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    # fp16 graphs take fp16 caches; int8 (weights only) keeps fp32 ones
+    assert engine.runner.cache_dtype == (np.float16 if precision == "fp16" else np.float32)
+    results = engine.generate(sources[:4], DecodingOptions(beam_size=4, max_length=MAX_NEW))
+    assert all(r[0].token_ids and np.isfinite(r[0].score) for r in results)
+    greedy = engine.generate(sources[:4], DecodingOptions(beam_size=1, max_length=MAX_NEW))
+    assert all(r[0].token_ids for r in greedy)
+
+
+def test_runner_config() -> None:
+    assert physical_cores() >= 1
+    with pytest.raises(ValueError, match="provider must be one of"):
+        RunnerConfig(provider="tpu").validate()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        from seq2serve.server.runner import choose_provider
+
+        with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
+            choose_provider("cuda")
+        assert choose_provider("auto") == "CPUExecutionProvider"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="needs onnxruntime-gpu with CUDAExecutionProvider")
+def test_cuda_matches_cpu(marian_package: Path, engine: Engine,
+                          sources: list[list[int]]) -> None:
+    cuda = Engine(marian_package, RunnerConfig(provider="cuda"))
+    assert cuda.runner.device == "cuda"
+    for options in (DecodingOptions(beam_size=1, max_length=MAX_NEW),
+                    DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)):
+        on_gpu = cuda.generate(sources, options)
+        on_cpu = engine.generate(sources, options)
+        assert [[h.token_ids for h in r] for r in on_gpu] == \
+            [[h.token_ids for h in r] for r in on_cpu]
+        assert [h.score for r in on_gpu for h in r] == \
+            pytest.approx([h.score for r in on_cpu for h in r], abs=1e-3)
