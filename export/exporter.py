@@ -127,8 +127,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    grad_was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)  # restored below: export must not change the caller's mode
     try:
-        torch.set_grad_enabled(False)
         model = source.model.float().eval()
         fp32_dir = tmp / "fp32"
         fp32_dir.mkdir()
@@ -222,6 +223,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
+        torch.set_grad_enabled(grad_was)
         steps.close()
     sizes = {p.name: p.stat().st_size for p in sorted(output_dir.iterdir())}
     return ExportReport(output_dir, precision, sizes, deviation.as_dict(), fp32.as_dict())

@@ -204,3 +204,9 @@ def test_unsupported_marian_config_is_reported(tmp_path: Path) -> None:
     with pytest.raises(SourceError) as err:
         export(src, tmp_path / "out", progress=False)
     assert "mish" in str(err.value) and "normalize_before" in str(err.value)
+
+
+def test_export_leaves_autograd_as_it_found_it(marian_dir: Path, tmp_path: Path) -> None:
+    assert torch.is_grad_enabled()
+    export(marian_dir, tmp_path / "pkg", progress=False)
+    assert torch.is_grad_enabled()
