@@ -1,0 +1,7 @@
+"""`python -m seq2serve.bench` (or `python -m bench` from the repository root)."""
+
+import sys
+
+from .harness import main
+
+sys.exit(main())

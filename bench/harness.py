@@ -1,0 +1,359 @@
+"""`seq2serve bench`: this engine side by side with Hugging Face `generate()` and
+CTranslate2, in one run, on the same inputs and thread count.
+
+Workloads:
+- the OPUS-MT en-de shape with seeded random weights (workload.py): every
+  system generates exactly `--new-tokens` tokens per source, checked on every
+  call, so tokens/s = batch * new tokens / wall time compares like with like;
+- with `--package DIR --data DIR`: this engine on a shipped model package and
+  the first `--sentences` lines of DIR/test.src, decoding naturally (EOS and
+  the package's length limit); its records are named `seq2serve@<model>`.
+
+Each (system, decoding, batch) is warmed up, then timed `--repeats` times; the
+median wall time counts. Systems run one after another, each alone in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .systems import CTranslate2, Seq2Serve, System, Transformers
+from .workload import SHAPES, prepare_models, random_sources, read_sentences
+
+SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
+           "ctranslate2-int8")
+RECORD_KEYS = ("system", "precision", "decoding", "batch_size", "tokens_per_second")
+BASELINE = ("seq2serve", "fp32")  # the ratio column divides by this system's figure
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Record:
+    workload: str
+    system: str
+    precision: str
+    decoding: str
+    batch_size: int
+    tokens_per_second: float
+    tokens: int  # per timed call
+    seconds: float  # median wall time of one call
+
+    def as_json(self) -> dict[str, object]:
+        return {"system": self.system, "precision": self.precision,
+                "decoding": self.decoding, "batch_size": self.batch_size,
+                "tokens_per_second": round(self.tokens_per_second, 2)}
+
+
+def beam_width(decoding: str) -> int:
+    """'greedy' -> 1, 'beam4' -> 4."""
+    if decoding == "greedy":
+        return 1
+    if decoding.startswith("beam") and decoding[4:].isdigit() and int(decoding[4:]) >= 2:
+        return int(decoding[4:])
+    raise argparse.ArgumentTypeError(f"decoding must be 'greedy' or 'beamK' (K >= 2), "
+                                     f"got {decoding!r}")
+
+
+def _decoding(value: str) -> str:
+    beam_width(value)
+    return value
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- measuring -------------------------------------------------------------------------
+
+def _timed(system: System, prepared: object, beam: int, new_tokens: int | None,
+           expected: int | None, what: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokens = system.generate(prepared, beam, new_tokens)
+    seconds = time.perf_counter() - start
+    if expected is not None:
+        wrong = sorted({len(t) for t in tokens if len(t) != expected})
+        if wrong:
+            raise BenchError(f"{what}: a source got {wrong[0]} tokens, expected exactly "
+                             f"{expected}; the systems would not be doing the same work")
+    return seconds, sum(len(t) for t in tokens)
+
+
+def measure(system: System, batches: Sequence[Sequence[Sequence[int]]], beam: int,
+            new_tokens: int | None, repeats: int, warmup: int, what: str) -> tuple[float, int]:
+    """Median seconds and the tokens generated for one pass over `batches`."""
+    prepared = [system.prepare(b) for b in batches]
+    for _ in range(warmup):
+        _timed(system, prepared[0], beam, new_tokens, new_tokens, what)
+    times, counts = [], set()
+    for _ in range(repeats):
+        total_seconds, total_tokens = 0.0, 0
+        for p in prepared:
+            seconds, tokens = _timed(system, p, beam, new_tokens, new_tokens, what)
+            total_seconds += seconds
+            total_tokens += tokens
+        times.append(total_seconds)
+        counts.add(total_tokens)
+    if len(counts) != 1:  # decoding is deterministic: a change means a bug, not noise
+        raise BenchError(f"{what}: token counts differ between repeats: {sorted(counts)}")
+    return statistics.median(times), counts.pop()
+
+
+def run_system(system: System, workload: str, settings: list[tuple[str, int]],
+               batches_for: dict[int, list[list[list[int]]]], new_tokens: int | None,
+               repeats: int, warmup: int) -> list[Record]:
+    start = time.perf_counter()
+    system.load()
+    _log(f"{system.label}: loaded in {time.perf_counter() - start:.1f} s")
+    records = []
+    try:
+        for decoding, batch_size in settings:
+            what = f"{system.label} {decoding} batch {batch_size}"
+            seconds, tokens = measure(system, batches_for[batch_size], beam_width(decoding),
+                                      new_tokens, repeats, warmup, what)
+            record = Record(workload, system.name, system.precision, decoding, batch_size,
+                            tokens / seconds, tokens, seconds)
+            _log(f"  {what}: {record.tokens_per_second:.1f} tokens/s "
+                 f"({tokens} tokens, median {seconds:.3f} s)")
+            records.append(record)
+    finally:
+        system.close()
+    return records
+
+
+# -- reporting -------------------------------------------------------------------------
+
+def _baseline(records: list[Record], r: Record) -> Record | None:
+    for b in records:
+        if (b.workload, b.decoding, b.batch_size) == (r.workload, r.decoding, r.batch_size) \
+                and b.system.split("@")[0] == BASELINE[0] and b.precision == BASELINE[1]:
+            return b
+    return None
+
+
+def markdown_table(records: list[Record]) -> str:
+    lines = []
+    for workload in dict.fromkeys(r.workload for r in records):
+        lines += [f"**{workload}**", "",
+                  "| system | precision | decoding | batch | tokens/s | vs seq2serve fp32 |",
+                  "| --- | --- | --- | ---: | ---: | ---: |"]
+        rows = sorted((r for r in records if r.workload == workload),
+                      key=lambda r: (beam_width(r.decoding), r.batch_size))
+        for r in rows:
+            base = _baseline(records, r)
+            ratio = f"{r.tokens_per_second / base.tokens_per_second:.2f}x" if base else "-"
+            lines.append(f"| {r.system} | {r.precision} | {r.decoding} | {r.batch_size} | "
+                         f"{r.tokens_per_second:.1f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def machine_description(threads: int) -> list[str]:
+    from seq2serve.server.runner import physical_cores
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for module in ("onnxruntime", "torch", "transformers", "ctranslate2"):
+        try:
+            versions.append(f"{module} {__import__(module).__version__}")
+        except ImportError:
+            pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    lines = [f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+             f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {physical_cores()} physical "
+             f"cores; {platform.system()} {platform.release()}; Python "
+             f"{platform.python_version()}",
+             f"- threads: {threads} per system (intra-op), 1 inter-op",
+             f"- versions: {', '.join(versions)}",
+             f"- load average at start: {load:.2f}"]
+    if load > 0.5:
+        lines.append("- WARNING: other processes were using the CPU; these figures are "
+                     "not representative")
+    return lines
+
+
+# -- the command -----------------------------------------------------------------------
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="only beam4 at batch 16 on the OPUS-MT shape, every system "
+                        "(a few minutes)")
+    parser.add_argument("--threads", type=_positive, default=None,
+                        help="intra-op threads for every system (default: physical cores)")
+    parser.add_argument("--repeats", type=_positive, default=3,
+                        help="timed runs per setting; the median counts (default 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed runs per setting first (default 1)")
+    parser.add_argument("--decodings", nargs="+", type=_decoding, default=["greedy", "beam4"],
+                        help="greedy and/or beamK (default: greedy beam4)")
+    parser.add_argument("--batch-sizes", nargs="+", type=_positive, default=[1, 16, 64],
+                        help="sources per call (default: 1 16 64)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        metavar="SYSTEM", help=f"which systems (default: all of "
+                        f"{' '.join(SYSTEMS)})")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt",
+                        help="model shape (default opus-mt: d_model 512, 6+6 layers, 8 heads, "
+                        "FFN 2048, vocabulary 58101)")
+    parser.add_argument("--new-tokens", type=_positive, default=32,
+                        help="tokens every system generates per source (default 32)")
+    parser.add_argument("--source-length", type=_positive, default=24,
+                        help="source tokens per input, EOS included (default 24)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="cache for the model and its conversions, reused by later runs "
+                        "(default: a temporary directory, removed afterwards)")
+    parser.add_argument("--package", type=Path, action="append", default=[],
+                        help="also run this engine on a model package (repeatable, e.g. its "
+                        "fp32 and int8 exports) with the sentences of --data")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a corpus directory with test.src (or a text file) for --package")
+    parser.add_argument("--sentences", type=_positive, default=128,
+                        help="test sentences per --package pass (default 128)")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.quick and args.package:
+        problems.append("--quick runs the OPUS-MT shape only; leave out --package")
+    if args.package and args.data is None:
+        problems.append("--package needs --data (the test sentences)")
+    if args.data is not None and not args.package:
+        problems.append("--data needs --package")
+    for p in args.package:
+        if not (p / "manifest.json").is_file():
+            problems.append(f"--package {p}: not a model package (no manifest.json)")
+    if args.data is not None and not (args.data / "test.src" if args.data.is_dir()
+                                      else args.data).is_file():
+        problems.append(f"--data {args.data}: no test.src there")
+    if args.warmup < 0:
+        problems.append(f"--warmup must be >= 0, got {args.warmup}")
+    if args.source_length < 2:
+        problems.append(f"--source-length must be >= 2 (tokens and EOS), got "
+                        f"{args.source_length}")
+    return problems
+
+
+def benchmark(args: argparse.Namespace) -> list[Record]:
+    """Every requested system and setting; `args.threads` must be set."""
+    threads = args.threads
+    if args.quick:
+        args.decodings, args.batch_sizes, args.shape = ["beam4"], [16], "opus-mt"
+    import torch  # building and converting run on torch; keep it to the same threads
+
+    torch.set_num_threads(threads)
+    shape = SHAPES[args.shape]
+    work = args.work or Path(tempfile.mkdtemp(prefix="seq2serve-bench-"))
+    records: list[Record] = []
+    try:
+        start = time.perf_counter()
+        models = prepare_models(
+            work, shape, args.seed,
+            {s.split("-")[1] for s in args.systems if s.startswith("seq2serve-")},
+            any(s.startswith("ctranslate2-") for s in args.systems))
+        _log(f"models ready in {work} ({time.perf_counter() - start:.1f} s)")
+        sources = random_sources(shape, max(args.batch_sizes), args.source_length, args.seed)
+        batches_for = {b: [sources[:b]] for b in args.batch_sizes}
+        settings = [(d, b) for d in args.decodings for b in args.batch_sizes]
+        workload = (f"{shape.name} shape, random weights: {args.source_length} source tokens, "
+                    f"{args.new_tokens} new tokens per source")
+        for name in args.systems:
+            system: System
+            if name.startswith("seq2serve-"):
+                system = Seq2Serve(models.packages[name.split("-")[1]], threads)
+            elif name == "transformers":
+                system = Transformers(models.marian, threads)
+            else:
+                assert models.ctranslate2 is not None
+                system = CTranslate2(models.ctranslate2, models.marian, name.split("-")[1],
+                                     threads)
+            records += run_system(system, workload, settings, batches_for, args.new_tokens,
+                                  args.repeats, args.warmup)
+        records += _package_runs(args, threads, settings)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return records
+
+
+def _package_runs(args: argparse.Namespace, threads: int,
+                  settings: list[tuple[str, int]]) -> list[Record]:
+    from seq2serve.export.package import load_package
+    from seq2serve.server.models import package_tokenizer
+
+    records: list[Record] = []
+    for path in args.package:
+        package = load_package(path)
+        tokenizer = package_tokenizer(package)
+        sentences = read_sentences(args.data, args.sentences)
+        limit = package.manifest.max_source_length
+        ids = [tokenizer.encode(s) for s in sentences]  # EOS appended
+        ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
+        batches_for = {b: [ids[i: i + b] for i in range(0, len(ids), b)]
+                       for b in args.batch_sizes}
+        workload = (f"{package.manifest.name} package, {len(ids)} sentences of "
+                    f"{args.data}, natural length")
+        system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}")
+        records += run_system(system, workload, settings, batches_for, None, args.repeats,
+                              args.warmup)
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    from seq2serve.server.runner import physical_cores
+
+    problems = _check(args)
+    if problems:
+        for p in problems:
+            print(f"seq2serve bench: error: {p}", file=sys.stderr)
+        return 2
+    args.threads = args.threads or physical_cores()
+    header = machine_description(args.threads)  # before the run: its load average
+    try:
+        records = benchmark(args)
+    except BenchError as e:
+        print(f"seq2serve bench: error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(header) + "\n")
+    print(markdown_table(records))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.as_json() for r in records], indent=2) + "\n",
+                             encoding="utf-8")
+        _log(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench",
+                                     description=__doc__.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))

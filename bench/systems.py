@@ -1,0 +1,170 @@
+"""The systems under test, each behind the same small interface.
+
+`prepare(sources)` turns token-id lists into the system's own input form
+(outside the timed region); `generate(prepared, beam, new_tokens)` decodes and
+returns the best hypothesis of each source as token ids without EOS. With
+`new_tokens` set, every system generates exactly that many tokens (minimum
+length = maximum length, EOS never forced); with None, it decodes naturally up
+to the model's own length limit (the real-sentence run).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .workload import EOS_ID, vocabulary
+
+Tokens = list[list[int]]
+
+
+class System:
+    name = ""  # the `system` field of a record
+    precision = ""
+
+    def load(self) -> None:
+        """Load the model (not timed)."""
+
+    def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
+        return [list(s) for s in sources]
+
+    def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop the model so the next system has the memory and caches to itself."""
+        gc.collect()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.precision}"
+
+
+class Seq2Serve(System):
+    """This project's engine on an exported model package."""
+
+    def __init__(self, package: Path, threads: int, name: str = "seq2serve"):
+        self.package = Path(package)
+        self.threads = threads
+        self.name = name
+        self.engine: Any = None
+
+    def load(self) -> None:
+        from seq2serve.server.engine import Engine
+        from seq2serve.server.runner import RunnerConfig
+
+        self.engine = Engine(self.package,
+                             RunnerConfig(provider="cpu", intra_op_threads=self.threads))
+        self.precision = self.engine.package.manifest.precision
+
+    def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
+        from seq2serve.server.options import DecodingOptions
+
+        if new_tokens is None:  # the package's generation defaults (length limit, penalty)
+            options = DecodingOptions(beam_size=beam, num_hypotheses=1)
+        else:
+            options = DecodingOptions(beam_size=beam, num_hypotheses=1,
+                                      max_length=new_tokens, min_length=new_tokens)
+        return [list(result[0].token_ids) for result in self.engine.generate(prepared, options)]
+
+    def close(self) -> None:
+        self.engine = None
+        super().close()
+
+
+class Transformers(System):
+    """Hugging Face `generate()` on PyTorch, KV cache on."""
+
+    name = "transformers"
+    precision = "fp32"
+
+    def __init__(self, marian_dir: Path, threads: int):
+        self.marian_dir = Path(marian_dir)
+        self.threads = threads
+        self.model: Any = None
+
+    def load(self) -> None:
+        import torch
+        import transformers
+
+        torch.set_num_threads(self.threads)
+        transformers.logging.disable_progress_bar()
+        self.model = transformers.MarianMTModel.from_pretrained(self.marian_dir).eval()
+        cfg = self.model.config
+        self.pad_id = cfg.pad_token_id
+        # generate() fills what a GenerationConfig leaves unset from the model's own
+        # (Marian's forced_eos_token_id would put EOS at the last position): replace it.
+        self.model.generation_config = transformers.GenerationConfig(
+            decoder_start_token_id=cfg.decoder_start_token_id, eos_token_id=EOS_ID,
+            pad_token_id=self.pad_id, bad_words_ids=[[self.pad_id]], use_cache=True)
+
+    def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
+        import torch
+
+        width = max(len(s) for s in sources)
+        ids = torch.full((len(sources), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(sources), width), dtype=torch.long)
+        for i, s in enumerate(sources):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
+        import torch
+
+        lengths: dict[str, int] = {}
+        if new_tokens is not None:
+            lengths = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
+        with torch.inference_mode():
+            out = self.model.generate(**prepared, num_beams=beam, do_sample=False,
+                                      num_return_sequences=1, **lengths)
+        tokens = []
+        for row in out[:, 1:].tolist():  # drop the decoder start token
+            if EOS_ID in row:
+                row = row[: row.index(EOS_ID)]
+            tokens.append(row)
+        return tokens
+
+    def close(self) -> None:
+        self.model = None
+        super().close()
+
+
+class CTranslate2(System):
+    """CTranslate2's Translator on the converted model; int8 is its load-time
+    quantization (compute_type) of the float32 conversion."""
+
+    name = "ctranslate2"
+
+    def __init__(self, model_dir: Path, marian_dir: Path, precision: str, threads: int):
+        self.model_dir = Path(model_dir)
+        self.precision = precision
+        self.threads = threads
+        self.pieces = vocabulary(Path(marian_dir))
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        self.translator: Any = None
+
+    def load(self) -> None:
+        import ctranslate2
+
+        compute_type = {"fp32": "float32", "int8": "int8"}[self.precision]
+        self.translator = ctranslate2.Translator(
+            str(self.model_dir), device="cpu", compute_type=compute_type,
+            intra_threads=self.threads, inter_threads=1)
+
+    def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
+        return [[self.pieces[i] for i in s] for s in sources]
+
+    def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
+        lengths: dict[str, int] = {}
+        if new_tokens is not None:
+            lengths = {"max_decoding_length": new_tokens, "min_decoding_length": new_tokens}
+        results = self.translator.translate_batch(
+            prepared, beam_size=beam, num_hypotheses=1, max_batch_size=0, **lengths)
+        return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+
+    def close(self) -> None:
+        self.translator = None
+        super().close()
