@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2serve.export.sources import SAMPLE_TEXTS
+
 EOS_ID = 0  # Marian's vocab.json: </s> 0, <unk> 1, ..., <pad> last
 UNK_ID = 1
 
@@ -52,16 +54,7 @@ SHAPES = {
 
 # SentencePiece needs some text; the pieces only matter to the exporter's
 # tokenizer checks, as the benchmark feeds token ids directly.
-_SPM_TEXT = [
-    "Open the file and save your changes.",
-    "This package contains the documentation for the library.",
-    "A library for reading and writing compressed archives.",
-    "The server could not be started because the port is in use.",
-    "Tools to convert images between many formats.",
-    "Command-line utilities for the network file system.",
-    "This is a transitional dummy package. It can safely be removed.",
-    "Python bindings for the graphics library.",
-]
+_SPM_TEXT = SAMPLE_TEXTS
 
 
 def _atomic_dir(out: Path, build: Callable[[Path], None]) -> Path:
