@@ -66,7 +66,7 @@ def _quantize_int8(src: Path, dst: Path) -> None:
     # Weights only (dynamic quantization): activations are quantized per call,
     # which suits CPU inference with no calibration data.
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["MatMul", "Gemm"])
+                     op_types_to_quantize=["MatMul", "Gemm", "Gather"])
 
 
 def _convert_fp16(src: Path, dst: Path) -> None:
