@@ -310,3 +310,127 @@ def test_sigterm_drains_in_flight_call_and_exits_zero(models_dir: Path, tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def add_package(models_dir: Path, source: Path, name: str, **manifest_fields: object) -> None:
+    """A copy of a package under another name/task (manifest.json itself is not hashed)."""
+    import json
+
+    target = models_dir / name
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest.update(name=name, **manifest_fields)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def multi_server(marian_package: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("multi")
+    add_package(root, marian_package, "tiny-en-de")
+    add_package(root, marian_package, "tiny-en-fr", target_language="fr")
+    add_package(root, marian_package, "tiny-summarize", task="summarize", target_language="en",
+                max_source_length=12)
+    running = RunningServer(server_config(root))
+    yield running
+    running.stop()
+
+
+def test_models_are_picked_by_name_or_languages(multi_server: RunningServer) -> None:
+    with Seq2ServeClient(multi_server.target, timeout=60) as c:
+        assert len(c.list_models()) == 3
+        by_lang = c.translate(["Hello"], source_language="en", target_language="fr", beam_size=1)
+        by_name = c.translate(["Hello"], model="tiny-en-fr", beam_size=1)
+        assert by_lang == by_name
+        with pytest.raises(grpc.RpcError) as err:
+            c.translate(["Hello"])  # two translation models: ambiguous
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "tiny-en-de" in err.value.details() and "tiny-en-fr" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            c.translate(["Hello"], source_language="en", target_language="xx")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as err:
+            c.summarize(["Hello"], model="tiny-en-de")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_summarize_refuses_or_truncates_long_input(multi_server: RunningServer) -> None:
+    long = " ".join(CORPUS)
+    with Seq2ServeClient(multi_server.target, timeout=60) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.summarize([long], beam_size=1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 12" in err.value.details() and "truncate" in err.value.details()
+        [cut, empty, short] = c.summarize([long, "", "Open it."], truncate=True, beam_size=1)
+        assert cut.truncated and not short.truncated
+        assert cut.hypotheses[0].text and empty.hypotheses[0].text == ""
+
+
+def test_queue_full_is_resource_exhausted(marian_package: Path, tmp_path: Path) -> None:
+    add_package(tmp_path, marian_package, "tiny-en-de")
+    running = RunningServer(server_config(tmp_path, max_queue_size=2, max_texts_per_request=2,
+                                          max_batch_size=1))
+    try:
+        request = pb.TranslateRequest(texts=CORPUS[:2],
+                                      options=pb.DecodingOptions(beam_size=8, max_length=64))
+        with grpc.insecure_channel(running.target) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            calls = [stub.Translate.future(request, timeout=120) for _ in range(6)]
+            codes = []
+            for call in calls:
+                try:
+                    call.result()
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    codes.append(e.code())
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        assert "queue is full" in e.details()
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes and grpc.StatusCode.OK in codes
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    finally:
+        running.stop()
+
+
+def test_health_is_not_serving_while_models_load(models_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from seq2serve.server.models import ModelRegistry
+
+    release = threading.Event()
+    original = ModelRegistry.load
+
+    def slow_load(self, config, metrics):  # noqa: ANN001, ANN202
+        release.wait(30)
+        return original(self, config, metrics)
+
+    monkeypatch.setattr(ModelRegistry, "load", slow_load)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def create() -> Server:
+        return Server(server_config(models_dir))
+
+    server = asyncio.run_coroutine_threadsafe(create(), loop).result(30)
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        with Seq2ServeClient(f"127.0.0.1:{server.port}", timeout=30) as c:
+            deadline = time.monotonic() + 30
+            while True:  # the port opens before the models are loaded
+                try:
+                    status = c.health()
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+            assert status == "NOT_SERVING"
+            with pytest.raises(grpc.RpcError) as err:
+                c.translate(["Hello"])
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            release.set()
+            started.result(60)
+            assert c.health() == "SERVING"
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(1), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
