@@ -1,6 +1,6 @@
 """Quality of model packages through the serving engine (ONNX Runtime).
 
-    python bench/quality.py models/en-de models/en-de-int8 --data data/ddtp/en-de \
+    python -m seq2serve.bench.quality models/en-de models/en-de-int8 --data data/ddtp/en-de \
         --split valid --beam 4 --json quality.json
 
 Decodes a corpus split with each package exactly as the server would (same

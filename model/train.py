@@ -71,6 +71,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--spm-sentences", type=int, default=200_000,
                      help="sentences sampled to train SentencePiece")
     tok.add_argument("--character-coverage", type=float, default=0.9995)
+    tok.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=None,
+                     help="spell characters outside the vocabulary as UTF-8 bytes, not <unk> "
+                          "(default: on for vocabularies of 1024+ pieces)")
     tok.add_argument("--max-src-len", type=int, default=256, help="tokens incl. EOS; "
                      "longer sources are truncated")
     tok.add_argument("--max-tgt-len", type=int, default=128)
@@ -328,7 +331,7 @@ class Trainer:
             train_tokenizer(
                 [self.data_dir / "train.src", self.data_dir / "train.tgt"],
                 self.tokenizer_file, vocab_size=args.vocab_size, model_type=args.spm_type,
-                character_coverage=args.character_coverage,
+                character_coverage=args.character_coverage, byte_fallback=args.byte_fallback,
                 input_sentence_size=args.spm_sentences, seed=args.seed,
                 num_threads=args.threads)
             self.log(f"trained {args.spm_type} tokenizer in {time.monotonic() - t0:.1f}s")

@@ -82,6 +82,21 @@ def test_tokenizer_round_trip(tokenizer: Tokenizer) -> None:
     assert len(truncated) == 3 and truncated[-1] == tokenizer.eos_id
 
 
+def test_byte_fallback_spells_unseen_characters(tmp_path: Path) -> None:
+    # Characters below the coverage threshold (German Ä/Ö/Ü on DDTP) must round-trip
+    # through bytes, not become <unk> that no model can write back.
+    text = "Übersetzung: Ärger über Öl kostet 5 €"
+    files = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    plain = train_tokenizer(files, tmp_path / "plain.model", vocab_size=300,
+                            byte_fallback=False, num_threads=1)
+    assert plain.unk_id in plain.encode(text)
+    spelled = train_tokenizer(files, tmp_path / "bytes.model", vocab_size=300,
+                              byte_fallback=True, num_threads=1)
+    ids = spelled.encode(text)
+    assert spelled.unk_id not in ids
+    assert spelled.decode(ids) == text
+
+
 def test_tokenizer_training_is_deterministic(tokenizer: Tokenizer, tmp_path: Path) -> None:
     again = train_tokenizer([CORPUS / "train.src", CORPUS / "train.tgt"],
                             tmp_path / "again.model", vocab_size=120, character_coverage=1.0,

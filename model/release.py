@@ -1,0 +1,220 @@
+"""Ship a trained model: the run's best checkpoint as a compact checkpoint, and its card.
+
+    python -m seq2serve.model.release checkpoint runs/en-de models/checkpoints/en-de --name en-de
+    python -m seq2serve.model.release card models/checkpoints/en-de \
+        --report models/checkpoints/en-de/test-scores.json [--packages quality.json]
+
+`checkpoint` copies `RUN/best` with fp16 weights (half the size, and the model
+is trained and served in fp32: the loader casts back) and records in its
+config.json how long training took to reach it. `card` writes MODEL_CARD.md
+beside the checkpoint from what was measured: the checkpoint's config, the
+test-split report of `seq2serve train --score` (scores, copy baseline,
+samples) and optionally the package-quality records of
+`python -m seq2serve.bench.quality`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from seq2serve.model.checkpoint import load_checkpoint, read_meta, save_checkpoint
+from seq2serve.model.evaluate import training_time
+
+CARD_FILE = "MODEL_CARD.md"
+RESERVED = {"format", "format_version", "model", "weights", "tokenizer"}
+
+
+def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
+                       name: str, save_dtype: str = "float16") -> dict[str, Any]:
+    """Copy `run_dir/best` to `dest` with `save_dtype` weights; returns the new meta."""
+    best = Path(run_dir) / "best"
+    model, meta, tokenizer = load_checkpoint(best)
+    seconds, _ = training_time(best, meta)
+    extra = {k: v for k, v in meta.items() if k not in RESERVED}
+    extra["name"] = name
+    if seconds is not None:
+        extra["elapsed_seconds"] = round(seconds, 1)
+    save_checkpoint(dest, model, tokenizer.path, meta=extra, save_dtype=save_dtype)
+    return read_meta(dest)
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _score_table(report: dict[str, Any]) -> list[str]:
+    names = list(report["scores"]["model"])
+    lines = ["| segments | " + " | ".join(f"{n} model | {n} copy-source" for n in names) + " |",
+             "|---|" + "---:|---:|" * len(names)]
+    rows = [("all", report["segments"], report["scores"]["model"],
+             report["scores"]["copy_source"])]
+    rows += [(k, v["segments"], v["model"], v["copy_source"])
+             for k, v in report["by_kind"].items()]
+    for label, n, model, copy in rows:
+        lines.append(f"| {label} ({n}) | " + " | ".join(
+            f"**{model[m]:.2f}** | {copy[m]:.2f}" for m in names) + " |")
+    return lines
+
+
+def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
+               packages: list[dict[str, Any]] | None = None,
+               corpus: dict[str, Any] | None = None) -> str:
+    """MODEL_CARD.md for a released checkpoint, from the measured records only."""
+    directory = Path(checkpoint)
+    meta = read_meta(directory)
+    cfg, args = meta["model"], meta.get("train_args", {})
+    name = meta.get("name", directory.name)
+    task = meta.get("task", report["task"])
+    langs = (f"{meta['src_lang']}→{meta['tgt_lang']}" if task == "translate"
+             else meta.get("src_lang") or "en")
+    title = "translation" if task == "translate" else "summarization (description → synopsis)"
+    rel = directory.as_posix()
+    data = args.get("data", report["data"])
+    run = f"runs/{name}"
+    ck = report["checkpoint"]
+    trained = ck.get("training_seconds") or meta.get("elapsed_seconds")
+    hw = report["speed"]["cpu"]
+    threads = ck["trained_with"].get("threads")
+    params = ck["parameters"]
+    train_cmd = (
+        f"seq2serve train --data {data} --out {run} --threads {args.get('threads', 1)} "
+        f"--vocab-size {cfg['src_vocab_size']} --d-model {cfg['d_model']} "
+        f"--layers {cfg['encoder_layers']} --heads {cfg['encoder_heads']} "
+        f"--ffn {cfg['encoder_ffn_dim']}" + (" --pre-norm" if cfg["pre_norm"] else "")
+        + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
+        f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
+        f"--eval-max-sentences {args.get('eval_max_sentences')} "
+        f"--max-minutes {args.get('max_minutes')} --no-progress")
+    score_cmd = (f"seq2serve train --score {rel} --data {data} --split {report['split']} "
+                 f"--score-out {rel}/test-scores.json")
+    out = [
+        f"# {name}: {langs} {title}",
+        "",
+        f"A {params / 1e6:.2f}M-parameter encoder-decoder transformer trained from scratch "
+        f"on Debian package descriptions (DDTP), shipped with seq2serve as "
+        f"`{rel}` (checkpoint, {meta['weights']['dtype']} weights) and exported as the "
+        f"model package `models/{name}`.",
+        "",
+        "## Data",
+        "",
+        f"`{data}`, built by `seq2serve data` from Debian bookworm's translation indexes "
+        "(see [docs/data-card.md](../../../docs/data-card.md) for counts, splits and the "
+        "licence situation of package descriptions)."
+        + (" Segments per split: " + "; ".join(
+            f"{split} {sum(kinds.values()):,} ("
+            + ", ".join(f"{n:,} {k}" for k, n in kinds.items()) + ")"
+            for split, kinds in corpus["counts"].items()) + "."
+           if corpus and "counts" in corpus else ""),
+        "",
+        "## Model and training",
+        "",
+        "| | |", "|---|---|",
+        f"| architecture | {cfg['encoder_layers']}+{cfg['decoder_layers']} layers, d_model "
+        f"{cfg['d_model']}, {cfg['encoder_heads']} heads, FFN {cfg['encoder_ffn_dim']}, "
+        f"{cfg['activation']}, {'pre' if cfg['pre_norm'] else 'post'}-norm, sinusoidal "
+        "positions, shared source/target/output embeddings |",
+        f"| vocabulary | SentencePiece {args.get('spm_type', 'unigram')}, "
+        f"{cfg['src_vocab_size']} pieces"
+        + (" (joint source/target)" if task == "translate" else "") + " |",
+        f"| training | Adam (0.9, 0.98), inverse-square-root schedule with "
+        f"{args.get('warmup')} warm-up steps, label smoothing {args.get('label_smoothing')}, "
+        f"dropout {args.get('dropout')}, gradient clipping {args.get('clip')}, batches of "
+        f"≤{args.get('max_tokens')} tokens, seed {args.get('seed')} |",
+        f"| checkpoint | step {meta.get('step')}, the best validation "
+        f"{'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
+        f"| training time | {_hms(trained) if trained else 'unknown'} wall clock on "
+        f"{threads} thread{'s' if threads != 1 else ''} of a {hw} (no GPU) |",
+        "",
+        "## Test-split scores",
+        "",
+        f"Greedy decoding with PyTorch ({report['decoding']['max_len_rule']}); "
+        f"{report['segments']} segments of the `{report['split']}` split. "
+        "*copy-source* scores the untranslated source as the output, the floor any "
+        "model must beat.",
+        "",
+        *_score_table(report),
+        "",
+        "sacreBLEU signatures: " + "; ".join(
+            f"{k}: `{v}`" for k, v in report["signatures"].items()),
+    ]
+    if packages:
+        out += ["", "## Model packages (ONNX Runtime, CPU)", "",
+                f"Validation split, beam {packages[0]['beam']}, through the serving engine "
+                "(`python -m seq2serve.bench.quality`):", ""]
+        names = [k for k in packages[0] if k not in (
+            "package", "precision", "segments", "beam", "seconds", "size_mib")]
+        out.append("| precision | size (MiB) | " + " | ".join(names) + " |")
+        out.append("|---|---:|" + "---:|" * len(names))
+        for p in packages:
+            size = f"{p['size_mib']:.1f}" if "size_mib" in p else "?"
+            out.append(f"| {p['precision']} | {size} | "
+                       + " | ".join(f"{p[n]:.2f}" for n in names) + " |")
+    out += ["", f"## {len(report['samples'])} samples from the test split", ""]
+    for s in report["samples"]:
+        kind = f" ({s['kind']})" if s.get("kind") else ""
+        out += [f"- line {s['line']}{kind}",
+                f"  - source: {s['source']}",
+                f"  - reference: {s['reference']}",
+                f"  - output: {s['hypothesis']}"]
+    out += [
+        "", "## Reproduce", "",
+        "From a clean checkout (`pip install -e '.[train]'`):", "",
+        "```sh",
+        "seq2serve data --out data/ddtp          # Debian's translation indexes via apt-get",
+        train_cmd,
+        f"python -m seq2serve.model.release checkpoint {run} {rel} --name {name}",
+        score_cmd,
+        f"seq2serve export {rel} models/{name} --precision int8 --name {name}",
+        "```", "",
+        "The scoring command alone reproduces the table above from the shipped checkpoint "
+        "(scores are deterministic: greedy decoding in fp32 on CPU).",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.model.release",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ck = sub.add_parser("checkpoint", help="copy RUN/best as a compact shipping checkpoint")
+    ck.add_argument("run", type=Path, help="training run directory (holds best/)")
+    ck.add_argument("dest", type=Path)
+    ck.add_argument("--name", required=True)
+    ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    card = sub.add_parser("card", help=f"write {CARD_FILE} beside a released checkpoint")
+    card.add_argument("checkpoint", type=Path)
+    card.add_argument("--report", type=Path, required=True,
+                      help="JSON report of `seq2serve train --score ... --score-out`")
+    card.add_argument("--packages", type=Path,
+                      help="JSON records of `python -m seq2serve.bench.quality --json`")
+    args = parser.parse_args(argv)
+    if args.command == "checkpoint":
+        if not (args.run / "best").is_dir():
+            print(f"error: {args.run}/best does not exist", file=sys.stderr)
+            return 2
+        meta = release_checkpoint(args.run, args.dest, args.name, args.dtype)
+        print(json.dumps({"dest": str(args.dest), "step": meta.get("step"),
+                          "elapsed_seconds": meta.get("elapsed_seconds"),
+                          "valid": meta.get("valid")}))
+        return 0
+    report = json.loads(args.report.read_text(encoding="utf-8"))
+    packages = (json.loads(args.packages.read_text(encoding="utf-8"))
+                if args.packages else None)
+    corpus_file = Path(report["data"]) / "corpus.json"
+    corpus = (json.loads(corpus_file.read_text(encoding="utf-8"))
+              if corpus_file.is_file() else None)
+    (args.checkpoint / CARD_FILE).write_text(
+        model_card(args.checkpoint, report, packages, corpus), encoding="utf-8")
+    print(args.checkpoint / CARD_FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
