@@ -1,7 +1,7 @@
 """Load test: throughput and latency of a running seq2serve server under N
 concurrent clients, with dynamic batching on and off.
 
-    python bench/load.py --models-dir models --texts data/ddtp/en-de/test.src \
+    python -m seq2serve.bench.load --models-dir models --texts data/ddtp/en-de/test.src \
         --concurrency 1,8,32,64 --unbatched 32 --requests 256 --json load.json
 
 Starts `seq2serve serve` itself (once with the configured batching, once with
