@@ -62,9 +62,21 @@ def _score_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
+    lines = ["| step | training time | validation loss | " + metric + " |",
+             "|---:|---:|---:|---:|"]
+    for entry in log:
+        if metric in entry:
+            lines.append(f"| {entry['step']} | {_hms(entry['elapsed_s'])} | "
+                         f"{entry['valid_loss']:.3f} | {entry[metric]:.2f} |")
+    return lines
+
+
 def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
                packages: list[dict[str, Any]] | None = None,
-               corpus: dict[str, Any] | None = None) -> str:
+               corpus: dict[str, Any] | None = None,
+               log: list[dict[str, Any]] | None = None,
+               notes: str | None = None) -> str:
     """MODEL_CARD.md for a released checkpoint, from the measured records only."""
     directory = Path(checkpoint)
     meta = read_meta(directory)
@@ -87,6 +99,7 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         f"--vocab-size {cfg['src_vocab_size']} --d-model {cfg['d_model']} "
         f"--layers {cfg['encoder_layers']} --heads {cfg['encoder_heads']} "
         f"--ffn {cfg['encoder_ffn_dim']}" + (" --pre-norm" if cfg["pre_norm"] else "")
+        + ("" if args.get("byte_fallback") else " --no-byte-fallback")
         + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
         f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
         f"--eval-max-sentences {args.get('eval_max_sentences')} "
@@ -129,7 +142,14 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         f"| checkpoint | step {meta.get('step')}, the best validation "
         f"{'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
         f"| training time | {_hms(trained) if trained else 'unknown'} wall clock on "
-        f"{threads} thread{'s' if threads != 1 else ''} of a {hw} (no GPU) |",
+        f"{threads} thread{'s' if threads != 1 else ''} of an {hw} (no GPU) |",
+    ]
+    metric = "bleu" if task == "translate" else "rougeL"
+    if log:
+        out += ["", f"Validation {metric} during training (first "
+                f"{args.get('eval_max_sentences')} segments of the valid split, greedy):", "",
+                *_curve(log, metric)]
+    out += [
         "",
         "## Test-split scores",
         "",
@@ -140,7 +160,7 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         "",
         *_score_table(report),
         "",
-        "sacreBLEU signatures: " + "; ".join(
+        "Metric signatures: " + "; ".join(
             f"{k}: `{v}`" for k, v in report["signatures"].items()),
     ]
     if packages:
@@ -155,6 +175,8 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
             size = f"{p['size_mib']:.1f}" if "size_mib" in p else "?"
             out.append(f"| {p['precision']} | {size} | "
                        + " | ".join(f"{p[n]:.2f}" for n in names) + " |")
+    if notes:
+        out += ["", "## Limitations", "", notes.strip()]
     out += ["", f"## {len(report['samples'])} samples from the test split", ""]
     for s in report["samples"]:
         kind = f" ({s['kind']})" if s.get("kind") else ""
@@ -194,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="JSON report of `seq2serve train --score ... --score-out`")
     card.add_argument("--packages", type=Path,
                       help="JSON records of `python -m seq2serve.bench.quality --json`")
+    card.add_argument("--log", type=Path, help="the run's log.jsonl (validation curve)")
+    card.add_argument("--notes", type=Path, help="Markdown for a Limitations section")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
         if not (args.run / "best").is_dir():
@@ -210,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     corpus_file = Path(report["data"]) / "corpus.json"
     corpus = (json.loads(corpus_file.read_text(encoding="utf-8"))
               if corpus_file.is_file() else None)
+    log = ([json.loads(line) for line in args.log.read_text(encoding="utf-8").splitlines()
+            if line.strip()] if args.log else None)
+    notes = args.notes.read_text(encoding="utf-8") if args.notes else None
     (args.checkpoint / CARD_FILE).write_text(
-        model_card(args.checkpoint, report, packages, corpus), encoding="utf-8")
+        model_card(args.checkpoint, report, packages, corpus, log, notes), encoding="utf-8")
     print(args.checkpoint / CARD_FILE)
     return 0
 
