@@ -268,33 +268,6 @@ class Scheduler:
             for item, d in dropped:
                 item.resolve(Cancelled(d.reason, item.id))
 
-    def take(self, shape: int, max_items: int, max_tokens: int) -> list[WorkItem]:
-        """Non-blocking, for iteration-level batching: queued items of `shape` that
-        fit the free room of a running batch (tokens counted unpadded here: source
-        length x beam width). Only while the oldest queued item has this shape, so a
-        running batch cannot keep other shapes waiting."""
-        dropped: list[tuple[WorkItem, Dropped]] = []
-        try:
-            with self._cond:
-                dropped += self._purge()
-                if not self._queue or self._queue[0].shape != shape:
-                    return []
-                taken: list[WorkItem] = []
-                tokens = 0
-                for item in self._queue:
-                    cost = len(item.source) * item.beam_size
-                    if len(taken) == max_items:
-                        break
-                    if item.shape == shape and tokens + cost <= max_tokens:
-                        taken.append(item)
-                        tokens += cost
-                chosen = {id(i) for i in taken}
-                self._queue = [i for i in self._queue if id(i) not in chosen]
-                return sorted(taken, key=lambda i: len(i.source))
-        finally:
-            for item, d in dropped:
-                item.resolve(Cancelled(d.reason, item.id))
-
     # -- internals (called with the lock held) --
 
     def _purge(self) -> list[tuple[WorkItem, Dropped]]:

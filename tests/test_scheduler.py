@@ -236,18 +236,6 @@ def test_abort_fails_everything_queued() -> None:
     assert all(isinstance(i.deliver.get(), Draining) for i in queued) and s.depth == 0
 
 
-def test_take_for_iteration_level_batching() -> None:
-    s = sched()
-    beam2, a, b, c = item(5, beam=2), item(4), item(2), item(9)
-    s.submit(beam2)
-    for i in (a, b, c):
-        s.submit(i)
-    assert s.take(1, max_items=8, max_tokens=100) == []  # an older beam-2 item waits
-    assert s.take(2, max_items=8, max_tokens=100) == [beam2]
-    assert s.take(1, max_items=2, max_tokens=8) == [b, a]  # 9 would burst the tokens
-    assert s.depth == 1
-
-
 def test_deliver_is_called_once() -> None:
     i = item(1)
     assert i.resolve("first") and not i.resolve("second")
