@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_model
 
 from .config import ModelConfig
 from .tokenizer import Tokenizer
@@ -137,6 +137,38 @@ def load_model_weights(directory: str | os.PathLike[str], model: Seq2SeqTransfor
                                      strict=True, device=str(device))
     if missing or unexpected:  # strict=True raises first; kept for clarity
         raise ValueError(f"weights mismatch: missing {missing}, unexpected {unexpected}")
+
+
+def load_weights_growing_vocab(directory: str | os.PathLike[str], model: Seq2SeqTransformer,
+                               unk_id: int) -> int:
+    """Load a checkpoint into a model whose vocabulary extends the checkpoint's (same
+    ids, new ones appended). Each vocabulary-sized tensor gets the old rows and, for
+    every new row, a copy of the <unk> row: the model first treats a new piece as the
+    <unk> it used to see there, and fine-tuning tells them apart. Returns the number
+    of rows added."""
+    saved = load_file(str(Path(directory) / WEIGHTS_FILE))
+    own = model.state_dict()
+    added = 0
+    for name, tensor in saved.items():
+        target = own[name]
+        if tensor.shape != target.shape:
+            grows_rows = (tensor.dim() == target.dim() and tensor.shape[1:] == target.shape[1:]
+                          and tensor.shape[0] < target.shape[0])
+            if not grows_rows:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not "
+                                 f"fit the model's {tuple(target.shape)}")
+            extra = target.shape[0] - tensor.shape[0]
+            tensor = torch.cat([tensor, tensor[unk_id:unk_id + 1].expand(extra, *tensor.shape[1:])])
+            added = max(added, extra)
+        saved[name] = tensor.to(target.dtype)
+    missing = set(own) - set(saved)
+    # Tied weights are saved once; the model's other name for them is filled by the tie.
+    model.load_state_dict(saved, strict=False)
+    untied = [n for n in missing if own[n].data_ptr() not in
+              {own[m].data_ptr() for m in saved if m in own}]
+    if untied:
+        raise ValueError(f"weights missing from {directory}: {sorted(untied)}")
+    return added
 
 
 def load_checkpoint(

@@ -24,6 +24,7 @@ from typing import Any
 
 from seq2serve.model.checkpoint import load_checkpoint, read_meta, save_checkpoint
 from seq2serve.model.evaluate import training_time
+from seq2serve.model.tokenizer import Tokenizer, extend_vocabulary, unknown_characters
 
 CARD_FILE = "MODEL_CARD.md"
 RESERVED = {"format", "format_version", "model", "weights", "tokenizer"}
@@ -37,6 +38,16 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
     seconds, _ = training_time(best, meta)
     extra = {k: v for k, v in meta.items() if k not in RESERVED}
     extra["name"] = name
+    init = extra.get("train_args", {}).get("init_from")
+    if init:  # a fine-tune: keep what the base run was, for the card and the total time
+        base_meta = read_meta(init)
+        base_seconds, _ = training_time(Path(init), base_meta)
+        extra["base"] = {"step": base_meta.get("step"), "elapsed_seconds": base_seconds,
+                         "train_args": base_meta.get("train_args", {}),
+                         "model": base_meta["model"]}
+        if seconds is not None and base_seconds is not None:
+            extra["finetune_seconds"] = round(seconds, 1)
+            seconds += base_seconds
     if seconds is not None:
         extra["elapsed_seconds"] = round(seconds, 1)
     save_checkpoint(dest, model, tokenizer.path, meta=extra, save_dtype=save_dtype)
@@ -62,6 +73,32 @@ def _score_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _train_command(args: dict[str, Any], cfg: dict[str, Any], data: str, run: str) -> str:
+    return (
+        f"seq2serve train --data {data} --out {run} --threads {args.get('threads', 1)} "
+        f"--vocab-size {args.get('vocab_size', cfg['src_vocab_size'])} "
+        f"--d-model {cfg['d_model']} --layers {cfg['encoder_layers']} "
+        f"--heads {cfg['encoder_heads']} --ffn {cfg['encoder_ffn_dim']}"
+        + (" --pre-norm" if cfg["pre_norm"] else "")
+        + ("" if args.get("byte_fallback") else " --no-byte-fallback")
+        + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
+        f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
+        f"--eval-max-sentences {args.get('eval_max_sentences')} "
+        f"--max-minutes {args.get('max_minutes')} --no-progress")
+
+
+def _finetune_command(args: dict[str, Any], data: str, run: str, init: str,
+                      tokenizer: str) -> str:
+    return (
+        f"seq2serve train --data {data} --out {run} --init-from {init} "
+        f"--tokenizer {tokenizer} --threads {args.get('threads', 1)} "
+        f"--max-tokens {args.get('max_tokens')} --lr {args.get('lr')} "
+        f"--warmup {args.get('warmup')} --max-tgt-len {args.get('max_tgt_len')} "
+        f"--eval-every {args.get('eval_every')} "
+        f"--eval-max-sentences {args.get('eval_max_sentences')} "
+        f"--max-minutes {args.get('max_minutes')} --no-progress")
+
+
 def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
     lines = ["| step | training time | validation loss | " + metric + " |",
              "|---:|---:|---:|---:|"]
@@ -75,7 +112,7 @@ def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
 def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
                packages: list[dict[str, Any]] | None = None,
                corpus: dict[str, Any] | None = None,
-               log: list[dict[str, Any]] | None = None,
+               logs: dict[str, list[dict[str, Any]]] | None = None,
                notes: str | None = None) -> str:
     """MODEL_CARD.md for a released checkpoint, from the measured records only."""
     directory = Path(checkpoint)
@@ -94,16 +131,21 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
     hw = report["speed"]["cpu"]
     threads = ck["trained_with"].get("threads")
     params = ck["parameters"]
-    train_cmd = (
-        f"seq2serve train --data {data} --out {run} --threads {args.get('threads', 1)} "
-        f"--vocab-size {cfg['src_vocab_size']} --d-model {cfg['d_model']} "
-        f"--layers {cfg['encoder_layers']} --heads {cfg['encoder_heads']} "
-        f"--ffn {cfg['encoder_ffn_dim']}" + (" --pre-norm" if cfg["pre_norm"] else "")
-        + ("" if args.get("byte_fallback") else " --no-byte-fallback")
-        + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
-        f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
-        f"--eval-max-sentences {args.get('eval_max_sentences')} "
-        f"--max-minutes {args.get('max_minutes')} --no-progress")
+    base = meta.get("base")
+    commands = ["seq2serve data --out data/ddtp          # Debian's translation indexes via "
+                "apt-get"]
+    if base:
+        base_args, base_cfg = base["train_args"], base["model"]
+        commands += [
+            _train_command(base_args, base_cfg, data, f"runs/{name}"),
+            f"python -m seq2serve.model.release extend-vocab runs/{name}/tokenizer.model "
+            f"{data} runs/{name}-vocab.model",
+            _finetune_command(args, data, f"runs/{name}-ft", f"runs/{name}/best",
+                              f"runs/{name}-vocab.model"),
+        ]
+        run = f"runs/{name}-ft"
+    else:
+        commands.append(_train_command(args, cfg, data, run))
     score_cmd = (f"seq2serve train --score {rel} --data {data} --split {report['split']} "
                  f"--score-out {rel}/test-scores.json")
     out = [
@@ -134,21 +176,31 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         "positions, shared source/target/output embeddings |",
         f"| vocabulary | SentencePiece {args.get('spm_type', 'unigram')}, "
         f"{cfg['src_vocab_size']} pieces"
-        + (" (joint source/target)" if task == "translate" else "") + " |",
+        + (" (joint source/target)" if task == "translate" else "")
+        + (f"; the base run's {base['model']['src_vocab_size']} plus "
+           f"{cfg['src_vocab_size'] - base['model']['src_vocab_size']} single characters "
+           "that it had mapped to <unk> (`release extend-vocab`)" if base else "") + " |",
         f"| training | Adam (0.9, 0.98), inverse-square-root schedule with "
-        f"{args.get('warmup')} warm-up steps, label smoothing {args.get('label_smoothing')}, "
-        f"dropout {args.get('dropout')}, gradient clipping {args.get('clip')}, batches of "
-        f"≤{args.get('max_tokens')} tokens, seed {args.get('seed')} |",
-        f"| checkpoint | step {meta.get('step')}, the best validation "
-        f"{'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
-        f"| training time | {_hms(trained) if trained else 'unknown'} wall clock on "
-        f"{threads} thread{'s' if threads != 1 else ''} of an {hw} (no GPU) |",
+        f"{(base or {}).get('train_args', args).get('warmup')} warm-up steps, label smoothing "
+        f"{args.get('label_smoothing')}, dropout {args.get('dropout')}, gradient clipping "
+        f"{args.get('clip')}, batches of ≤{args.get('max_tokens')} tokens, seed "
+        f"{args.get('seed')}"
+        + (f"; then fine-tuned from the base run's best checkpoint (step {base['step']}) "
+           f"with the extended vocabulary, peak learning rate {args.get('lr')} after "
+           f"{args.get('warmup')} warm-up steps" if base else "") + " |",
+        f"| checkpoint | step {meta.get('step')}{' of the fine-tune' if base else ''}, the "
+        f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
+        f"| training time | {_hms(trained) if trained else 'unknown'} wall clock"
+        + (f" ({_hms(base['elapsed_seconds'])} from scratch + "
+           f"{_hms(meta['finetune_seconds'])} fine-tuning)"
+           if base and meta.get("finetune_seconds") else "")
+        + f" on {threads} thread{'s' if threads != 1 else ''} of an {hw} (no GPU) |",
     ]
     metric = "bleu" if task == "translate" else "rougeL"
-    if log:
-        out += ["", f"Validation {metric} during training (first "
+    for label, entries in (logs or {}).items():
+        out += ["", f"Validation {metric} during {label} (first "
                 f"{args.get('eval_max_sentences')} segments of the valid split, greedy):", "",
-                *_curve(log, metric)]
+                *_curve(entries, metric)]
     out += [
         "",
         "## Test-split scores",
@@ -189,7 +241,7 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         "From a clean checkout (`pip install -e '.[train]'`):", "",
         "```sh",
         "seq2serve data --out data/ddtp          # Debian's translation indexes via apt-get",
-        train_cmd,
+        *commands,
         f"python -m seq2serve.model.release checkpoint {run} {rel} --name {name}",
         score_cmd,
         f"seq2serve export {rel} models/{name} --precision int8 --name {name}",
@@ -210,13 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("dest", type=Path)
     ck.add_argument("--name", required=True)
     ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    ext = sub.add_parser("extend-vocab", help="add the characters a tokenizer maps to <unk> "
+                         "in a corpus's training split as new pieces (for fine-tuning)")
+    ext.add_argument("tokenizer", type=Path, help="SentencePiece model")
+    ext.add_argument("data", type=Path, help="corpus directory (train.src, train.tgt)")
+    ext.add_argument("out", type=Path, help="the extended SentencePiece model to write")
     card = sub.add_parser("card", help=f"write {CARD_FILE} beside a released checkpoint")
     card.add_argument("checkpoint", type=Path)
     card.add_argument("--report", type=Path, required=True,
                       help="JSON report of `seq2serve train --score ... --score-out`")
     card.add_argument("--packages", type=Path,
                       help="JSON records of `python -m seq2serve.bench.quality --json`")
-    card.add_argument("--log", type=Path, help="the run's log.jsonl (validation curve)")
+    card.add_argument("--log", type=Path, action="append", default=[],
+                      help="a run's log.jsonl (validation curve); repeat for base run and "
+                           "fine-tune, in order")
     card.add_argument("--notes", type=Path, help="Markdown for a Limitations section")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
@@ -228,17 +287,29 @@ def main(argv: list[str] | None = None) -> int:
                           "elapsed_seconds": meta.get("elapsed_seconds"),
                           "valid": meta.get("valid")}))
         return 0
+    if args.command == "extend-vocab":
+        tokenizer = Tokenizer(args.tokenizer)
+        unknown = unknown_characters(tokenizer, [args.data / "train.src",
+                                                 args.data / "train.tgt"])
+        extended = extend_vocabulary(args.tokenizer, args.out, unknown)
+        print(json.dumps({"out": str(args.out), "vocab_size": extended.vocab_size,
+                          "added": unknown}, ensure_ascii=False))
+        return 0
     report = json.loads(args.report.read_text(encoding="utf-8"))
     packages = (json.loads(args.packages.read_text(encoding="utf-8"))
                 if args.packages else None)
     corpus_file = Path(report["data"]) / "corpus.json"
     corpus = (json.loads(corpus_file.read_text(encoding="utf-8"))
               if corpus_file.is_file() else None)
-    log = ([json.loads(line) for line in args.log.read_text(encoding="utf-8").splitlines()
-            if line.strip()] if args.log else None)
+    labels = (["training from scratch", "fine-tuning"] if len(args.log) == 2
+              else [f"training ({path.name})" for path in args.log])
+    if len(args.log) == 1:
+        labels = ["training"]
+    logs = {label: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip()] for label, path in zip(labels, args.log, strict=True)}
     notes = args.notes.read_text(encoding="utf-8") if args.notes else None
     (args.checkpoint / CARD_FILE).write_text(
-        model_card(args.checkpoint, report, packages, corpus, log, notes), encoding="utf-8")
+        model_card(args.checkpoint, report, packages, corpus, logs, notes), encoding="utf-8")
     print(args.checkpoint / CARD_FILE)
     return 0
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+SPIECE_UNDERLINE = "\u2581"  # SentencePiece's word-boundary mark
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
 
@@ -136,3 +138,42 @@ def train_tokenizer(
         os.replace(prefix.with_suffix(".vocab"), model_file.with_suffix(".vocab"))
         os.replace(prefix.with_suffix(".model"), model_file)
     return Tokenizer(model_file)
+
+
+def unknown_characters(tokenizer: Tokenizer, files: Sequence[str | os.PathLike[str]]
+                       ) -> dict[str, int]:
+    """Characters of `files` (after the tokenizer's normalization) that encode to
+    <unk>, with their counts, most frequent first."""
+    counts: dict[str, int] = {}
+    for file in files:
+        with open(file, encoding="utf-8") as handle:
+            for line in handle:
+                for char in tokenizer.sp.normalize(line.strip()):
+                    if not char.isspace() and char != SPIECE_UNDERLINE:
+                        counts[char] = counts.get(char, 0) + 1
+    unknown = {c: n for c, n in counts.items()
+               if tokenizer.sp.piece_to_id(c) == tokenizer.unk_id}
+    return dict(sorted(unknown.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def extend_vocabulary(model_file: str | os.PathLike[str], out_file: str | os.PathLike[str],
+                      characters: Iterable[str]) -> Tokenizer:
+    """A copy of a SentencePiece model with `characters` appended as single-character
+    pieces (ids after the existing ones, so a model trained on the old vocabulary
+    keeps every id). They score as the rarest existing piece, so they are only used
+    where the old vocabulary had nothing but <unk>."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(model_file).read_bytes())
+    existing = {p.piece for p in proto.pieces}
+    normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+    floor = min(p.score for p in proto.pieces if p.type == normal)
+    for char in characters:
+        if char not in existing:
+            proto.pieces.add(piece=char, score=floor, type=normal)
+            existing.add(char)
+    out = Path(out_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(proto.SerializeToString())
+    return Tokenizer(out)

@@ -17,6 +17,7 @@ import json
 import math
 import random
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -66,6 +67,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
     tok = parser.add_argument_group("tokenizer (first run only)")
+    tok.add_argument("--tokenizer", type=Path, metavar="SPM_MODEL",
+                     help="use this SentencePiece model instead of training one")
     tok.add_argument("--vocab-size", type=int, default=8000)
     tok.add_argument("--spm-type", choices=MODEL_TYPES, default="unigram")
     tok.add_argument("--spm-sentences", type=int, default=200_000,
@@ -79,6 +82,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--max-tgt-len", type=int, default=128)
 
     arch = parser.add_argument_group("model (first run only; a resumed run keeps its own)")
+    arch.add_argument("--init-from", type=Path, metavar="CHECKPOINT_DIR",
+                      help="fine-tune: start from this checkpoint's architecture and weights "
+                           "(the tokenizer may extend its vocabulary: new embedding rows "
+                           "start as <unk>'s); the --d-model/--layers/... flags are ignored")
     arch.add_argument("--d-model", type=int, default=256)
     arch.add_argument("--layers", type=int, default=3)
     arch.add_argument("--encoder-layers", type=int, help="default: --layers")
@@ -326,6 +333,8 @@ class Trainer:
         args = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.tokenizer_file = self.out / ckpt.TOKENIZER_FILE
+        if not self.tokenizer_file.is_file() and args.tokenizer is not None:
+            shutil.copyfile(args.tokenizer, self.tokenizer_file)
         if not self.tokenizer_file.is_file():
             t0 = time.monotonic()
             train_tokenizer(
@@ -359,12 +368,22 @@ class Trainer:
             raise SystemExit(f"error: {self.out} already has checkpoints ({latest.name}); "
                              "use --resume auto or another --out")
         seed_everything(args.seed)
+        init = None
         if latest is not None:
             meta = ckpt.read_meta(latest)
             cfg = ModelConfig.from_dict(meta["model"])
+        elif args.init_from is not None:
+            init = ckpt.read_meta(args.init_from)
+            cfg = ModelConfig.from_dict({**init["model"],
+                                         "src_vocab_size": self.tokenizer.vocab_size,
+                                         "tgt_vocab_size": self.tokenizer.vocab_size})
         else:
             cfg = model_config(args, self.tokenizer.vocab_size, self.corpus, self.task)
         self.model = Seq2SeqTransformer(cfg).to(self.device)
+        if init is not None:
+            added = ckpt.load_weights_growing_vocab(args.init_from, self.model, cfg.unk_id)
+            self.log(f"initialised from {args.init_from} (step {init.get('step')}); "
+                     f"{added} new vocabulary rows start as <unk>'s")
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98),
                                           eps=1e-9)
         self.step, self.epoch, self.index = 0, 0, 0
@@ -390,7 +409,7 @@ class Trainer:
                  f"{json.dumps({k: v for k, v in cfg.to_dict().items() if k != 'extra'})}")
 
     def meta(self, scores: dict[str, float] | None) -> dict[str, Any]:
-        args = vars(self.args).copy()
+        args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
         return {"task": self.task, "src_lang": self.corpus.get("src_lang"),
                 "tgt_lang": self.corpus.get("tgt_lang"), "step": self.step,
                 "data": str(self.data_dir), "train_args": args, "valid": scores or {},

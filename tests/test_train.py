@@ -403,3 +403,65 @@ def test_sigterm_saves_a_checkpoint_then_stops(tmp_path: Path,
     latest = ckpt.latest_checkpoint(out)
     assert latest is not None and ckpt.load_trainer_state(latest)["step"] == 5
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+
+
+# -- fine-tuning with an extended vocabulary, and the release tools ------------------------
+
+
+def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: Path) -> None:
+    from seq2serve.model import release
+    from seq2serve.model.tokenizer import extend_vocabulary, unknown_characters
+    from seq2serve.server.cli import main
+
+    old = Tokenizer(trained / "tokenizer.model")
+    (tmp_path / "extra.txt").write_text("Ärger kostet €\n", encoding="utf-8")
+    unknown = unknown_characters(old, [tmp_path / "extra.txt"])
+    assert set(unknown) == {"Ä", "€"} and unknown["€"] == 1, unknown
+    new = extend_vocabulary(trained / "tokenizer.model", tmp_path / "ext.model", unknown)
+    assert new.vocab_size == old.vocab_size + 2
+    sources, _ = read_split(CORPUS, "train")
+    assert all(new.encode(s) == old.encode(s) for s in sources)  # every old id kept
+    assert new.unk_id not in new.encode("Ärger kostet €")
+    assert new.decode(new.encode("Ärger kostet €")) == "Ärger kostet €"
+
+    # New rows start as <unk>'s: old logits unchanged, new ones equal <unk>'s.
+    model, meta, _ = ckpt.load_checkpoint(trained / "best")
+    grown_cfg = ModelConfig.from_dict({**meta["model"], "src_vocab_size": new.vocab_size,
+                                       "tgt_vocab_size": new.vocab_size})
+    grown = Seq2SeqTransformer(grown_cfg)
+    assert ckpt.load_weights_growing_vocab(trained / "best", grown, grown_cfg.unk_id) == 2
+    model.eval(), grown.eval()
+    src = torch.tensor([old.encode(sources[0])])
+    tgt = torch.tensor([[grown_cfg.decoder_start_id, *old.encode(sources[0])[:3]]])
+    with torch.no_grad():
+        before, after = model(src, torch.ones_like(src), tgt), grown(src, torch.ones_like(src),
+                                                                    tgt)
+    torch.testing.assert_close(after[..., :old.vocab_size], before, rtol=0, atol=1e-5)
+    torch.testing.assert_close(after[..., old.vocab_size:],
+                               after[..., grown_cfg.unk_id:grown_cfg.unk_id + 1].expand(
+                                   -1, -1, 2), rtol=0, atol=1e-5)
+
+    out = tmp_path / "ft"
+    argv = ["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+            "--tokenizer", str(tmp_path / "ext.model"), "--max-steps", "20",
+            "--eval-every", "10"]
+    assert main(argv) == 0
+    log = read_log(out)
+    assert [r["step"] for r in log] == [10, 20]
+    # It starts from the trained model, not from scratch: far below scratch's first loss.
+    assert log[0]["valid_loss"] < 0.5 * read_log(trained)[0]["valid_loss"]
+    ft_meta = ckpt.read_meta(out / "best")
+    assert ft_meta["model"]["tgt_vocab_size"] == new.vocab_size
+
+    shipped = tmp_path / "shipped"
+    released = release.release_checkpoint(out, shipped, "tiny")
+    assert released["weights"]["dtype"] == "float16" and released["name"] == "tiny"
+    assert released["base"]["step"] == 300
+    assert released["elapsed_seconds"] == pytest.approx(
+        released["base"]["elapsed_seconds"] + released["finetune_seconds"], abs=0.2)
+    report = evaluate(shipped, CORPUS, split="train", max_sentences=4, samples=2)
+    card = release.model_card(shipped, report, logs={"fine-tuning": log})
+    assert "fine-tuned from the base run's best checkpoint (step 300)" in card
+    assert f"{report['scores']['model']['bleu']:.2f}" in card
+    assert "release extend-vocab runs/tiny/tokenizer.model" in card
+    assert "--init-from runs/tiny/best --tokenizer runs/tiny-vocab.model" in card
