@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -29,22 +29,6 @@ RETURN_FIELDS: tuple[str, ...] = ("return_scores", "return_alignment", "return_t
 _FLOAT_FIELDS = frozenset(
     f.name for f in pb.DecodingOptions.DESCRIPTOR.fields if f.type == f.TYPE_FLOAT)
 _PB_FIELDS = frozenset(OPTIONAL_FIELDS + RETURN_FIELDS)
-
-
-class HypothesisLike(Protocol):
-    """The engine's hypothesis (`engine.Hypothesis`): everything but the text,
-    which the tokenizer decodes and the caller passes beside it."""
-
-    @property
-    def score(self) -> float | None: ...
-    @property
-    def token_ids(self) -> Sequence[int] | None: ...
-    @property
-    def alignment(self) -> Sequence[int] | None: ...
-
-
-# (decoded text, the engine's hypothesis), one per n-best entry, best first.
-TextHypothesis = tuple[str, HypothesisLike]
 
 
 def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
@@ -93,29 +77,6 @@ def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | 
     return hypothesis
 
 
-def translation_to_pb(hypotheses: Sequence[TextHypothesis],
-                      options: pb.DecodingOptions) -> pb.Translation:
-    """The n-best list of one input, best first (the engine's order is kept)."""
-    return pb.Translation(hypotheses=_hypotheses_to_pb(hypotheses, options))
-
-
-def summary_to_pb(hypotheses: Sequence[TextHypothesis], options: pb.DecodingOptions,
-                  truncated: bool = False) -> pb.Summary:
-    return pb.Summary(hypotheses=_hypotheses_to_pb(hypotheses, options), truncated=truncated)
-
-
-def chunk_to_pb(text_delta: str) -> pb.TranslateChunk:
-    """A streaming chunk carrying only the text added since the previous one."""
-    return pb.TranslateChunk(text_delta=text_delta)
-
-
-def final_chunk_to_pb(hypotheses: Sequence[TextHypothesis], options: pb.DecodingOptions,
-                      text_delta: str = "") -> pb.TranslateChunk:
-    """The stream's last chunk: any remaining delta and the whole result."""
-    return pb.TranslateChunk(text_delta=text_delta, final=True,
-                             translation=translation_to_pb(hypotheses, options))
-
-
 def model_info_to_pb(manifest: Manifest, provider: str,
                      defaults: Mapping[str, Any] | DecodingOptions | None = None,
                      ) -> pb.ModelInfo:
@@ -132,12 +93,6 @@ def model_info_to_pb(manifest: Manifest, provider: str,
         max_source_length=manifest.max_source_length,
         defaults=options_to_pb(manifest.generation if defaults is None else defaults),
     )
-
-
-def _hypotheses_to_pb(hypotheses: Sequence[TextHypothesis],
-                      options: pb.DecodingOptions) -> list[pb.Hypothesis]:
-    return [hypothesis_to_pb(text, h.score, h.token_ids, h.alignment, options)
-            for text, h in hypotheses]
 
 
 def _float32_as_written(value: float) -> float:

@@ -83,7 +83,8 @@ def _parse(deserializer: Callable[[bytes], Any] | None, raw: bytes) -> Any:
     try:
         return deserializer(raw)
     except DecodeError as e:
-        raise InvalidArgument(f"the request is not a valid message: {e}") from None
+        raise InvalidArgument("the request is not a valid message (texts, model and the other "
+                              f"string fields must be valid UTF-8): {e}") from None
 
 
 def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]],

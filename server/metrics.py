@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -40,6 +39,9 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
                 0.25, 0.5, 1.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+UNRESOLVED = "(none)"  # model label of calls that failed before a model was chosen
 
 
 class Metrics:
@@ -103,10 +105,13 @@ class Metrics:
         """Read the queue depth at scrape time, so the gauge is never stale."""
         self.queue_depth.labels(model).set_function(depth)
 
-    def track(self, model: str, method: str) -> RequestTracker:
-        """`with metrics.track(model, "Translate") as t: ...; t.ok()`: in-flight
+    def track(self, method: str, model: str = "") -> RequestTracker:
+        """`with metrics.track("Translate") as t: t.bind(model); ...; t.ok()`: in-flight
         gauge, duration histogram and the request counter with its status code."""
-        return RequestTracker(self, model, method)
+        tracker = RequestTracker(self, UNRESOLVED, method)
+        if model:
+            tracker.bind(model)
+        return tracker
 
     def render(self) -> bytes:
         """The exposition text, as /metrics serves it."""
@@ -134,30 +139,42 @@ class MetricsServer:
 
 
 class RequestTracker:
+    """One RPC's metrics. The model label starts as `UNRESOLVED` and becomes the
+    served model's name once the handler has picked it (`bind`), so calls that fail
+    before that (unknown model, bad message) are counted too, without letting
+    client-chosen names into the label set."""
+
     def __init__(self, metrics: Metrics, model: str, method: str) -> None:
         self.metrics, self.model, self.method = metrics, model, method
         self.code: str | None = None
         self.start = 0.0
+        self.deadline: float | None = None  # time.monotonic() at which the RPC expires
+        self._in_flight: str | None = None
 
     def ok(self) -> None:
         self.code = "OK"
 
-    def set_code(self, code: Any) -> None:
-        """A grpc.StatusCode or its name, for handlers that answer without raising."""
-        self.code = getattr(code, "name", None) or str(code)
+    def bind(self, model: str) -> None:
+        self.model = model
+        if self._in_flight is None:
+            self._in_flight = model
+            self.metrics.in_flight.labels(model).inc()
 
     def __enter__(self) -> RequestTracker:
         self.start = time.perf_counter()
-        self.metrics.in_flight.labels(self.model).inc()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         m = self.metrics
-        m.in_flight.labels(self.model).dec()
+        if self._in_flight is not None:
+            m.in_flight.labels(self._in_flight).dec()
         m.request_duration.labels(self.model, self.method).observe(
             time.perf_counter() - self.start)
         code = status_name(exc) if exc is not None else (self.code or "OK")
+        if (code == "CANCELLED" and self.deadline is not None
+                and time.monotonic() >= self.deadline):
+            code = "DEADLINE_EXCEEDED"  # gRPC cancels the handler when the deadline passes
         m.requests.labels(self.model, self.method, code).inc()
 
 

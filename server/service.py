@@ -67,6 +67,18 @@ class RequestContext:
         return self._cancelled or (self.deadline is not None and time.monotonic() > self.deadline)
 
 
+def _dropped(error: SchedulerCancelled | Draining, rpc: RequestContext) -> Exception:
+    """The status for work the scheduler gave up on: past its deadline, cancelled,
+    or still queued when the server had to stop."""
+    rpc.cancel()  # the request's other pieces leave their batches too
+    if isinstance(error, Draining):
+        return Unavailable("the server stopped before this request ran; retry on another "
+                           "replica")
+    if error.reason == "deadline":
+        return DeadlineExceeded("the deadline passed before the result was ready")
+    return Cancelled("the request was cancelled")
+
+
 class TranslatorService(pb_grpc.TranslatorServicer):
     def __init__(self, registry: ModelRegistry, config: ServerConfig, metrics: Metrics):
         self.registry = registry
@@ -118,22 +130,21 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         except asyncio.CancelledError:
             rpc.cancel()  # the engine drops our items at its next step
             raise
-        except SchedulerCancelled as e:
-            rpc.cancel()
-            if e.reason == "deadline":
-                raise DeadlineExceeded("the deadline passed before the result was ready") from None
-            raise Cancelled("the request was cancelled") from None
+        except (SchedulerCancelled, Draining) as e:
+            raise _dropped(e, rpc) from None
 
     # -- handlers -------------------------------------------------------------
 
     async def Translate(self, request: pb.TranslateRequest,
                         context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
-        handle = self.registry.pick("translate", request.model, request.source_language,
-                                    request.target_language)
-        with self.metrics.track(handle.name, "Translate") as track:
+        with self.metrics.track("Translate") as track:
+            handle = self.registry.pick("translate", request.model, request.source_language,
+                                        request.target_language)
+            track.bind(handle.name)
             texts = self._texts(request.texts)
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
+            track.deadline = rpc.deadline
             plans = [self._plan_translation(handle, text) for text in texts]
             futures = self._queue(handle, [p.source_ids for _, ps in plans for p in ps],
                                   options, rpc)
@@ -149,11 +160,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def Summarize(self, request: pb.SummarizeRequest,
                         context: grpc.aio.ServicerContext) -> pb.SummarizeResponse:
-        handle = self.registry.pick("summarize", request.model, "", "")
-        with self.metrics.track(handle.name, "Summarize") as track:
+        with self.metrics.track("Summarize") as track:
+            handle = self.registry.pick("summarize", request.model, "", "")
+            track.bind(handle.name)
             texts = self._texts(request.texts)
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
+            track.deadline = rpc.deadline
             limit = handle.manifest.max_source_length
             sources, truncated = [], []
             for i, text in enumerate(texts):
@@ -181,14 +194,17 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def TranslateStream(self, request: pb.TranslateRequest,
                               context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateChunk]:
-        handle = self.registry.pick("translate", request.model, request.source_language,
-                                    request.target_language)
-        with self.metrics.track(handle.name, "TranslateStream") as track:
+        with self.metrics.track("TranslateStream") as track:
+            handle = self.registry.pick("translate", request.model, request.source_language,
+                                        request.target_language)
+            track.bind(handle.name)
             texts = self._texts(request.texts)
             if len(texts) != 1:
-                raise InvalidArgument(f"TranslateStream takes exactly 1 text, got {len(texts)}")
+                raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
+                                      f"got {len(texts)}")
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
+            track.deadline = rpc.deadline
             segmented, pieces = self._plan_translation(handle, texts[0])
             stream_tokens = options.decoding != "beam"
             loop = asyncio.get_running_loop()
@@ -226,6 +242,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                     if waiter.done() and queue.empty():
                         break
                 nbests = waiter.result()
+            except (SchedulerCancelled, Draining) as e:
+                raise _dropped(e, rpc) from None
             finally:
                 if not waiter.done():
                     rpc.cancel()
@@ -239,8 +257,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
-        return pb.ListModelsResponse(models=[
-            convert.model_info_to_pb(h.manifest, h.provider) for h in self.registry.handles()])
+        with self.metrics.track("ListModels") as track:
+            response = pb.ListModelsResponse(models=[
+                convert.model_info_to_pb(h.manifest, h.provider)
+                for h in self.registry.handles()])
+            track.ok()
+            return response
 
     # -- assembling answers ----------------------------------------------------
 

@@ -97,19 +97,6 @@ def test_numpy_ids_convert() -> None:
     assert list(message.token_ids) == [3, 4] and message.score == -0.5
 
 
-def test_translation_summary_and_chunks_keep_order() -> None:
-    nbest = [("best", _Hyp([1], -0.5)), ("second", _Hyp([2], -0.75))]
-    options = pb.DecodingOptions(return_scores=True)
-    translation = convert.translation_to_pb(nbest, options)
-    assert [(h.text, h.score) for h in translation.hypotheses] == [("best", -0.5),
-                                                                   ("second", -0.75)]
-    summary = convert.summary_to_pb(nbest[:1], options, truncated=True)
-    assert summary.truncated and summary.hypotheses[0].text == "best"
-    assert convert.chunk_to_pb("Hal") == pb.TranslateChunk(text_delta="Hal")
-    final = convert.final_chunk_to_pb(nbest, options, text_delta="lo")
-    assert final.final and final.text_delta == "lo" and final.translation == translation
-
-
 def test_model_info() -> None:
     manifest = Manifest(
         name="opus-mt-en-de", task="translate", source_language="en", target_language="de",

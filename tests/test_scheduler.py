@@ -440,7 +440,7 @@ def test_deliver_to_future_hops_to_the_loop() -> None:
 def test_metric_names_render() -> None:
     m = Metrics()
     m.set_model_info("en-de", "fp32", "CPUExecutionProvider", "translate")
-    with m.track("en-de", "Translate") as t:
+    with m.track("Translate", "en-de") as t:
         t.ok()
     m.watch_queue("en-de", lambda: 3)
     text = m.render().decode()
@@ -459,16 +459,16 @@ def test_metric_names_render() -> None:
 
 def test_request_tracking_counts_codes_and_in_flight() -> None:
     m = Metrics()
-    with m.track("a", "Translate") as t:
+    with m.track("Translate", "a") as t:
         assert sample(m, "seq2serve_in_flight_requests", model="a") == 1
         t.ok()
-    with pytest.raises(ValueError), m.track("a", "Translate"):
+    with pytest.raises(ValueError), m.track("Translate", "a"):
         raise ValueError("beam_size must be in [1, 16], got 0")
 
     class NotFound(Exception):
         code = SimpleNamespace(name="NOT_FOUND")
 
-    with pytest.raises(NotFound), m.track("a", "Summarize"):
+    with pytest.raises(NotFound), m.track("Summarize", "a"):
         raise NotFound()
     assert sample(m, "seq2serve_in_flight_requests", model="a") == 0
     for method, code in (("Translate", "OK"), ("Translate", "INVALID_ARGUMENT"),

@@ -140,6 +140,22 @@ def test_many_texts_in_one_request_keep_their_order(client: Seq2ServeClient) -> 
     assert together == one_by_one
 
 
+def test_texts_spread_over_batches_are_reassembled_in_order(models_dir: Path) -> None:
+    running = RunningServer(server_config(models_dir, max_batch_size=2))
+    try:
+        texts = CORPUS[:7]
+        with Seq2ServeClient(running.target, timeout=120) as c:
+            one_by_one = [c.translate([t], beam_size=2, max_length=20)[0][0].text
+                          for t in texts]
+            [handle] = running.server.registry.handles()
+            before = handle.worker.batches
+            together = [h[0].text for h in c.translate(texts, beam_size=2, max_length=20)]
+        assert handle.worker.batches - before >= 4  # 7 texts, at most 2 per batch
+        assert together == one_by_one
+    finally:
+        running.stop()
+
+
 def test_long_text_is_segmented_and_whitespace_kept(client: Seq2ServeClient) -> None:
     text = f"  {CORPUS[0]} {CORPUS[1]}\n\n{CORPUS[2]}\n"
     [[whole]] = client.translate([text], beam_size=1, max_length=20)
@@ -177,7 +193,10 @@ BAD = [
     (dict(options=dict(beam_size=2, num_hypotheses=3)), "num_hypotheses must be <= beam_size"),
     (dict(options=dict(beam_size=1, sampling_temperature=1.0, sampling_top_p=1.5)),
      "sampling_top_p must be in (0, 1], got 1.5"),
+    (dict(options=dict(beam_size=1, sampling_temperature=1.0, sampling_top_p=0.0)),
+     "sampling_top_p must be in (0, 1], got 0"),
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
+    (dict(options=dict(return_alignment=True)), "return_alignment"),
     (dict(options=dict(max_length=65)), "max_length must be in [1, 64], got 65"),
     (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
     (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),
@@ -257,8 +276,22 @@ def test_metrics_count_what_was_sent(models_dir: Path) -> None:
                 c.translate([CORPUS[0], CORPUS[1]], beam_size=1, max_length=10)
             with pytest.raises(grpc.RpcError):
                 c.translate(["x"], beam_size=0)
+            with pytest.raises(grpc.RpcError):
+                c.translate(["x"], model="no-such-model")
+            c.list_models()
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         text = body.decode()
+        # A client-chosen model name never becomes a label: failures before a model is
+        # chosen count under "(none)".
+        assert ('seq2serve_requests_total{code="NOT_FOUND",method="Translate",'
+                'model="(none)"} 1.0') in text
+        assert "no-such-model" not in text
+        assert 'seq2serve_requests_total{code="OK",method="ListModels",model="(none)"} 1.0' in text
+        # 3 calls x 2 texts were generated for; the in-flight gauge is back to 0
+        assert 'seq2serve_in_flight_requests{model="opus-mt-en-de"} 0.0' in text
+        [handle] = running.server.registry.handles()
+        sent = 3 * sum(len(handle.tokenizer.encode(t)) for t in CORPUS[:2])
+        assert f'seq2serve_input_tokens_total{{model="opus-mt-en-de"}} {float(sent)}' in text
         assert ('seq2serve_requests_total{code="OK",method="Translate",model="opus-mt-en-de"} '
                 '3.0') in text
         assert ('seq2serve_requests_total{code="INVALID_ARGUMENT",method="Translate",'
@@ -269,13 +302,36 @@ def test_metrics_count_what_was_sent(models_dir: Path) -> None:
         running.stop()
 
 
-def test_health_goes_not_serving_when_draining(models_dir: Path) -> None:
-    running = RunningServer(server_config(models_dir))
-    with Seq2ServeClient(running.target, timeout=30) as c:
-        assert c.health() == "SERVING"
-        running.call(running.server._set_health(False))
-        assert c.health() == "NOT_SERVING"
-    running.stop()
+def test_drain_goes_not_serving_refuses_new_calls_and_finishes_in_flight(
+        models_dir: Path) -> None:
+    from grpc_health.v1 import health_pb2
+
+    running = RunningServer(server_config(models_dir, grace_period_s=30.0))
+    channel = grpc.insecure_channel(running.target)
+    stub = pb_grpc.TranslatorStub(channel)
+    in_flight = stub.Translate.future(pb.TranslateRequest(
+        texts=CORPUS[:8], options=pb.DecodingOptions(beam_size=6, max_length=48)), timeout=60)
+    time.sleep(0.2)
+    stopping = asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop)
+
+    async def status(service: str) -> int:  # the health servicer itself: the port is closing
+        request = health_pb2.HealthCheckRequest(service=service)
+        return (await running.server.health.Check(request, None)).status
+
+    deadline = time.monotonic() + 10
+    while running.call(status("")) != health_pb2.HealthCheckResponse.NOT_SERVING:
+        assert time.monotonic() < deadline, "health did not go NOT_SERVING"
+        time.sleep(0.01)
+    assert running.call(status("seq2serve.v1.Translator")) == (
+        health_pb2.HealthCheckResponse.NOT_SERVING)
+    with pytest.raises(grpc.RpcError) as err:  # a new call during the drain
+        stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(in_flight.result().translations) == 8  # the call in flight still finishes
+    stopping.result(60)
+    channel.close()
+    running.loop.call_soon_threadsafe(running.loop.stop)
+    running.thread.join(10)
 
 
 def test_sigterm_drains_in_flight_call_and_exits_zero(models_dir: Path, tmp_path: Path) -> None:
