@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -82,12 +83,14 @@ class Server:
     async def stop(self, grace: float | None = None) -> None:
         """Drain: refuse new work, let in-flight calls finish within the grace period."""
         grace = self.config.grace_period_s if grace is None else grace
+        end = time.monotonic() + grace  # one grace period for the whole drain
         await self._set_health(False)
         for handle in self.registry.handles():
             handle.scheduler.close()
         await self.grpc.stop(grace)
+        left = max(0.0, end - time.monotonic())
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.registry.close(drain=False, timeout=grace))
+            None, lambda: self.registry.close(drain=False, timeout=left))
         if self.metrics_server is not None:
             self.metrics_server.stop()
         log.info("stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,5 +117,11 @@ class ModelRegistry:
                               f"available: {served}")
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
-        for handle in self._handles.values():
-            handle.worker.stop(drain=drain, timeout=timeout)
+        """Stop every model's worker; `timeout` bounds the whole close, not each model."""
+        handles = list(self._handles.values())
+        for handle in handles:  # all stop at once ...
+            handle.worker.stop(drain=drain, timeout=0)
+        end = None if timeout is None else time.monotonic() + timeout
+        for handle in handles:  # ... then share one deadline for the joins
+            left = None if end is None else max(0.0, end - time.monotonic())
+            handle.worker.stop(drain=drain, timeout=left)
