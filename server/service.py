@@ -110,6 +110,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                on_token: list[Callable[[int], None] | None] | None = None
                ) -> list[asyncio.Future]:
         """All of a request's work items enter the queue together, or none does."""
+        size = handle.scheduler.limits.max_queue_size
+        if len(sources) > size:  # would be refused as "queue full" on every retry
+            raise InvalidArgument(f"texts split into {len(sources)} sentence-sized pieces; "
+                                  f"a request may have at most {size} (the queue size): send "
+                                  "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in sources]
         items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),

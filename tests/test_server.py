@@ -443,6 +443,14 @@ def test_queue_full_is_resource_exhausted(marian_package: Path, tmp_path: Path) 
                         assert "queue is full" in e.details()
         assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes and grpc.StatusCode.OK in codes
         assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        # One text that segments into more pieces than the queue holds can never run:
+        # INVALID_ARGUMENT saying why, not a "queue full" to retry forever.
+        long_text = " ".join(CORPUS[:3])
+        with Seq2ServeClient(running.target, timeout=60) as c, \
+                pytest.raises(grpc.RpcError) as err:
+            c.translate([long_text])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 2 (the queue size)" in err.value.details()
     finally:
         running.stop()
 
