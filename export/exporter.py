@@ -21,13 +21,14 @@ from tqdm import tqdm
 
 from .package import (
     DECODER_FILE,
-    DECODER_INPUTS,
-    DECODER_OUTPUTS,
     ENCODER_FILE,
     ENCODER_INPUTS,
-    ENCODER_OUTPUTS,
     MANIFEST,
     Manifest,
+    Spec,
+    decoder_inputs,
+    decoder_outputs,
+    encoder_outputs,
     load_package,
     sha256_file,
     signature,
@@ -89,7 +90,7 @@ def _graph_dtypes(path: Path) -> dict[str, str]:
             for v in [*graph.input, *graph.output]}
 
 
-def _with_dtypes(spec: list[tuple[str, str, list[str]]], dtypes: dict[str, str]):
+def _with_dtypes(spec: Spec, dtypes: dict[str, str]):
     return [{**entry, "dtype": dtypes.get(entry["name"], entry["dtype"])}
             for entry in signature(spec)]
 
@@ -184,6 +185,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         shutil.copyfile(source.source_spm, tmp / "source.spm")
         shutil.copyfile(source.target_spm, tmp / "target.spm")
         cfg = model.cfg
+        layers = cfg.decoder_layers
         dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE)}
         suppress = sorted({cfg.pad_id, cfg.decoder_start_id} - {cfg.eos_id})
         manifest = Manifest(
@@ -205,10 +207,10 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             graphs={
                 "encoder": {"file": ENCODER_FILE, "opset": opset,
                             "inputs": _with_dtypes(ENCODER_INPUTS, dtypes),
-                            "outputs": _with_dtypes(ENCODER_OUTPUTS, dtypes)},
+                            "outputs": _with_dtypes(encoder_outputs(layers), dtypes)},
                 "decoder": {"file": DECODER_FILE, "opset": opset,
-                            "inputs": _with_dtypes(DECODER_INPUTS, dtypes),
-                            "outputs": _with_dtypes(DECODER_OUTPUTS, dtypes)},
+                            "inputs": _with_dtypes(decoder_inputs(layers), dtypes),
+                            "outputs": _with_dtypes(decoder_outputs(layers), dtypes)},
             },
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),

@@ -15,11 +15,12 @@ from seq2serve.model.transformer import Seq2SeqTransformer
 
 from .package import (
     DECODER_FILE,
-    DECODER_INPUTS,
-    DECODER_OUTPUTS,
     ENCODER_FILE,
     ENCODER_INPUTS,
-    ENCODER_OUTPUTS,
+    Spec,
+    decoder_inputs,
+    decoder_outputs,
+    encoder_outputs,
 )
 
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one op
@@ -31,7 +32,8 @@ class _Encoder(nn.Module):
         self.model = model
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor):
-        return self.model.encode(src_ids, src_mask)
+        memory, cross_k, cross_v = self.model.encode(src_ids, src_mask)
+        return memory, *cross_k, *cross_v
 
 
 class _DecoderStep(nn.Module):
@@ -40,12 +42,19 @@ class _DecoderStep(nn.Module):
         self.model = model
 
     def forward(self, *args: torch.Tensor):
-        return self.model.decode_step(*args)
+        """The graph's flat inputs (decoder_inputs order) regrouped per layer."""
+        layers = len(self.model.decoder_layers)
+        tokens, positions, *caches, src_mask, beam_origin = args
+        self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
+                                            for i in range(4))
+        log_probs, new_k, new_v = self.model.decode_step(
+            tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, beam_origin)
+        return log_probs, *new_k, *new_v
 
 
-def _dynamic_axes(spec: list[tuple[str, str, list[str]]]) -> dict[str, dict[int, str]]:
+def _dynamic_axes(spec: Spec) -> dict[str, dict[int, str]]:
     """Every symbolic axis except the fixed model dimensions is dynamic."""
-    fixed = {"L", "H", "Dh", "D", "V"}
+    fixed = {"H", "Dh", "D", "V"}
     return {
         name: {i: ("T1" if dim == "T+1" else dim) for i, dim in enumerate(shape)
                if dim not in fixed}
@@ -55,7 +64,8 @@ def _dynamic_axes(spec: list[tuple[str, str, list[str]]]) -> dict[str, dict[int,
 
 def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
                   src_len: int = 5, cached: int = 3, seed: int = 0):
-    """Inputs for tracing and for checking ORT against PyTorch."""
+    """Inputs for tracing and for checking ORT against PyTorch: the encoder's
+    (src_ids, src_mask) and the decoder step's, flat in decoder_inputs order."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(seed)
     src_ids = torch.randint(4, cfg.src_vocab_size, (batch, src_len), generator=gen)
@@ -66,14 +76,15 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
         _, cross_k, cross_v = model.encode(src_ids, src_mask)
     n = batch * beams
     head_dim = cfg.d_model // cfg.decoder_heads
-    cache_shape = (cfg.decoder_layers, n, cfg.decoder_heads, cached, head_dim)
+    cache_shape = (n, cfg.decoder_heads, cached, head_dim)
+    layers = range(cfg.decoder_layers)
     step = (
         torch.randint(4, cfg.tgt_vocab_size, (n,), generator=gen),
         torch.full((n,), cached, dtype=torch.int64),
-        torch.randn(cache_shape, generator=gen),
-        torch.randn(cache_shape, generator=gen),
-        cross_k,
-        cross_v,
+        *[torch.randn(cache_shape, generator=gen) for _ in layers],  # self_k
+        *[torch.randn(cache_shape, generator=gen) for _ in layers],  # self_v
+        *cross_k,
+        *cross_v,
         src_mask,
         torch.randperm(n, generator=gen),
     )
@@ -86,6 +97,9 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
     `tie_output_projection` stores it once for the fp32 and fp16 packages."""
     model = model.eval().float()
     enc_args, dec_args = sample_inputs(model)
+    layers = model.cfg.decoder_layers
+    enc_outputs, dec_inputs, dec_outputs = (encoder_outputs(layers), decoder_inputs(layers),
+                                            decoder_outputs(layers))
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter warns about its own deprecation and about
         # shape-dependent Python values that are in fact constant per model.
@@ -94,15 +108,15 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
             _Encoder(model), enc_args, str(out_dir / ENCODER_FILE), dynamo=False,
             opset_version=opset,
             input_names=[n for n, _, _ in ENCODER_INPUTS],
-            output_names=[n for n, _, _ in ENCODER_OUTPUTS],
-            dynamic_axes={**_dynamic_axes(ENCODER_INPUTS), **_dynamic_axes(ENCODER_OUTPUTS)},
+            output_names=[n for n, _, _ in enc_outputs],
+            dynamic_axes={**_dynamic_axes(ENCODER_INPUTS), **_dynamic_axes(enc_outputs)},
         )
         torch.onnx.export(
             _DecoderStep(model), dec_args, str(out_dir / DECODER_FILE), dynamo=False,
             opset_version=opset,
-            input_names=[n for n, _, _ in DECODER_INPUTS],
-            output_names=[n for n, _, _ in DECODER_OUTPUTS],
-            dynamic_axes={**_dynamic_axes(DECODER_INPUTS), **_dynamic_axes(DECODER_OUTPUTS)},
+            input_names=[n for n, _, _ in dec_inputs],
+            output_names=[n for n, _, _ in dec_outputs],
+            dynamic_axes={**_dynamic_axes(dec_inputs), **_dynamic_axes(dec_outputs)},
         )
 
 
@@ -110,8 +124,9 @@ def tie_output_projection(path: Path) -> bool:
     """Store a tied output projection once.
 
     The exporter folds `x @ E.T` into a second, transposed copy of the embedding
-    matrix E; for a 2-D `x` a Gemm with transB=1 reads E itself. Returns whether
-    a copy was removed.
+    matrix E; for a 2-D `x` a Gemm with transB=1 reads E itself. A final-logits
+    bias added to its output becomes the Gemm's C, which saves a pass over the
+    (N, V) logits per step. Returns whether a copy was removed.
     """
     model = onnx.load(str(path))
     graph = model.graph
@@ -131,6 +146,7 @@ def tie_output_projection(path: Path) -> bool:
                 continue
             gemm = helper.make_node("Gemm", [node.input[0], emb.name], list(node.output),
                                     name=node.name or "tied_output_projection", transB=1)
+            _fold_bias(graph, node.output[0], gemm, inits)
             graph.node.remove(node)
             graph.node.insert(idx, gemm)
             if not any(weight.name in n.input for n in graph.node):
@@ -138,3 +154,19 @@ def tie_output_projection(path: Path) -> bool:
             onnx.save(model, str(path))
             return True
     return False
+
+
+def _fold_bias(graph: onnx.GraphProto, output: str, gemm: onnx.NodeProto,
+               inits: dict[str, onnx.TensorProto]) -> None:
+    """If `output` feeds only an Add of a constant (V,) vector, make that vector
+    the Gemm's C and let the Gemm write the Add's output."""
+    consumers = [n for n in graph.node if output in n.input]
+    if len(consumers) != 1 or consumers[0].op_type != "Add":
+        return
+    add = consumers[0]
+    bias = next((name for name in add.input if name != output), None)
+    if bias not in inits or len(inits[bias].dims) != 1:
+        return
+    gemm.input.append(bias)
+    gemm.output[0] = add.output[0]
+    graph.node.remove(add)

@@ -14,34 +14,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
+# 2: one graph input/output per decoder layer for the caches and cross K/V
+# (format 1 stacked them as (L, ...) tensors, which cost a copy of the whole
+# cache per step); the server reads format 2 only: re-export older packages.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 
+Spec = list[tuple[str, str, list[str]]]
+
 # Graph signatures: (name, dtype, symbolic shape). B sources, N = B*K hypotheses,
-# S source length, T cached steps, L decoder layers, H heads, Dh head size, V vocab.
-ENCODER_INPUTS = [("src_ids", "int64", ["B", "S"]), ("src_mask", "int64", ["B", "S"])]
-ENCODER_OUTPUTS = [
-    ("memory", "float", ["B", "S", "D"]),
-    ("cross_k", "float", ["L", "B", "H", "S", "Dh"]),
-    ("cross_v", "float", ["L", "B", "H", "S", "Dh"]),
-]
-DECODER_INPUTS = [
-    ("tokens", "int64", ["N"]),
-    ("positions", "int64", ["N"]),
-    ("self_k", "float", ["L", "N", "H", "T", "Dh"]),
-    ("self_v", "float", ["L", "N", "H", "T", "Dh"]),
-    ("cross_k", "float", ["L", "B", "H", "S", "Dh"]),
-    ("cross_v", "float", ["L", "B", "H", "S", "Dh"]),
-    ("src_mask", "int64", ["B", "S"]),
-    ("beam_origin", "int64", ["N"]),
-]
-DECODER_OUTPUTS = [
-    ("log_probs", "float32", ["N", "V"]),
-    ("new_self_k", "float", ["L", "N", "H", "T+1", "Dh"]),
-    ("new_self_v", "float", ["L", "N", "H", "T+1", "Dh"]),
-]
+# S source length, T cached steps, H heads, Dh head size, V vocab; a name
+# `self_k.{i}` is decoder layer i's tensor.
+ENCODER_INPUTS: Spec = [("src_ids", "int64", ["B", "S"]), ("src_mask", "int64", ["B", "S"])]
+
+
+def per_layer(name: str, dtype: str, shape: list[str], layers: int) -> Spec:
+    return [(f"{name}.{i}", dtype, shape) for i in range(layers)]
+
+
+def encoder_outputs(layers: int) -> Spec:
+    return [("memory", "float", ["B", "S", "D"]),
+            *per_layer("cross_k", "float", ["B", "H", "S", "Dh"], layers),
+            *per_layer("cross_v", "float", ["B", "H", "S", "Dh"], layers)]
+
+
+def decoder_inputs(layers: int) -> Spec:
+    """In the order of Seq2SeqTransformer.decode_step's arguments, lists flattened."""
+    return [("tokens", "int64", ["N"]),
+            ("positions", "int64", ["N"]),
+            *per_layer("self_k", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("self_v", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("cross_k", "float", ["B", "H", "S", "Dh"], layers),
+            *per_layer("cross_v", "float", ["B", "H", "S", "Dh"], layers),
+            ("src_mask", "int64", ["B", "S"]),
+            ("beam_origin", "int64", ["N"])]
+
+
+def decoder_outputs(layers: int) -> Spec:
+    return [("log_probs", "float32", ["N", "V"]),
+            *per_layer("new_self_k", "float", ["N", "H", "T+1", "Dh"], layers),
+            *per_layer("new_self_v", "float", ["N", "H", "T+1", "Dh"], layers)]
 
 
 class PackageError(ValueError):
@@ -61,7 +75,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def signature(spec: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
+def signature(spec: Spec) -> list[dict[str, Any]]:
     return [{"name": n, "dtype": t, "shape": s} for n, t, s in spec]
 
 

@@ -12,7 +12,7 @@ import torch
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 from .onnx_graphs import sample_inputs
-from .package import DECODER_INPUTS, ENCODER_INPUTS
+from .package import ENCODER_INPUTS, decoder_inputs
 
 
 @dataclass
@@ -58,22 +58,26 @@ def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
     """Greedy decoding through the two graphs (a reference loop for verification;
     the server's engine is the fast path). Returns (B, <=max_len) like
     Seq2SeqTransformer.greedy."""
-    _, cross_k, cross_v = encoder.run(None, feed(encoder, {"src_ids": src_ids,
-                                                          "src_mask": src_mask}))
+    cross = encoder.run(None, feed(encoder, {"src_ids": src_ids, "src_mask": src_mask}))
+    # Encoder outputs memory, cross_k.*, cross_v.*: decoder inputs of the same names.
+    cross_kv = {o.name: v for o, v in zip(encoder.get_outputs(), cross, strict=True)
+                if o.name != "memory"}
     b = src_ids.shape[0]
-    layers, _, heads, _, head_dim = cross_k.shape
-    self_k = np.zeros((layers, b, heads, 0, head_dim), dtype=cross_k.dtype)
-    self_v = self_k
+    _, heads, _, head_dim = cross_kv["cross_k.0"].shape
+    empty = np.zeros((b, heads, 0, head_dim), dtype=cross_kv["cross_k.0"].dtype)
+    cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
+    cache_outputs = [o.name for o in decoder.get_outputs()][1:]  # new_self_k.*, new_self_v.*
     tokens = np.full(b, start_id, dtype=np.int64)
     rows = np.arange(b, dtype=np.int64)
     done = np.zeros(b, dtype=bool)
     out = []
     for step in range(max_len):
-        log_probs, self_k, self_v = decoder.run(None, {
+        log_probs, *new_cache = decoder.run(None, {
             "tokens": tokens, "positions": np.full(b, step, dtype=np.int64),
-            "self_k": self_k, "self_v": self_v, "cross_k": cross_k, "cross_v": cross_v,
-            "src_mask": src_mask, "beam_origin": rows,
+            **cache, **cross_kv, "src_mask": src_mask, "beam_origin": rows,
         })
+        cache = {name.removeprefix("new_"): v
+                 for name, v in zip(cache_outputs, new_cache, strict=True)}
         tokens = np.where(done, pad_id, log_probs.argmax(-1)).astype(np.int64)
         out.append(tokens)
         done |= tokens == eos_id
@@ -91,12 +95,17 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     decoder = cpu_session(decoder_path, provider)
     enc_args, dec_args = sample_inputs(model, batch=3, beams=3, src_len=7, cached=4, seed=1)
     enc_feed = {n: t.numpy() for (n, _, _), t in zip(ENCODER_INPUTS, enc_args, strict=True)}
-    memory, cross_k, _ = encoder.run(None, feed(encoder, enc_feed))
-    dec_feed = {n: t.numpy() for (n, _, _), t in zip(DECODER_INPUTS, dec_args, strict=True)}
-    log_probs, new_k, _ = decoder.run(None, feed(decoder, dec_feed))
+    memory, *cross = encoder.run(None, feed(encoder, enc_feed))  # cross_k.*, cross_v.*
+    layers = model.cfg.decoder_layers
+    dec_feed = {n: t.numpy() for (n, _, _), t
+                in zip(decoder_inputs(layers), dec_args, strict=True)}
+    log_probs, *new_cache = decoder.run(None, feed(decoder, dec_feed))  # new_self_{k,v}.*
     with torch.no_grad():
-        ref_memory, ref_cross_k, _ = model.encode(*enc_args)
-        ref_log_probs, ref_new_k, _ = model.decode_step(*dec_args)
+        ref_memory, ref_cross_k, ref_cross_v = model.encode(*enc_args)
+        tokens, positions, *caches, src_mask, beam_origin = dec_args
+        per_layer = [caches[i * layers:(i + 1) * layers] for i in range(4)]
+        ref_log_probs, ref_new_k, ref_new_v = model.decode_step(tokens, positions, *per_layer,
+                                                        src_mask, beam_origin)
 
     cfg = model.cfg
     width = max(len(s) for s in sentences)
@@ -110,9 +119,9 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     ref = model.greedy(torch.from_numpy(src_ids), torch.from_numpy(src_mask), max_len).numpy()
     return Deviation(
         encoder=_max_abs(memory, ref_memory),
-        cross_kv=_max_abs(cross_k, ref_cross_k),
+        cross_kv=max(map(_max_abs, cross, [*ref_cross_k, *ref_cross_v])),
         log_probs=_max_abs(log_probs, ref_log_probs),
-        cache=_max_abs(new_k, ref_new_k),
+        cache=max(map(_max_abs, new_cache, [*ref_new_k, *ref_new_v])),
         greedy_equal=ours.shape == ref.shape and bool((ours == ref).all()),
         greedy_rows=len(sentences),
         finite=bool(np.isfinite(log_probs).all() and np.isfinite(memory).all()),

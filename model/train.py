@@ -55,8 +55,11 @@ from .transformer import Seq2SeqTransformer
 
 def configure(parser: argparse.ArgumentParser) -> None:
     io = parser.add_argument_group("data and run")
-    io.add_argument("--data", required=True, help="corpus directory ({split}.src/.tgt, "
-                    "corpus.json)")
+    io.add_argument("--data", help="corpus directory ({split}.src/.tgt, corpus.json) "
+                    f"(default: {DATA_ROOT}/SRC-TGT from --src/--tgt, or "
+                    f"{DATA_ROOT}/summarize-SRC for --task summarize)")
+    io.add_argument("--src", help="source language; checked against the corpus's corpus.json")
+    io.add_argument("--tgt", help="target language; checked against the corpus's corpus.json")
     io.add_argument("--out", help="run directory (checkpoints, best/, log.jsonl)")
     io.add_argument("--task", choices=TASKS, help="default: from corpus.json")
     io.add_argument("--resume", choices=("auto", "none"), default="auto",
@@ -250,6 +253,30 @@ def model_config(args: argparse.Namespace, vocab_size: int, corpus: dict[str, An
     ).validate()
 
 
+DATA_ROOT = Path("data/ddtp")  # where `seq2serve data` writes by default
+
+
+def resolve_data(args: argparse.Namespace) -> list[str]:
+    """Fill in --data from --task/--src/--tgt, and check the languages against the
+    corpus's corpus.json. Returns the problems found."""
+    if args.data is None:
+        if args.task == "summarize":
+            args.data = str(DATA_ROOT / f"summarize-{args.src or 'en'}")
+        elif args.src and args.tgt:
+            args.data = str(DATA_ROOT / f"{args.src}-{args.tgt}")
+        else:
+            return ["give --data DIR, or --src and --tgt (reads "
+                    f"{DATA_ROOT}/SRC-TGT, written by `seq2serve data`)"]
+    info_file = Path(args.data) / "corpus.json"
+    if not info_file.is_file():
+        return [f"{info_file}: missing (build the corpus with `seq2serve data`)"]
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    return [f"--{flag} {getattr(args, flag)!r} does not match {args.data}, whose corpus.json "
+            f"says {key} {info.get(key)!r}"
+            for flag, key in (("src", "src_lang"), ("tgt", "tgt_lang"))
+            if getattr(args, flag) and getattr(args, flag) != info.get(key)]
+
+
 def check_args(args: argparse.Namespace) -> list[str]:
     problems = []
     if not args.out:
@@ -301,6 +328,10 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
+    problems = resolve_data(args)
+    if problems:
+        print("error:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
     if args.score:
         return run_score(args)
     problems = check_args(args)

@@ -13,6 +13,7 @@ S source length, T target (cache) length, L layers, H heads, Dh = D / H.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,11 +90,23 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, Tq, D); k, v (B, H, Tk, Dh) already projected."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+    def queries_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections of x (B, T, D) as one matrix product
+        (one (D, 3D) MatMul in the exported graphs: one pass over x instead of
+        three small ones) -> q, k, v each (B, H, T, Dh)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)  # (B, T, D) each
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q (B, H, Tq, Dh); k, v (B, H, Tk, Dh) already projected -> (B, Tq, D)."""
         out = attention(q, k, v, mask, self.dropout if self.training else None)
         return self.out_proj(self.merge_heads(out))
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, Tq, D); k, v (B, H, Tk, Dh) already projected."""
+        return self.attend(self.split_heads(self.q_proj(x)), k, v, mask)  # q (B, H, Tq, Dh)
 
 
 class FeedForward(nn.Module):
@@ -134,8 +147,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         def self_attention(h: Tensor) -> Tensor:
-            k, v = self.self_attn.keys_values(h)
-            return self.self_attn(h, k, v, mask)
+            return self.self_attn.attend(*self.self_attn.queries_keys_values(h), mask)
 
         x = self.attn_block(x, self_attention)
         return self.ffn_block(x, self.ffn)
@@ -162,12 +174,12 @@ class DecoderLayer(nn.Module):
         new_kv: list[Tensor] = []
 
         def self_attention(h: Tensor) -> Tensor:
-            k, v = self.self_attn.keys_values(h)  # (N, H, T, Dh)
+            q, k, v = self.self_attn.queries_keys_values(h)  # (N, H, T, Dh)
             if past_k is not None:
                 k = torch.cat([past_k, k], dim=2)  # (N, H, Tp+T, Dh)
                 v = torch.cat([past_v, v], dim=2)
             new_kv.extend((k, v))
-            return self.self_attn(h, k, v, self_mask)
+            return self.self_attn.attend(q, k, v, self_mask)
 
         def cross_attention(h: Tensor) -> Tensor:
             n, t, d = h.shape
@@ -249,53 +261,60 @@ class Seq2SeqTransformer(nn.Module):
             x = self.encoder_norm(x)
         return x
 
-    def cross_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """memory (B, S, D) -> cross K, V each (L, B, H, S, Dh)."""
+    def cross_keys_values(self, memory: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """memory (B, S, D) -> cross K, V: L tensors (B, H, S, Dh) each."""
         pairs = [layer.cross_attn.keys_values(memory) for layer in self.decoder_layers]
-        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+        return [k for k, _ in pairs], [v for _, v in pairs]
 
     # -- the exported signatures ----------------------------------------------
 
-    def encode(self, src_ids: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Encoder graph: (src_ids (B, S), src_mask (B, S)) ->
-        (memory (B, S, D), cross_k (L, B, H, S, Dh), cross_v (L, B, H, S, Dh))."""
+    def encode(self, src_ids: Tensor, src_mask: Tensor
+               ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Encoder graph: (src_ids (B, S), src_mask (B, S)) -> (memory (B, S, D),
+        cross_k, cross_v: one (B, H, S, Dh) tensor per decoder layer each)."""
         memory = self.run_encoder(src_ids, src_mask)
         cross_k, cross_v = self.cross_keys_values(memory)
         return memory, cross_k, cross_v
 
-    def decode_step(self, tokens: Tensor, positions: Tensor, self_k: Tensor, self_v: Tensor,
-                    cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
-                    beam_origin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def decode_step(self, tokens: Tensor, positions: Tensor, self_k: Sequence[Tensor],
+                    self_v: Sequence[Tensor], cross_k: Sequence[Tensor],
+                    cross_v: Sequence[Tensor], src_mask: Tensor, beam_origin: Tensor
+                    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Decoder step graph.
 
         tokens (N,) the last token of each hypothesis; positions (N,) its position;
-        self_k/self_v (L, N, H, T, Dh) the cache of the T earlier steps (T may be 0);
-        cross_k/cross_v (L, B, H, S, Dh) from encode(); src_mask (B, S);
-        beam_origin (N,) the cache row each hypothesis continues (beam reordering,
-        applied here so the cache never travels through the host).
-        Returns log_probs (N, V) and the new cache (L, N, H, T+1, Dh) twice.
+        self_k/self_v: per layer, (N, H, T, Dh) the cache of the T earlier steps
+        (T may be 0); cross_k/cross_v: per layer, (B, H, S, Dh) from encode();
+        src_mask (B, S); beam_origin (N,) the cache row each hypothesis continues
+        (beam reordering, applied here so the cache never travels through the host).
+        Returns log_probs (N, V) and the new cache, per layer (N, H, T+1, Dh), twice.
+
+        One tensor per layer rather than one stacked (L, ...) tensor: a stacked
+        cache costs the graph a Split and a stacking Concat of the whole cache
+        every step (measured in docs/benchmarks.md).
         """
-        self_k = self_k.index_select(1, beam_origin)
-        self_v = self_v.index_select(1, beam_origin)
         x = self.embed(self.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder_layers):
-            x, k, v = layer(x, self_k[i], self_v[i], None, cross_k[i], cross_v[i], cross_mask)
+            past_k = self_k[i].index_select(0, beam_origin)  # (N, H, T, Dh)
+            past_v = self_v[i].index_select(0, beam_origin)
+            x, k, v = layer(x, past_k, past_v, None, cross_k[i], cross_v[i], cross_mask)
             new_k.append(k)
             new_v.append(v)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         log_probs = self.logits(x[:, 0]).float().log_softmax(dim=-1)  # (N, V)
-        return log_probs, torch.stack(new_k), torch.stack(new_v)
+        return log_probs, new_k, new_v
 
     def empty_cache(self, rows: int, device: torch.device | None = None,
-                    dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """A zero-length self-attention cache for `rows` hypotheses."""
+                    dtype: torch.dtype = torch.float32) -> tuple[list[Tensor], list[Tensor]]:
+        """A zero-length self-attention cache for `rows` hypotheses, per layer."""
         cfg = self.cfg
-        shape = (cfg.decoder_layers, rows, cfg.decoder_heads, 0, cfg.d_model // cfg.decoder_heads)
-        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(
-            shape, device=device, dtype=dtype)
+        shape = (rows, cfg.decoder_heads, 0, cfg.d_model // cfg.decoder_heads)
+        layers = range(cfg.decoder_layers)
+        return ([torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
+                [torch.zeros(shape, device=device, dtype=dtype) for _ in layers])
 
     # -- training -------------------------------------------------------------
 
@@ -323,7 +342,7 @@ class Seq2SeqTransformer(nn.Module):
         cfg = self.cfg
         b = src_ids.shape[0]
         _, cross_k, cross_v = self.encode(src_ids, src_mask)
-        self_k, self_v = self.empty_cache(b, src_ids.device, cross_k.dtype)
+        self_k, self_v = self.empty_cache(b, src_ids.device, cross_k[0].dtype)
         tokens = torch.full((b,), cfg.decoder_start_id, dtype=torch.long, device=src_ids.device)
         rows = torch.arange(b, device=src_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)

@@ -10,20 +10,18 @@ the next step's inputs, so on CUDA they never leave the device; only the
 (N, V) log-probs are copied to the host each step, into one reused buffer.
 Tokens, positions and beam origins are small host arrays copied per step.
 
-Cache growth (measured, not assumed): per step the decoder graph copies the
-whole self-attention cache four times: Gather by beam_origin, the per-layer
-slicing of the stacked (L, N, H, T, Dh) input (ORT fuses it into Split), the
-Concat that appends the new position, and the Concat that stacks the layers
-into the output. ORT profiles of one step (OPUS-MT shape: d_model 512, 6+6
-layers, vocab 58101; N = 64 rows = batch 16 x beam 4; 2 CPU threads) give
-these copies' share of the step: T=8 12%, T=32 28%, T=64 44%, T=128 58%,
-T=256 70% (MatMul/Gemm dominate below T~32). So the growth is O(T) copying per
-step, O(T^2) per sequence. A preallocated buffer written in place (a write
-index plus ScatterND, or ORT's GroupQueryAttention with a shared past/present
-buffer) needs a different graph and must still reorder beams; per-layer cache
-inputs/outputs alone would remove two of the four copies. We keep the
-exported graph (Concat) for now; the engine side is ready for either, since
-the cache is opaque OrtValues handed from one step to the next.
+Cache growth (measured, not assumed): the cache and the cross K/V are one
+graph input/output per layer (package format 2), so per step the decoder
+graph copies the self-attention cache twice: the Gather by beam_origin and the
+Concat that appends the new position (CTranslate2's decoder does the same
+two). Format 1 stacked the layers into one (L, N, H, T, Dh) tensor, which
+added a Split and a stacking Concat of the whole cache per step; at the
+OPUS-MT shape (N = 64 rows = batch 16 x beam 4, 2 CPU threads) its four copies
+took 12% of a step at T=8, 28% at T=32 and 70% at T=256. Writing the cache in
+place (a preallocated buffer, ORT's GroupQueryAttention with a shared
+past/present buffer) would remove the Concat too but must still reorder
+beams; the engine is ready for it, since the cache is opaque OrtValues
+handed from one step to the next.
 
 Finished sources leave the batch: the cache needs nothing (the next step's
 beam_origin simply omits their rows, and the graph's gather drops them); the
@@ -120,11 +118,11 @@ def choose_provider(requested: str, available: list[str] | None = None) -> str:
 @dataclass(frozen=True)
 class EncoderState:
     """One batch's encoder results, kept where the provider computed them.
-    cross_k/cross_v (L, B, H, S, Dh) and src_mask (B, S) as OrtValues; lengths (B,)
-    the source lengths on the host."""
+    cross_k/cross_v, per layer (B, H, S, Dh), and src_mask (B, S) as OrtValues;
+    lengths (B,) the source lengths on the host."""
 
-    cross_k: ort.OrtValue
-    cross_v: ort.OrtValue
+    cross_k: tuple[ort.OrtValue, ...]
+    cross_v: tuple[ort.OrtValue, ...]
     src_mask: ort.OrtValue
     lengths: np.ndarray
 
@@ -135,18 +133,18 @@ class EncoderState:
 
 @dataclass(frozen=True)
 class DecoderCache:
-    """The self-attention cache, self_k/self_v (L, N, H, T, Dh) OrtValues."""
+    """The self-attention cache: self_k/self_v, per layer an (N, H, T, Dh) OrtValue."""
 
-    self_k: ort.OrtValue
-    self_v: ort.OrtValue
+    self_k: tuple[ort.OrtValue, ...]
+    self_v: tuple[ort.OrtValue, ...]
 
     @property
     def rows(self) -> int:
-        return int(self.self_k.shape()[1])
+        return int(self.self_k[0].shape()[0])
 
     @property
     def length(self) -> int:
-        return int(self.self_k.shape()[3])
+        return int(self.self_k[0].shape()[2])
 
 
 class Runner:
@@ -166,8 +164,9 @@ class Runner:
         self.vocab_size = int(cfg["tgt_vocab_size"])
         self.max_positions = int(cfg["max_positions"])
         types = {i.name: i.type for i in self.decoder.get_inputs()}
-        self.cache_dtype = _NP_TYPES[types["self_k"]]
+        self.cache_dtype = _NP_TYPES[types["self_k.0"]]
         self.output_names = [o.name for o in self.decoder.get_outputs()]
+        self.encoder_outputs = [o.name for o in self.encoder.get_outputs()]
         self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
         self.warmup_seconds = 0.0
         if self.config.warmup:
@@ -210,9 +209,9 @@ class Runner:
                                                 self.device_id)
 
     def empty_cache(self, rows: int) -> DecoderCache:
-        shape = (self.layers, rows, self.heads, 0, self.head_dim)
-        empty = np.zeros(shape, dtype=self.cache_dtype)
-        return DecoderCache(self._to_device(empty), self._to_device(empty))
+        empty = self._to_device(np.zeros((rows, self.heads, 0, self.head_dim),
+                                         dtype=self.cache_dtype))
+        return DecoderCache((empty,) * self.layers, (empty,) * self.layers)
 
     # -- the graphs --------------------------------------------------------------------
 
@@ -221,12 +220,12 @@ class Runner:
         binding = self.encoder.io_binding()
         binding.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
         binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
-        for name in ("memory", "cross_k", "cross_v"):
+        for name in self.encoder_outputs:  # memory, cross_k.*, cross_v.*
             binding.bind_output(name, self.device, self.device_id)
         self.encoder.run_with_iobinding(binding)
-        _, cross_k, cross_v = binding.get_outputs()
+        cross = tuple(binding.get_outputs()[1:])
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
-        return EncoderState(cross_k, cross_v, self._to_device(mask),
+        return EncoderState(cross[:self.layers], cross[self.layers:], self._to_device(mask),
                             mask.sum(axis=1).astype(np.int64))
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, beam_origin: np.ndarray,
@@ -246,28 +245,31 @@ class Runner:
         binding = self.decoder.io_binding()
         binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        binding.bind_ortvalue_input("self_k", cache.self_k)
-        binding.bind_ortvalue_input("self_v", cache.self_v)
-        binding.bind_ortvalue_input("cross_k", enc.cross_k)
-        binding.bind_ortvalue_input("cross_v", enc.cross_v)
+        for i in range(self.layers):
+            binding.bind_ortvalue_input(f"self_k.{i}", cache.self_k[i])
+            binding.bind_ortvalue_input(f"self_v.{i}", cache.self_v[i])
+            binding.bind_ortvalue_input(f"cross_k.{i}", enc.cross_k[i])
+            binding.bind_ortvalue_input(f"cross_v.{i}", enc.cross_v[i])
         binding.bind_ortvalue_input("src_mask", enc.src_mask)
         binding.bind_cpu_input("beam_origin", np.ascontiguousarray(beam_origin, dtype=np.int64))
         # Written straight into our host buffer: no per-step allocation or extra copy.
         binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
                             log_probs.ctypes.data)
-        binding.bind_output("new_self_k", self.device, self.device_id)
-        binding.bind_output("new_self_v", self.device, self.device_id)
+        for name in self.output_names[1:]:  # new_self_k.*, new_self_v.*
+            binding.bind_output(name, self.device, self.device_id)
         self.decoder.run_with_iobinding(binding)
-        _, new_k, new_v = binding.get_outputs()
-        return log_probs, DecoderCache(new_k, new_v)
+        new_cache = tuple(binding.get_outputs()[1:])
+        return log_probs, DecoderCache(new_cache[:self.layers], new_cache[self.layers:])
 
     def select_sources(self, enc: EncoderState, keep: np.ndarray) -> EncoderState:
         """The encoder state of the kept sources (indices into enc), source axis
         trimmed to the longest of them."""
         lengths = enc.lengths[keep]
         width = int(lengths.max()) if lengths.size else 0
-        cross_k = enc.cross_k.numpy()[:, keep, :, :width]  # (L, B', H, S', Dh)
-        cross_v = enc.cross_v.numpy()[:, keep, :, :width]
+        def select(values: tuple[ort.OrtValue, ...]) -> tuple[ort.OrtValue, ...]:
+            # per layer (B, H, S, Dh) -> (B', H, S', Dh)
+            return tuple(self._to_device(v.numpy()[keep, :, :width]) for v in values)
+
         mask = enc.src_mask.numpy()[keep, :width]
-        return EncoderState(self._to_device(cross_k), self._to_device(cross_v),
-                            self._to_device(mask), lengths)
+        return EncoderState(select(enc.cross_k), select(enc.cross_v), self._to_device(mask),
+                            lengths)

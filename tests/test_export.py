@@ -122,7 +122,7 @@ def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision:
     assert 0 < dev["log_probs"] < 0.5  # reduced precision deviates, but not wildly
     assert report.fp32_deviation["log_probs"] <= 1e-4
     decoder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["decoder"]["inputs"]}
-    assert decoder_inputs["self_k"] == ("float16" if precision == "fp16" else "float32")
+    assert decoder_inputs["self_k.0"] == ("float16" if precision == "fp16" else "float32")
     tokens, _ = package_greedy(report.package, CORPUS[:3])
     assert all(tokens)
 

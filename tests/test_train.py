@@ -456,12 +456,36 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
     shipped = tmp_path / "shipped"
     released = release.release_checkpoint(out, shipped, "tiny")
     assert released["weights"]["dtype"] == "float16" and released["name"] == "tiny"
-    assert released["base"]["step"] == 300
+    base_step = ckpt.read_meta(trained / "best")["step"]  # the base run's best validation
+    assert released["base"]["step"] == base_step
     assert released["elapsed_seconds"] == pytest.approx(
         released["base"]["elapsed_seconds"] + released["finetune_seconds"], abs=0.2)
     report = evaluate(shipped, CORPUS, split="train", max_sentences=4, samples=2)
     card = release.model_card(shipped, report, logs={"fine-tuning": log})
-    assert "fine-tuned from the base run's best checkpoint (step 300)" in card
+    assert f"fine-tuned from the base run's best checkpoint (step {base_step})" in card
     assert f"{report['scores']['model']['bleu']:.2f}" in card
     assert "release extend-vocab runs/tiny/tokenizer.model" in card
     assert "--init-from runs/tiny/best --tokenizer runs/tiny-vocab.model" in card
+
+
+def test_languages_pick_and_check_the_corpus(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    info = json.loads((CORPUS / "corpus.json").read_text())
+    matching = train_args(tmp_path, "--src", info["src_lang"], "--tgt", info["tgt_lang"])
+    assert train.resolve_data(matching) == []
+    assert train.resolve_data(train_args(tmp_path, "--tgt", "xx")) == [
+        f"--tgt 'xx' does not match {CORPUS}, whose corpus.json says tgt_lang "
+        f"{info['tgt_lang']!r}"]
+    # Without --data, --src/--tgt name the corpus `seq2serve data` writes.
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    args = parser.parse_args(["--task", "translate", "--src", "en", "--tgt", "de",
+                              "--out", "run", "--max-steps", "1"])
+    assert train.run(args) == 2
+    assert args.data == str(Path("data/ddtp/en-de"))
+    assert "data/ddtp/en-de/corpus.json: missing" in capsys.readouterr().err
+    summarize = parser.parse_args(["--task", "summarize", "--out", "run"])
+    train.resolve_data(summarize)
+    assert summarize.data == str(Path("data/ddtp/summarize-en"))

@@ -82,17 +82,20 @@ def test_shapes() -> None:
     memory, cross_k, cross_v = model.encode(src, mask)
     dh = cfg.d_model // cfg.decoder_heads
     assert memory.shape == (3, 7, cfg.d_model)
-    assert cross_k.shape == cross_v.shape == (cfg.decoder_layers, 3, cfg.decoder_heads, 7, dh)
+    assert len(cross_k) == len(cross_v) == cfg.decoder_layers
+    assert all(kv.shape == (3, cfg.decoder_heads, 7, dh) for kv in [*cross_k, *cross_v])
     assert model(src, mask, tgt).shape == (3, 5, cfg.tgt_vocab_size)
 
     n = 6  # two hypotheses per source
     self_k, self_v = model.empty_cache(n)
-    assert self_k.shape == (cfg.decoder_layers, n, cfg.decoder_heads, 0, dh)
+    assert len(self_k) == len(self_v) == cfg.decoder_layers
+    assert all(kv.shape == (n, cfg.decoder_heads, 0, dh) for kv in [*self_k, *self_v])
     tokens = torch.full((n,), START)
     log_probs, new_k, new_v = model.decode_step(tokens, torch.zeros(n, dtype=torch.long), self_k,
                                                 self_v, cross_k, cross_v, mask, torch.arange(n))
     assert log_probs.shape == (n, cfg.tgt_vocab_size)
-    assert new_k.shape == new_v.shape == (cfg.decoder_layers, n, cfg.decoder_heads, 1, dh)
+    assert len(new_k) == len(new_v) == cfg.decoder_layers
+    assert all(kv.shape == (n, cfg.decoder_heads, 1, dh) for kv in [*new_k, *new_v])
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(n))
 
 
@@ -167,8 +170,9 @@ def test_beam_origin_reorders_the_cache() -> None:
     positions = torch.full((b * k,), t)
     log_probs, new_k, _ = model.decode_step(nxt, positions, self_k, self_v, cross_k, cross_v,
                                             mask, origin)
-    by_hand, hand_k, _ = model.decode_step(nxt, positions, self_k[:, origin], self_v[:, origin],
-                                           cross_k, cross_v, mask, rows)
+    by_hand, hand_k, _ = model.decode_step(nxt, positions, [k_[origin] for k_ in self_k],
+                                           [v[origin] for v in self_v], cross_k, cross_v, mask,
+                                           rows)
     torch.testing.assert_close(log_probs, by_hand, rtol=0, atol=0)
     torch.testing.assert_close(new_k, hand_k, rtol=0, atol=0)
     # And it is what a full pass over the reordered histories computes.
@@ -187,13 +191,14 @@ def test_grouped_cross_attention_equals_expanded() -> None:
     n = b * k
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(4, cfg.tgt_vocab_size, (n,), generator=g)
-    self_k = torch.randn(cfg.decoder_layers, n, cfg.decoder_heads, 3,
-                         cfg.d_model // cfg.decoder_heads, generator=g)
-    self_v = torch.randn_like(self_k)
+    shape = (n, cfg.decoder_heads, 3, cfg.d_model // cfg.decoder_heads)
+    self_k = [torch.randn(shape, generator=g) for _ in range(cfg.decoder_layers)]
+    self_v = [torch.randn(shape, generator=g) for _ in range(cfg.decoder_layers)]
     positions, rows = torch.full((n,), 3), torch.arange(n)
     grouped = model.decode_step(tokens, positions, self_k, self_v, cross_k, cross_v, mask, rows)
     expanded = model.decode_step(tokens, positions, self_k, self_v,
-                                 cross_k.repeat_interleave(k, 1), cross_v.repeat_interleave(k, 1),
+                                 [c.repeat_interleave(k, 0) for c in cross_k],
+                                 [c.repeat_interleave(k, 0) for c in cross_v],
                                  mask.repeat_interleave(k, 0), rows)
     for a, e in zip(grouped, expanded, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-6)
