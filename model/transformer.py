@@ -304,8 +304,10 @@ class Seq2SeqTransformer(nn.Module):
             new_v.append(v)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        log_probs = self.logits(x[:, 0]).float().log_softmax(dim=-1)  # (N, V)
-        return log_probs, new_k, new_v
+        logits = self.logits(x[:, 0])  # (N, V)
+        if logits.dtype != torch.float32:  # traced as a Cast: only where it converts
+            logits = logits.float()
+        return logits.log_softmax(dim=-1), new_k, new_v
 
     def empty_cache(self, rows: int, device: torch.device | None = None,
                     dtype: torch.dtype = torch.float32) -> tuple[list[Tensor], list[Tensor]]:

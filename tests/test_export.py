@@ -110,6 +110,29 @@ def test_tied_output_projection_is_stored_once(marian_package: Path) -> None:
     graph = onnx.load(str(marian_package / "decoder.onnx")).graph
     big = [i for i in graph.initializer if cfg["tgt_vocab_size"] in i.dims and len(i.dims) == 2]
     assert len(big) == 1
+    # Marian's final-logits bias rides in the output Gemm (no separate pass over the logits).
+    assert cfg["final_logits_bias"]
+    [gemm] = [n for n in graph.node if n.op_type == "Gemm"]
+    assert gemm.input[1] == big[0].name and len(gemm.input) == 3
+    assert [n.op_type for n in graph.node if gemm.output[0] in n.input] == ["LogSoftmax"]
+
+
+def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
+    """Per-layer caches and cross K/V: no Split or stacking Concat of the whole cache."""
+    manifest = load_package(marian_package).manifest
+    layers = manifest.config["decoder_layers"]
+    inputs = [i["name"] for i in manifest.graphs["decoder"]["inputs"]]
+    for kind in ("self_k", "self_v", "cross_k", "cross_v"):
+        assert [n for n in inputs if n.startswith(kind + ".")] == [
+            f"{kind}.{i}" for i in range(layers)]
+    graph = onnx.load(str(marian_package / "decoder.onnx")).graph
+    assert not [n for n in graph.node if n.op_type == "Split"]
+    concats = [n for n in graph.node if n.op_type == "Concat"
+               and any(i.startswith("self_") for i in n.input)]
+    assert len(concats) == 0  # the cache is gathered by beam first, then appended to
+    appends = [n for n in graph.node if n.op_type == "Concat"
+               and any(o.startswith("new_self_") for o in n.output)]
+    assert len(appends) == 2 * layers
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
