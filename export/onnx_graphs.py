@@ -47,9 +47,9 @@ class _DecoderStep(nn.Module):
         tokens, positions, *caches, src_mask, beam_origin = args
         self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
                                             for i in range(4))
-        log_probs, new_k, new_v = self.model.decode_step(
+        log_probs, new_k, new_v, alignment = self.model.decode_step(
             tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, beam_origin)
-        return log_probs, *new_k, *new_v
+        return log_probs, *new_k, *new_v, alignment
 
 
 def _dynamic_axes(spec: Spec) -> dict[str, dict[int, str]]:

@@ -55,7 +55,8 @@ def decoder_inputs(layers: int) -> Spec:
 def decoder_outputs(layers: int) -> Spec:
     return [("log_probs", "float32", ["N", "V"]),
             *per_layer("new_self_k", "float", ["N", "H", "T+1", "Dh"], layers),
-            *per_layer("new_self_v", "float", ["N", "H", "T+1", "Dh"], layers)]
+            *per_layer("new_self_v", "float", ["N", "H", "T+1", "Dh"], layers),
+            ("alignment", "int64", ["N"])]
 
 
 class PackageError(ValueError):

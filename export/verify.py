@@ -25,6 +25,7 @@ class Deviation:
     cache: float
     greedy_equal: bool
     greedy_rows: int
+    alignment_equal: bool  # the decoder step's alignment output, ORT vs PyTorch
     finite: bool
     provider: str = "CPUExecutionProvider"
 
@@ -66,13 +67,13 @@ def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
     _, heads, _, head_dim = cross_kv["cross_k.0"].shape
     empty = np.zeros((b, heads, 0, head_dim), dtype=cross_kv["cross_k.0"].dtype)
     cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
-    cache_outputs = [o.name for o in decoder.get_outputs()][1:]  # new_self_k.*, new_self_v.*
+    cache_outputs = [o.name for o in decoder.get_outputs() if o.name.startswith("new_self_")]
     tokens = np.full(b, start_id, dtype=np.int64)
     rows = np.arange(b, dtype=np.int64)
     done = np.zeros(b, dtype=bool)
     out = []
     for step in range(max_len):
-        log_probs, *new_cache = decoder.run(None, {
+        log_probs, *new_cache, _ = decoder.run(None, {
             "tokens": tokens, "positions": np.full(b, step, dtype=np.int64),
             **cache, **cross_kv, "src_mask": src_mask, "beam_origin": rows,
         })
@@ -99,13 +100,14 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     layers = model.cfg.decoder_layers
     dec_feed = {n: t.numpy() for (n, _, _), t
                 in zip(decoder_inputs(layers), dec_args, strict=True)}
-    log_probs, *new_cache = decoder.run(None, feed(decoder, dec_feed))  # new_self_{k,v}.*
+    # log_probs, new_self_k.*, new_self_v.*, alignment
+    log_probs, *new_cache, alignment = decoder.run(None, feed(decoder, dec_feed))
     with torch.no_grad():
         ref_memory, ref_cross_k, ref_cross_v = model.encode(*enc_args)
         tokens, positions, *caches, src_mask, beam_origin = dec_args
         per_layer = [caches[i * layers:(i + 1) * layers] for i in range(4)]
-        ref_log_probs, ref_new_k, ref_new_v = model.decode_step(tokens, positions, *per_layer,
-                                                        src_mask, beam_origin)
+        ref_log_probs, ref_new_k, ref_new_v, ref_alignment = model.decode_step(
+            tokens, positions, *per_layer, src_mask, beam_origin)
 
     cfg = model.cfg
     width = max(len(s) for s in sentences)
@@ -124,6 +126,7 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
         cache=max(map(_max_abs, new_cache, [*ref_new_k, *ref_new_v])),
         greedy_equal=ours.shape == ref.shape and bool((ours == ref).all()),
         greedy_rows=len(sentences),
+        alignment_equal=bool((alignment == ref_alignment.numpy()).all()),
         finite=bool(np.isfinite(log_probs).all() and np.isfinite(memory).all()),
         provider=provider,
     )

@@ -31,6 +31,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
               dropout: nn.Module | None = None) -> Tensor:
     """Scaled dot-product attention. q (..., Tq, Dh), k/v (..., Tk, Dh), mask
     broadcastable to (..., Tq, Tk), True = attend. Returns (..., Tq, Dh)."""
+    return attention_with_probs(q, k, v, mask, dropout)[0]
+
+
+def attention_with_probs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                         dropout: nn.Module | None = None) -> tuple[Tensor, Tensor]:
+    """`attention`, also returning the attention weights (..., Tq, Tk) (before dropout)."""
     # int(): the head size is a constant of the model, not a graph value to trace.
     scale = 1.0 / math.sqrt(int(q.shape[-1]))
     scores = torch.matmul(q * scale, k.transpose(-1, -2))  # (..., Tq, Tk)
@@ -38,9 +44,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
         # finfo.min rather than -inf: a fully masked row (a padding query) stays finite.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = scores.softmax(dim=-1)
-    if dropout is not None:
-        probs = dropout(probs)
-    return torch.matmul(probs, v)
+    return torch.matmul(dropout(probs) if dropout is not None else probs, v), probs
 
 
 def sinusoid_table(num_positions: int, dim: int, layout: str) -> Tensor:
@@ -103,6 +107,13 @@ class MultiHeadAttention(nn.Module):
         """q (B, H, Tq, Dh); k, v (B, H, Tk, Dh) already projected -> (B, Tq, D)."""
         out = attention(q, k, v, mask, self.dropout if self.training else None)
         return self.out_proj(self.merge_heads(out))
+
+    def attend_with_probs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+                          ) -> tuple[Tensor, Tensor]:
+        """`attend`, also returning the weights averaged over heads (B, Tq, Tk)."""
+        out, probs = attention_with_probs(q, k, v, mask,
+                                          self.dropout if self.training else None)
+        return self.out_proj(self.merge_heads(out)), probs.mean(dim=1)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """x (B, Tq, D); k, v (B, H, Tk, Dh) already projected."""
@@ -167,11 +178,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None,
                 self_mask: Tensor | None, cross_k: Tensor, cross_v: Tensor,
-                cross_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                cross_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (N, T, D). past_k/v (N, H, Tp, Dh) or None. cross_k/v (B, H, S, Dh) with
         N = B*K: the K hypotheses of a source share one copy of its cross K/V.
-        Returns x and the self-attention keys/values including this call's positions."""
+        Returns x, the self-attention keys/values including this call's positions,
+        and the cross-attention weights averaged over heads (N, T, S)."""
         new_kv: list[Tensor] = []
+        cross_weights: list[Tensor] = []
 
         def self_attention(h: Tensor) -> Tensor:
             q, k, v = self.self_attn.queries_keys_values(h)  # (N, H, T, Dh)
@@ -186,13 +199,15 @@ class DecoderLayer(nn.Module):
             b = cross_k.shape[0]
             # Hypotheses of one source become extra query positions of that source.
             grouped = h.reshape(b, (n // b) * t, d)  # (B, K*T, D)
-            out = self.cross_attn(grouped, cross_k, cross_v, cross_mask)
+            q = self.cross_attn.split_heads(self.cross_attn.q_proj(grouped))  # (B, H, K*T, Dh)
+            out, weights = self.cross_attn.attend_with_probs(q, cross_k, cross_v, cross_mask)
+            cross_weights.append(weights.reshape(n, t, -1))  # (B, K*T, S) -> (N, T, S)
             return out.reshape(n, t, d)
 
         x = self.self_block(x, self_attention)
         x = self.cross_block(x, cross_attention)
         x = self.ffn_block(x, self.ffn)
-        return x, new_kv[0], new_kv[1]
+        return x, new_kv[0], new_kv[1], cross_weights[0]
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -279,7 +294,7 @@ class Seq2SeqTransformer(nn.Module):
     def decode_step(self, tokens: Tensor, positions: Tensor, self_k: Sequence[Tensor],
                     self_v: Sequence[Tensor], cross_k: Sequence[Tensor],
                     cross_v: Sequence[Tensor], src_mask: Tensor, beam_origin: Tensor
-                    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+                    ) -> tuple[Tensor, list[Tensor], list[Tensor], Tensor]:
         """Decoder step graph.
 
         tokens (N,) the last token of each hypothesis; positions (N,) its position;
@@ -287,7 +302,9 @@ class Seq2SeqTransformer(nn.Module):
         (T may be 0); cross_k/cross_v: per layer, (B, H, S, Dh) from encode();
         src_mask (B, S); beam_origin (N,) the cache row each hypothesis continues
         (beam reordering, applied here so the cache never travels through the host).
-        Returns log_probs (N, V) and the new cache, per layer (N, H, T+1, Dh), twice.
+        Returns log_probs (N, V), the new cache, per layer (N, H, T+1, Dh), twice,
+        and alignment (N,): the source position the last decoder layer's
+        cross-attention weighs most (averaged over heads) for this step's token.
 
         One tensor per layer rather than one stacked (L, ...) tensor: a stacked
         cache costs the graph a Split and a stacking Concat of the whole cache
@@ -296,10 +313,12 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embed(self.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         new_k, new_v = [], []
+        cross_weights = x.new_zeros(0)
         for i, layer in enumerate(self.decoder_layers):
             past_k = self_k[i].index_select(0, beam_origin)  # (N, H, T, Dh)
             past_v = self_v[i].index_select(0, beam_origin)
-            x, k, v = layer(x, past_k, past_v, None, cross_k[i], cross_v[i], cross_mask)
+            x, k, v, cross_weights = layer(x, past_k, past_v, None, cross_k[i], cross_v[i],
+                                           cross_mask)
             new_k.append(k)
             new_v.append(v)
         if self.decoder_norm is not None:
@@ -307,7 +326,8 @@ class Seq2SeqTransformer(nn.Module):
         logits = self.logits(x[:, 0])  # (N, V)
         if logits.dtype != torch.float32:  # traced as a Cast: only where it converts
             logits = logits.float()
-        return logits.log_softmax(dim=-1), new_k, new_v
+        alignment = cross_weights[:, 0].argmax(dim=-1)  # (N, S) -> (N,)
+        return logits.log_softmax(dim=-1), new_k, new_v, alignment
 
     def empty_cache(self, rows: int, device: torch.device | None = None,
                     dtype: torch.dtype = torch.float32) -> tuple[list[Tensor], list[Tensor]]:
@@ -331,7 +351,7 @@ class Seq2SeqTransformer(nn.Module):
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.keys_values(memory)
-            x, _, _ = layer(x, None, None, self_mask, k, v, cross_mask)
+            x, _, _, _ = layer(x, None, None, self_mask, k, v, cross_mask)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return self.logits(x)
@@ -351,7 +371,7 @@ class Seq2SeqTransformer(nn.Module):
         out = []
         for step in range(max_len):
             positions = torch.full_like(tokens, step)
-            log_probs, self_k, self_v = self.decode_step(
+            log_probs, self_k, self_v, _ = self.decode_step(
                 tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, rows)
             tokens = log_probs.argmax(-1).masked_fill(done, cfg.pad_id)
             out.append(tokens)

@@ -261,7 +261,8 @@ class BeamState:
     """running (B, K) cumulative log-probs of the live beams; the finished set per
     source: scores (B, K) length-normalised and sorted descending, tokens
     (B, K, L) without the start token, lengths (B, K), flags (B, K) whether the
-    slot holds a hypothesis; improvable (B,) HF's sticky early-stop flag."""
+    slot holds a hypothesis; improvable (B,) HF's sticky early-stop flag;
+    finished_alignment (B, K, L) each finished token's source position."""
 
     running: np.ndarray
     finished_scores: np.ndarray
@@ -269,6 +270,7 @@ class BeamState:
     finished_lengths: np.ndarray
     finished: np.ndarray
     improvable: np.ndarray
+    finished_alignment: np.ndarray
 
     @classmethod
     def start(cls, sources: int, beams: int, max_new: int) -> BeamState:
@@ -279,12 +281,14 @@ class BeamState:
             finished_lengths=np.zeros((sources, beams), dtype=np.int64),
             finished=np.zeros((sources, beams), dtype=bool),
             improvable=np.ones(sources, dtype=bool),
+            finished_alignment=np.zeros((sources, beams, max_new), dtype=np.int64),
         )
 
     def sources(self, index: np.ndarray) -> BeamState:
         return BeamState(self.running[index], self.finished_scores[index],
                          self.finished_tokens[index], self.finished_lengths[index],
-                         self.finished[index], self.improvable[index])
+                         self.finished[index], self.improvable[index],
+                         self.finished_alignment[index])
 
     def nbest(self, source: int, n: int) -> list[tuple[np.ndarray, float]]:
         """The n best finished hypotheses of one source: (tokens, score), best first."""
@@ -296,6 +300,11 @@ class BeamState:
                             float(self.finished_scores[source, slot])))
         return out
 
+    def nbest_alignments(self, source: int, n: int) -> list[np.ndarray]:
+        """The alignments of `nbest(source, n)`, token for token."""
+        return [self.finished_alignment[source, slot, :self.finished_lengths[source, slot]]
+                for slot in range(n) if self.finished[source, slot]]
+
 
 @dataclass(frozen=True)
 class BeamStep:
@@ -306,12 +315,15 @@ class BeamStep:
 
 
 def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, generated: int,
-              params: BeamParams, rules: Sequence[StopRule]) -> BeamStep:
+              params: BeamParams, rules: Sequence[StopRule],
+              alignment: np.ndarray | None = None) -> BeamStep:
     """One step of beam search for B sources at once.
 
     log_probs (B*K_in, V) processed; K_in is 1 on the first step (every beam of a
     source would be the same; HF gives copies -1e9 instead) and K afterwards.
     history (B*K_in, generated + 1). `generated` counts tokens before this step.
+    alignment (B*K_in, generated + 1), optional: per row, the source position of
+    each generated token, this step's included; finished hypotheses keep theirs.
     """
     sources, beams = state.running.shape
     rows, vocab = log_probs.shape
@@ -342,7 +354,7 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
     finished = state
     if just_finished.any():
         finished = _merge_finished(state, values, beam, tokens, history, just_finished,
-                                   new_len, params, k_in)
+                                   new_len, params, k_in, alignment)
 
     # HF's early-stop heuristic (`_check_early_stop_heuristic`), per source.
     hypothetical = np.where(params.never_stop_early & (params.length_penalty > 0),
@@ -359,7 +371,7 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
 
 def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, tokens: np.ndarray,
                     history: np.ndarray, just_finished: np.ndarray, new_len: int,
-                    params: BeamParams, k_in: int) -> BeamState:
+                    params: BeamParams, k_in: int, alignment: np.ndarray | None) -> BeamState:
     """HF's `_update_finished_beams`: candidates normalised by length, impossible
     ones pushed to -1e9, then the best K of old and new kept."""
     sources, beams = state.running.shape
@@ -380,11 +392,17 @@ def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, toke
     merged_lengths = np.concatenate(
         [state.finished_lengths, np.full((sources, 2 * beams), new_len)], axis=1)
     merged_flags = np.concatenate([state.finished, just_finished], axis=1)
+    cand_alignment = np.zeros_like(cand_tokens)
+    if alignment is not None:
+        cand_alignment[:, :, :new_len] = alignment[rows, :new_len].reshape(sources, 2 * beams,
+                                                                           new_len)
+    merged_alignment = np.concatenate([state.finished_alignment, cand_alignment], axis=1)
     return replace(
         state,
         finished_scores=np.take_along_axis(merged_scores, keep, axis=1),
         finished_tokens=np.take_along_axis(merged_tokens, keep[:, :, None], axis=1),
         finished_lengths=np.take_along_axis(merged_lengths, keep, axis=1),
         finished=np.take_along_axis(merged_flags, keep, axis=1),
+        finished_alignment=np.take_along_axis(merged_alignment, keep[:, :, None], axis=1),
     )
 

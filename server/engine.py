@@ -63,7 +63,8 @@ class Hypothesis:
     token_ids: list[int]  # without the start token and without EOS
     score: float | None  # None unless return_scores
     finish_reason: str  # "eos" or "length"
-    alignment: list[int] | None = None  # not available with the current graphs
+    # per token, the source token position it attended to most; None unless requested
+    alignment: list[int] | None = None
 
 
 class Result(list[Hypothesis]):
@@ -115,7 +116,6 @@ class Engine:
         self.limits = OptionLimits(limits.max_beam_size,
                                    min(limits.max_length, self.runner.max_positions))
         self.defaults = dict(manifest.generation)
-        self.has_alignment = "alignment" in self.runner.output_names
         self.stop_rules: tuple[StopRule, ...] = (EosStop(self.eos_id), LengthStop())
         self.last_stats = GenerateStats()
 
@@ -123,11 +123,7 @@ class Engine:
 
     def resolve(self, options: DecodingOptions | None) -> DecodingOptions:
         """Options with the model's defaults filled in, validated for this engine."""
-        resolved = (options or DecodingOptions()).resolve(self.defaults, self.limits)
-        if resolved.return_alignment and not self.has_alignment:
-            raise InvalidOptions("return_alignment", "return_alignment is not available: this "
-                                 "model's decoder graph does not output cross-attention")
-        return resolved
+        return (options or DecodingOptions()).resolve(self.defaults, self.limits)
 
     def _check_source(self, index: int, source: Sequence[int]) -> None:
         if len(source) == 0:
@@ -239,6 +235,7 @@ class _Batch:
         self.k = 1
         self.tokens = np.full(self.count, engine.start_id, dtype=np.int64)
         self.history = self.tokens[:, None].copy()  # (N, generated + 1)
+        self.alignment = np.zeros((self.count, 0), dtype=np.int64)  # (N, generated)
         self.origin = np.arange(self.count, dtype=np.int64)
         self.scores = np.zeros(self.count, dtype=np.float64)  # greedy/sampling sums
         cache: DecoderCache = runner.empty_cache(self.count)
@@ -256,19 +253,23 @@ class _Batch:
 
             t0 = time.perf_counter()
             positions = np.full(self.tokens.shape[0], generated, dtype=np.int64)
-            log_probs, cache = runner.step(self.tokens, positions, self.origin, cache, self.enc)
+            log_probs, cache, aligned = runner.step(self.tokens, positions, self.origin, cache,
+                                                    self.enc)
             t1 = time.perf_counter()
+            # This step's token of every row attended to aligned[row]: (N, generated + 1).
+            alignment = np.concatenate([self.alignment, aligned[:, None]], axis=1)
             sources = self.alive.size
             process_log_probs(log_probs, self.history, generated,
                               self.proc.rows(np.repeat(np.arange(sources), self.k)))
             if self.beam is not None and self.beam_params is not None:
                 step = beam_step(self.beam, log_probs, self.history, generated,
-                                 self.beam_params, engine.stop_rules)
+                                 self.beam_params, engine.stop_rules, alignment)
                 self.beam, self.tokens, self.origin = step.state, step.tokens, step.origin
                 done = step.done
                 self.k = self.beams
                 self.history = np.concatenate([self.history[self.origin],
                                                self.tokens[:, None]], axis=1)
+                self.alignment = alignment[self.origin]
             else:
                 if self.sampler is not None and self.sampler.any:
                     self.tokens = self.sampler.choose(log_probs, generated)
@@ -277,6 +278,7 @@ class _Batch:
                 self.scores += log_probs[np.arange(sources), self.tokens]
                 self.origin = np.arange(sources, dtype=np.int64)  # each row continues itself
                 self.history = np.concatenate([self.history, self.tokens[:, None]], axis=1)
+                self.alignment = alignment
                 done = stops(engine.stop_rules, self.tokens, generated + 1, self.max_new)
                 for row in np.flatnonzero(self.streaming):
                     self.stream[self.alive[row]](int(self.tokens[row]))  # type: ignore[misc]
@@ -299,7 +301,7 @@ class _Batch:
         # The next step's beam_origin no longer names the dropped rows, so the graph's
         # gather leaves them out of the cache: nothing to copy here.
         self.tokens, self.origin = self.tokens[rows], self.origin[rows]
-        self.history = self.history[rows]
+        self.history, self.alignment = self.history[rows], self.alignment[rows]
         if self.beam is None:
             self.scores = self.scores[rows]
         if self.sampler is not None:
@@ -316,15 +318,20 @@ class _Batch:
         eos = self.engine.eos_id
         if self.beam is not None:
             found = self.beam.nbest(src, opts.num_hypotheses)
+            alignments = self.beam.nbest_alignments(src, opts.num_hypotheses)
         else:
             found = [(self.history[src, 1:], float(self.scores[src]))]
+            alignments = [self.alignment[src]]
         hyps = []
-        for tokens, score in found:
+        for (tokens, score), alignment in zip(found, alignments, strict=True):
             ended = tokens.size > 0 and tokens[-1] == eos
+            kept = tokens.size - 1 if ended else tokens.size  # EOS is not an output token
             hyps.append(Hypothesis(
-                token_ids=[int(t) for t in (tokens[:-1] if ended else tokens)],
+                token_ids=[int(t) for t in tokens[:kept]],
                 score=score if opts.return_scores else None,
-                finish_reason="eos" if ended else "length"))
+                finish_reason="eos" if ended else "length",
+                alignment=[int(a) for a in alignment[:kept]] if opts.return_alignment
+                else None))
         self.results[index] = Result(hyps)
 
 

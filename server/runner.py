@@ -166,6 +166,7 @@ class Runner:
         types = {i.name: i.type for i in self.decoder.get_inputs()}
         self.cache_dtype = _NP_TYPES[types["self_k.0"]]
         self.output_names = [o.name for o in self.decoder.get_outputs()]
+        self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
         self.encoder_outputs = [o.name for o in self.encoder.get_outputs()]
         self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
         self.warmup_seconds = 0.0
@@ -199,7 +200,8 @@ class Runner:
         origin = np.zeros(1, dtype=np.int64)
         for step in range(2):
             tokens = np.full(1, cfg["decoder_start_id"], dtype=np.int64)
-            _, cache = self.step(tokens, np.full(1, step, dtype=np.int64), origin, cache, enc)
+            _, cache, _ = self.step(tokens, np.full(1, step, dtype=np.int64), origin, cache,
+                                    enc)
         return time.perf_counter() - start
 
     # -- tensors -----------------------------------------------------------------------
@@ -229,13 +231,16 @@ class Runner:
                             mask.sum(axis=1).astype(np.int64))
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, beam_origin: np.ndarray,
-             cache: DecoderCache, enc: EncoderState) -> tuple[np.ndarray, DecoderCache]:
+             cache: DecoderCache, enc: EncoderState
+             ) -> tuple[np.ndarray, DecoderCache, np.ndarray]:
         """One decoder step for N = len(tokens) rows (a multiple of enc.sources).
 
         beam_origin (N,) picks, for each new row, the cache row it continues, so
         reordering beams and dropping finished rows happen inside the graph.
-        Returns log_probs (N, V) float32 in a buffer this runner reuses: valid
-        until the next call, and free for the caller to modify in place.
+        Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
+        until the next call, and free for the caller to modify in place), the new
+        cache, and alignment (N,) int64 on the host: per row, the source position
+        the last layer's cross-attention weighed most for this step's token.
         """
         rows = int(tokens.shape[0])
         size = rows * self.vocab_size
@@ -255,11 +260,13 @@ class Runner:
         # Written straight into our host buffer: no per-step allocation or extra copy.
         binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
                             log_probs.ctypes.data)
-        for name in self.output_names[1:]:  # new_self_k.*, new_self_v.*
+        for name in self.cache_outputs:  # new_self_k.*, new_self_v.*
             binding.bind_output(name, self.device, self.device_id)
+        binding.bind_output("alignment", "cpu")
         self.decoder.run_with_iobinding(binding)
-        new_cache = tuple(binding.get_outputs()[1:])
-        return log_probs, DecoderCache(new_cache[:self.layers], new_cache[self.layers:])
+        _, *new_cache, alignment = binding.get_outputs()  # in binding order
+        return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
+                                        tuple(new_cache[self.layers:])), alignment.numpy())
 
     def select_sources(self, enc: EncoderState, keep: np.ndarray) -> EncoderState:
         """The encoder state of the kept sources (indices into enc), source axis

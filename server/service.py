@@ -9,6 +9,7 @@ interceptor in errors.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -294,6 +295,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 h.text = reassemble(segmented, [h.text])
             return pb.Translation(hypotheses=hyps)
         count = max(len(n) for n in nbests)
+        # Alignment positions count through the pieces' source token ids in order.
+        offsets = list(itertools.accumulate([len(p.source_ids) for p in pieces[:-1]], initial=0))
         out = []
         for i in range(count):
             chosen = [n[min(i, len(n) - 1)] for n in nbests]
@@ -301,7 +304,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             ids = [t for h in chosen for t in h.token_ids]
             scores = [h.score for h in chosen]
             score = None if None in scores else sum(scores)
-            out.append(convert.hypothesis_to_pb(text, score, ids, None, options))
+            alignment = [a + offset for h, offset in zip(chosen, offsets, strict=True)
+                         for a in (h.alignment or [])]
+            out.append(convert.hypothesis_to_pb(text, score, ids, alignment, options))
         return pb.Translation(hypotheses=out)
 
     def _stream_text(self, handle: Any, segmented: Any, pieces: list[Piece],

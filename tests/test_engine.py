@@ -200,10 +200,36 @@ def test_streaming_callback_sees_every_token(engine: Engine, sources: list[list[
     assert seen == result.token_ids + ([engine.eos_id] if result.finish_reason == "eos" else [])
 
 
+@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 4, "num_hypotheses": 3}],
+                         ids=["greedy", "beam4_nbest3"])
+def test_alignment_is_hf_last_layer_cross_attention_argmax(
+        engine: Engine, marian_dir: Path, sources: list[list[int]],
+        options: dict[str, int]) -> None:
+    """Each output token's alignment is the source position that Hugging Face's last
+    decoder layer's cross-attention, averaged over heads, weighs most when the model
+    is teacher-forced on that hypothesis (the step that produced the token)."""
+    model = transformers.MarianMTModel.from_pretrained(marian_dir,
+                                                       attn_implementation="eager").eval()
+    results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, return_alignment=True,
+                                                       **options))
+    checked = 0
+    for source, result in zip(sources, results, strict=True):
+        assert len(result) == options.get("num_hypotheses", 1)
+        for hyp in result:
+            assert hyp.alignment is not None and len(hyp.alignment) == len(hyp.token_ids)
+            decoder_ids = torch.tensor([[model.config.decoder_start_token_id, *hyp.token_ids]])
+            with torch.no_grad():
+                out = model(input_ids=torch.tensor([source]), decoder_input_ids=decoder_ids,
+                            output_attentions=True)
+            weights = out.cross_attentions[-1][0].mean(dim=0)  # (H, T+1, S) -> (T+1, S)
+            assert hyp.alignment == weights[:-1].argmax(dim=-1).tolist()
+            checked += len(hyp.token_ids)
+    assert checked > 50
+    plain = engine.generate(sources[:1], DecodingOptions(max_length=MAX_NEW, **options))
+    assert plain[0][0].alignment is None and plain[0][0].token_ids == results[0][0].token_ids
+
+
 def test_options_errors_reach_the_caller(engine: Engine, sources: list[list[int]]) -> None:
-    with pytest.raises(InvalidOptions, match="return_alignment is not available") as err:
-        engine.generate(sources, DecodingOptions(return_alignment=True))
-    assert err.value.field == "return_alignment"
     with pytest.raises(InvalidOptions, match="beam_size must be in"):
         engine.generate(sources, DecodingOptions(beam_size=0))
     with pytest.raises(InvalidOptions, match="source 1 is empty"):

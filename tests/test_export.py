@@ -156,6 +156,7 @@ def test_package_manifest_and_hashes(marian_package: Path) -> None:
                                       "target.spm", "vocab.json"}
     assert manifest["graphs"]["decoder"]["inputs"][0]["name"] == "tokens"
     assert manifest["exporter"]["fp32_deviation"]["greedy_equal"] is True
+    assert manifest["exporter"]["fp32_deviation"]["alignment_equal"] is True
     assert manifest["special_tokens"]["suppress"] == [manifest["config"]["pad_id"]]
 
 

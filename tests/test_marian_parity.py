@@ -86,7 +86,7 @@ def assert_parity(hf: transformers.MarianMTModel, path: Path) -> dict[str, float
     rows = torch.arange(3)
     step_diff = 0.0
     for t in range(tgt.shape[1]):
-        log_probs, self_k, self_v = ours.decode_step(tgt[:, t], torch.full((3,), t), self_k,
+        log_probs, self_k, self_v, _ = ours.decode_step(tgt[:, t], torch.full((3,), t), self_k,
                                                      self_v, cross_k, cross_v, mask, rows)
         step_diff = max(step_diff, max_diff(log_probs, hf_log_probs[:, t]))
     diffs["decode_step"] = step_diff

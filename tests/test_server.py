@@ -163,6 +163,24 @@ def test_long_text_is_segmented_and_whitespace_kept(client: Seq2ServeClient) -> 
     assert whole.text == f"  {parts[0]} {parts[1]}\n\n{parts[2]}\n"
 
 
+def test_alignment_and_token_ids_on_request(client: Seq2ServeClient, hf) -> None:  # noqa: ANN001
+    tok = hf[1]
+    sources = [len(tok(t)["input_ids"]) for t in CORPUS[:2]]  # source tokens, EOS included
+    # One sentence, then two that the server segments and translates as two pieces.
+    [[one]], [[two]] = (client.translate([t], beam_size=2, max_length=20, return_alignment=True,
+                                         return_token_ids=True)
+                        for t in (CORPUS[0], f"{CORPUS[0]} {CORPUS[1]}"))
+    assert one.token_ids and len(one.alignment) == len(one.token_ids)
+    assert all(0 <= a < sources[0] for a in one.alignment)
+    # The second piece's positions continue after the first piece's source tokens.
+    assert len(two.alignment) == len(two.token_ids)
+    assert two.alignment[: len(one.alignment)] == one.alignment
+    second = two.alignment[len(one.alignment):]
+    assert second and all(sources[0] <= a < sum(sources) for a in second)
+    [[plain]] = client.translate([CORPUS[0]], beam_size=2, max_length=20)
+    assert plain.alignment is None and plain.text == one.text
+
+
 def test_empty_text_gets_empty_translation(client: Seq2ServeClient) -> None:
     [[hyp]] = client.translate([""])
     assert hyp.text == ""
@@ -196,7 +214,6 @@ BAD = [
     (dict(options=dict(beam_size=1, sampling_temperature=1.0, sampling_top_p=0.0)),
      "sampling_top_p must be in (0, 1], got 0"),
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
-    (dict(options=dict(return_alignment=True)), "return_alignment"),
     (dict(options=dict(max_length=65)), "max_length must be in [1, 64], got 65"),
     (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
     (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),

@@ -56,7 +56,7 @@ def stepwise(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, tgt: Tensor) 
     out = []
     for step in range(t):
         positions = torch.full((b,), step)
-        log_probs, self_k, self_v = model.decode_step(tgt[:, step], positions, self_k, self_v,
+        log_probs, self_k, self_v, _ = model.decode_step(tgt[:, step], positions, self_k, self_v,
                                                       cross_k, cross_v, mask, rows)
         out.append(log_probs)
     return torch.stack(out, dim=1)
@@ -91,9 +91,11 @@ def test_shapes() -> None:
     assert len(self_k) == len(self_v) == cfg.decoder_layers
     assert all(kv.shape == (n, cfg.decoder_heads, 0, dh) for kv in [*self_k, *self_v])
     tokens = torch.full((n,), START)
-    log_probs, new_k, new_v = model.decode_step(tokens, torch.zeros(n, dtype=torch.long), self_k,
-                                                self_v, cross_k, cross_v, mask, torch.arange(n))
+    log_probs, new_k, new_v, alignment = model.decode_step(
+        tokens, torch.zeros(n, dtype=torch.long), self_k, self_v, cross_k, cross_v, mask,
+        torch.arange(n))
     assert log_probs.shape == (n, cfg.tgt_vocab_size)
+    assert alignment.shape == (n,) and alignment.dtype == torch.int64
     assert len(new_k) == len(new_v) == cfg.decoder_layers
     assert all(kv.shape == (n, cfg.decoder_heads, 1, dh) for kv in [*new_k, *new_v])
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(n))
@@ -162,15 +164,15 @@ def test_beam_origin_reorders_the_cache() -> None:
     self_k, self_v = model.empty_cache(b * k)
     rows = torch.arange(b * k)
     for step in range(t):
-        _, self_k, self_v = model.decode_step(prefixes[:, step], torch.full((b * k,), step),
-                                              self_k, self_v, cross_k, cross_v, mask, rows)
+        _, self_k, self_v, _ = model.decode_step(prefixes[:, step], torch.full((b * k,), step),
+                                                 self_k, self_v, cross_k, cross_v, mask, rows)
     # Beam search keeps hypotheses within their source's group, possibly duplicated.
     origin = torch.tensor([2, 2, 0, 4, 5, 3])
     nxt = torch.randint(4, cfg.tgt_vocab_size, (b * k,), generator=g)
     positions = torch.full((b * k,), t)
-    log_probs, new_k, _ = model.decode_step(nxt, positions, self_k, self_v, cross_k, cross_v,
-                                            mask, origin)
-    by_hand, hand_k, _ = model.decode_step(nxt, positions, [k_[origin] for k_ in self_k],
+    log_probs, new_k, _, _ = model.decode_step(nxt, positions, self_k, self_v, cross_k,
+                                               cross_v, mask, origin)
+    by_hand, hand_k, _, _ = model.decode_step(nxt, positions, [k_[origin] for k_ in self_k],
                                            [v[origin] for v in self_v], cross_k, cross_v, mask,
                                            rows)
     torch.testing.assert_close(log_probs, by_hand, rtol=0, atol=0)
