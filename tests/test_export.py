@@ -14,7 +14,7 @@ import torch
 import transformers
 from conftest import CORPUS, make_marian_dir
 
-from seq2serve.export.exporter import export
+from seq2serve.export.exporter import ExportError, export
 from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
@@ -234,3 +234,28 @@ def test_export_leaves_autograd_as_it_found_it(marian_dir: Path, tmp_path: Path)
     assert torch.is_grad_enabled()
     export(marian_dir, tmp_path / "pkg", progress=False)
     assert torch.is_grad_enabled()
+
+
+def test_failed_verification_leaves_nothing_behind(marian_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder graph that disagrees with PyTorch (one weight nudged after tracing,
+    as a broken exporter would) fails the export loudly; no package, no temp dir."""
+    from seq2serve.export import onnx_graphs
+
+    real_export = onnx_graphs.export_graphs
+
+    def export_with_a_wrong_weight(model, out_dir: Path, opset: int = 17) -> None:  # noqa: ANN001
+        real_export(model, out_dir, opset)
+        graph_file = out_dir / "decoder.onnx"
+        proto = onnx.load(str(graph_file))
+        weight = max(proto.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+        values = onnx.numpy_helper.to_array(weight) + np.float32(0.05)
+        weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+        onnx.save(proto, str(graph_file))
+
+    monkeypatch.setattr(onnx_graphs, "export_graphs", export_with_a_wrong_weight)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="verification failed") as err:
+        export(marian_dir, out, progress=False)
+    assert "log-prob deviation" in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # neither the package nor the .out.* work dir

@@ -223,7 +223,7 @@ BAD = [
 @pytest.mark.parametrize(("fields", "message"), BAD)
 def test_bad_input_is_invalid_argument(server: RunningServer, fields: dict,
                                        message: str) -> None:
-    options = pb.DecodingOptions(**fields.pop("options", {}))
+    options = pb.DecodingOptions(**fields.get("options", {}))
     request = pb.TranslateRequest(model="opus-mt-en-de", texts=fields.get("texts", ["Hello"]),
                                   options=options)
     with grpc.insecure_channel(server.target) as channel:
@@ -234,6 +234,22 @@ def test_bad_input_is_invalid_argument(server: RunningServer, fields: dict,
         assert message in err.value.details()
         # the server is still up and answering
         assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+
+
+OPTION_ERRORS = [(fields["options"], message) for fields, message in BAD if "options" in fields]
+
+
+@pytest.mark.parametrize(("options", "message"), OPTION_ERRORS)
+def test_bad_options_on_stream_are_invalid_argument(server: RunningServer, options: dict,
+                                                    message: str) -> None:
+    request = pb.TranslateRequest(model="opus-mt-en-de", texts=["Hello"],
+                                  options=pb.DecodingOptions(**options))
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.TranslateStream(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
 
 
 def test_unknown_model_is_not_found_listing_models(server: RunningServer) -> None:
@@ -437,6 +453,27 @@ def test_summarize_refuses_or_truncates_long_input(multi_server: RunningServer) 
         [cut, empty, short] = c.summarize([long, "", "Open it."], truncate=True, beam_size=1)
         assert cut.truncated and not short.truncated
         assert cut.hypotheses[0].text and empty.hypotheses[0].text == ""
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(texts=[]), "texts must hold at least one text"),
+    (dict(options=dict(beam_size=0)), "beam_size must be in [1, 16], got 0"),
+    (dict(options=dict(beam_size=2, num_hypotheses=3)), "num_hypotheses must be <= beam_size"),
+    (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
+    (dict(texts=["a"] * 65), "at most 64 texts per request, got 65"),  # the default cap
+    (dict(texts=["a" * 10_001]), "texts[0] must be at most 10000 characters, got 10001"),
+])
+def test_bad_summarize_input_is_invalid_argument(multi_server: RunningServer, fields: dict,
+                                                 message: str) -> None:
+    request = pb.SummarizeRequest(model="tiny-summarize", texts=fields.get("texts", ["Hello"]),
+                                  options=pb.DecodingOptions(**fields.get("options", {})))
+    with grpc.insecure_channel(multi_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Summarize(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in err.value.details()
+        assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
 
 
 def test_queue_full_is_resource_exhausted(marian_package: Path, tmp_path: Path) -> None:
