@@ -10,7 +10,11 @@ Workloads:
   the package's length limit); its records are named `seq2serve@<model>`.
 
 Each (system, decoding, batch) is warmed up, then timed `--repeats` times; the
-median wall time counts. Systems run one after another, each alone in memory.
+median wall time counts. All systems of a workload are loaded at once and the
+timed repeats go round-robin over them (system A, B, C, A, B, C, ...), so a
+drift of the machine's speed during the run touches every system alike and the
+ratios between them hold; measuring one system after the other, the same
+ratio moved by up to 40% between runs on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -100,45 +104,69 @@ def _timed(system: System, prepared: object, beam: int, new_tokens: int | None,
     return seconds, sum(len(t) for t in tokens)
 
 
+# Before each timed pass: the previous system's idle worker threads (ONNX Runtime,
+# OpenMP) spin for a while after a call; let them settle so they take no CPU.
+SETTLE_SECONDS = 0.3
+
+
 def measure(system: System, batches: Sequence[Sequence[Sequence[int]]], beam: int,
             new_tokens: int | None, repeats: int, warmup: int, what: str) -> tuple[float, int]:
     """Median seconds and the tokens generated for one pass over `batches`."""
-    prepared = [system.prepare(b) for b in batches]
-    for _ in range(warmup):
-        _timed(system, prepared[0], beam, new_tokens, new_tokens, what)
-    times, counts = [], set()
+    return measure_round_robin([system], batches, beam, new_tokens, repeats, warmup,
+                               [what])[0]
+
+
+def measure_round_robin(systems: Sequence[System], batches: Sequence[Sequence[Sequence[int]]],
+                        beam: int, new_tokens: int | None, repeats: int, warmup: int,
+                        whats: Sequence[str]) -> list[tuple[float, int]]:
+    """Per system, the median seconds and the tokens generated for one pass over
+    `batches`; repeat r of every system runs before repeat r + 1 of any."""
+    prepared = [[system.prepare(b) for b in batches] for system in systems]
+    for system, parts, what in zip(systems, prepared, whats, strict=True):
+        for _ in range(warmup):
+            _timed(system, parts[0], beam, new_tokens, new_tokens, what)
+    times: list[list[float]] = [[] for _ in systems]
+    counts: list[set[int]] = [set() for _ in systems]
     for _ in range(repeats):
-        total_seconds, total_tokens = 0.0, 0
-        for p in prepared:
-            seconds, tokens = _timed(system, p, beam, new_tokens, new_tokens, what)
-            total_seconds += seconds
-            total_tokens += tokens
-        times.append(total_seconds)
-        counts.add(total_tokens)
-    if len(counts) != 1:  # decoding is deterministic: a change means a bug, not noise
-        raise BenchError(f"{what}: token counts differ between repeats: {sorted(counts)}")
-    return statistics.median(times), counts.pop()
+        for i, (system, parts, what) in enumerate(zip(systems, prepared, whats, strict=True)):
+            if len(systems) > 1:
+                time.sleep(SETTLE_SECONDS)
+            total_seconds, total_tokens = 0.0, 0
+            for part in parts:
+                seconds, tokens = _timed(system, part, beam, new_tokens, new_tokens, what)
+                total_seconds += seconds
+                total_tokens += tokens
+            times[i].append(total_seconds)
+            counts[i].add(total_tokens)
+    for what, seen in zip(whats, counts, strict=True):
+        if len(seen) != 1:  # decoding is deterministic: a change means a bug, not noise
+            raise BenchError(f"{what}: token counts differ between repeats: {sorted(seen)}")
+    return [(statistics.median(t), c.pop()) for t, c in zip(times, counts, strict=True)]
 
 
-def run_system(system: System, workload: str, settings: list[tuple[str, int]],
-               batches_for: dict[int, list[list[list[int]]]], new_tokens: int | None,
-               repeats: int, warmup: int) -> list[Record]:
-    start = time.perf_counter()
-    system.load()
-    _log(f"{system.label}: loaded in {time.perf_counter() - start:.1f} s")
+def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[str, int]],
+                batches_for: dict[int, list[list[list[int]]]], new_tokens: int | None,
+                repeats: int, warmup: int) -> list[Record]:
     records = []
     try:
+        for system in systems:
+            start = time.perf_counter()
+            system.load()
+            _log(f"{system.label}: loaded in {time.perf_counter() - start:.1f} s")
         for decoding, batch_size in settings:
-            what = f"{system.label} {decoding} batch {batch_size}"
-            seconds, tokens = measure(system, batches_for[batch_size], beam_width(decoding),
-                                      new_tokens, repeats, warmup, what)
-            record = Record(workload, system.name, system.precision, decoding, batch_size,
-                            tokens / seconds, tokens, seconds)
-            _log(f"  {what}: {record.tokens_per_second:.1f} tokens/s "
-                 f"({tokens} tokens, median {seconds:.3f} s)")
-            records.append(record)
+            whats = [f"{system.label} {decoding} batch {batch_size}" for system in systems]
+            results = measure_round_robin(systems, batches_for[batch_size],
+                                          beam_width(decoding), new_tokens, repeats, warmup,
+                                          whats)
+            for system, what, (seconds, tokens) in zip(systems, whats, results, strict=True):
+                record = Record(workload, system.name, system.precision, decoding, batch_size,
+                                tokens / seconds, tokens, seconds)
+                _log(f"  {what}: {record.tokens_per_second:.1f} tokens/s "
+                     f"({tokens} tokens, median {seconds:.3f} s)")
+                records.append(record)
     finally:
-        system.close()
+        for system in systems:
+            system.close()
     return records
 
 
@@ -285,18 +313,18 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         settings = [(d, b) for d in args.decodings for b in args.batch_sizes]
         workload = (f"{shape.name} shape, random weights: {args.source_length} source tokens, "
                     f"{args.new_tokens} new tokens per source")
+        systems: list[System] = []
         for name in args.systems:
-            system: System
             if name.startswith("seq2serve-"):
-                system = Seq2Serve(models.packages[name.split("-")[1]], threads)
+                systems.append(Seq2Serve(models.packages[name.split("-")[1]], threads))
             elif name == "transformers":
-                system = Transformers(models.marian, threads)
+                systems.append(Transformers(models.marian, threads))
             else:
                 assert models.ctranslate2 is not None
-                system = CTranslate2(models.ctranslate2, models.marian, name.split("-")[1],
-                                     threads)
-            records += run_system(system, workload, settings, batches_for, args.new_tokens,
-                                  args.repeats, args.warmup)
+                systems.append(CTranslate2(models.ctranslate2, models.marian,
+                                           name.split("-")[1], threads))
+        records += run_systems(systems, workload, settings, batches_for, args.new_tokens,
+                               args.repeats, args.warmup)
         records += _package_runs(args, threads, settings)
     finally:
         if args.work is None:
@@ -322,8 +350,8 @@ def _package_runs(args: argparse.Namespace, threads: int,
         workload = (f"{package.manifest.name} package, {len(ids)} sentences of "
                     f"{args.data}, natural length")
         system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}")
-        records += run_system(system, workload, settings, batches_for, None, args.repeats,
-                              args.warmup)
+        records += run_systems([system], workload, settings, batches_for, None, args.repeats,
+                               args.warmup)
     return records
 
 

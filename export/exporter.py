@@ -203,7 +203,10 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                        "append_eos": True},
             generation=source.generation,
             precision=precision,
-            max_source_length=cfg.max_positions,
+            # Longer inputs were never seen in training: summarization refuses them
+            # (or truncates on request), translation splits them into sentences.
+            max_source_length=min(cfg.max_positions,
+                                  source.trained_source_length or cfg.max_positions),
             graphs={
                 "encoder": {"file": ENCODER_FILE, "opset": opset,
                             "inputs": _with_dtypes(ENCODER_INPUTS, dtypes),

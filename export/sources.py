@@ -46,6 +46,9 @@ class Source:
     vocab: dict[str, int]
     generation: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict)
+    # The longest source (tokens, EOS included) the model was trained on, where
+    # known; the package's max_source_length is no more than this.
+    trained_source_length: int | None = None
 
     def tokenizer(self, vocab_file: Path) -> PackageTokenizer:
         cfg = self.model.cfg
@@ -103,6 +106,7 @@ def load_seq2serve(path: Path) -> Source:
         generation=default_generation(model.cfg.max_positions),
         origin={"format": "seq2serve-checkpoint", "step": meta.get("step"),
                 "valid": meta.get("valid")},
+        trained_source_length=meta.get("train_args", {}).get("max_src_len"),
     )
 
 

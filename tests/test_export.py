@@ -92,11 +92,14 @@ def test_seq2serve_checkpoint_round_trip(tmp_path: Path) -> None:
                       encoder_ffn_dim=64, decoder_ffn_dim=64, max_positions=64, pre_norm=True)
     model = Seq2SeqTransformer(cfg).eval()
     ckpt = save_checkpoint(tmp_path / "ckpt", model, tmp_path / "tok.model",
-                           meta={"task": "translate", "src_lang": "en", "tgt_lang": "de"})
+                           meta={"task": "translate", "src_lang": "en", "tgt_lang": "de",
+                                 "train_args": {"max_src_len": 40}})
     report = export(ckpt, tmp_path / "pkg", name="tiny-en-de", progress=False)
     manifest = load_package(report.package).manifest
     assert (manifest.name, manifest.source_language, manifest.target_language) == (
         "tiny-en-de", "en", "de")
+    # The input limit is what training saw (40 tokens), not the 64 positions.
+    assert manifest.max_source_length == 40
     tokens, _ = package_greedy(report.package, CORPUS[:4])
     src = [tok.encode(t) for t in CORPUS[:4]]
     width = max(map(len, src))
