@@ -552,3 +552,17 @@ def test_health_is_not_serving_while_models_load(models_dir: Path,
         asyncio.run_coroutine_threadsafe(server.stop(1), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_reflection_describes_the_services(server: RunningServer) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(server.target) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = set(database.get_services())
+        translator = database.FindFileContainingSymbol("seq2serve.v1.Translator")
+    assert {"seq2serve.v1.Translator", "grpc.health.v1.Health"} <= services
+    methods = {m.name for s in translator.service for m in s.method}
+    assert {"Translate", "TranslateStream", "Summarize", "ListModels"} <= methods
