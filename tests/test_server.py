@@ -220,20 +220,24 @@ BAD = [
 ]
 
 
+def assert_invalid_argument(target: str, method: str, request: object, message: str) -> None:
+    """The call fails with INVALID_ARGUMENT naming the problem; the server stays up."""
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            list(getattr(stub, method)(request, timeout=30))  # list(): streams run too
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in err.value.details()
+        assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+
+
 @pytest.mark.parametrize(("fields", "message"), BAD)
 def test_bad_input_is_invalid_argument(server: RunningServer, fields: dict,
                                        message: str) -> None:
     options = pb.DecodingOptions(**fields.get("options", {}))
     request = pb.TranslateRequest(model="opus-mt-en-de", texts=fields.get("texts", ["Hello"]),
                                   options=options)
-    with grpc.insecure_channel(server.target) as channel:
-        stub = pb_grpc.TranslatorStub(channel)
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Translate(request, timeout=30)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert message in err.value.details()
-        # the server is still up and answering
-        assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+    assert_invalid_argument(server.target, "Translate", request, message)
 
 
 OPTION_ERRORS = [(fields["options"], message) for fields, message in BAD if "options" in fields]
@@ -244,12 +248,7 @@ def test_bad_options_on_stream_are_invalid_argument(server: RunningServer, optio
                                                     message: str) -> None:
     request = pb.TranslateRequest(model="opus-mt-en-de", texts=["Hello"],
                                   options=pb.DecodingOptions(**options))
-    with grpc.insecure_channel(server.target) as channel:
-        stub = pb_grpc.TranslatorStub(channel)
-        with pytest.raises(grpc.RpcError) as err:
-            list(stub.TranslateStream(request, timeout=30))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert message in err.value.details()
+    assert_invalid_argument(server.target, "TranslateStream", request, message)
 
 
 def test_unknown_model_is_not_found_listing_models(server: RunningServer) -> None:
@@ -467,13 +466,7 @@ def test_bad_summarize_input_is_invalid_argument(multi_server: RunningServer, fi
                                                  message: str) -> None:
     request = pb.SummarizeRequest(model="tiny-summarize", texts=fields.get("texts", ["Hello"]),
                                   options=pb.DecodingOptions(**fields.get("options", {})))
-    with grpc.insecure_channel(multi_server.target) as channel:
-        stub = pb_grpc.TranslatorStub(channel)
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Summarize(request, timeout=30)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert message in err.value.details()
-        assert stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+    assert_invalid_argument(multi_server.target, "Summarize", request, message)
 
 
 def test_queue_full_is_resource_exhausted(marian_package: Path, tmp_path: Path) -> None:
