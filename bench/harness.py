@@ -337,20 +337,25 @@ def _package_runs(args: argparse.Namespace, threads: int,
     from seq2serve.export.package import load_package
     from seq2serve.server.models import package_tokenizer
 
-    records: list[Record] = []
+    # Packages that see the same token ids (one model in several precisions) are
+    # timed round-robin together, like the peers on the OPUS-MT shape.
+    groups: dict[tuple[str, str], tuple[list[list[int]], list[System]]] = {}
+    sentences = read_sentences(args.data, args.sentences) if args.package else []
     for path in args.package:
         package = load_package(path)
         tokenizer = package_tokenizer(package)
-        sentences = read_sentences(args.data, args.sentences)
         limit = package.manifest.max_source_length
         ids = [tokenizer.encode(s) for s in sentences]  # EOS appended
         ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
+        key = (package.manifest.name, json.dumps(ids))
+        system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}")
+        groups.setdefault(key, (ids, []))[1].append(system)
+    records: list[Record] = []
+    for (name, _), (ids, systems) in groups.items():
         batches_for = {b: [ids[i: i + b] for i in range(0, len(ids), b)]
                        for b in args.batch_sizes}
-        workload = (f"{package.manifest.name} package, {len(ids)} sentences of "
-                    f"{args.data}, natural length")
-        system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}")
-        records += run_systems([system], workload, settings, batches_for, None, args.repeats,
+        workload = f"{name} package, {len(ids)} sentences of {args.data}, natural length"
+        records += run_systems(systems, workload, settings, batches_for, None, args.repeats,
                                args.warmup)
     return records
 
