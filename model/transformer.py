@@ -110,10 +110,10 @@ class MultiHeadAttention(nn.Module):
 
     def attend_with_probs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
                           ) -> tuple[Tensor, Tensor]:
-        """`attend`, also returning the weights averaged over heads (B, Tq, Tk)."""
+        """`attend`, also returning the attention weights (B, H, Tq, Tk)."""
         out, probs = attention_with_probs(q, k, v, mask,
                                           self.dropout if self.training else None)
-        return self.out_proj(self.merge_heads(out)), probs.mean(dim=1)
+        return self.out_proj(self.merge_heads(out)), probs
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """x (B, Tq, D); k, v (B, H, Tk, Dh) already projected."""
@@ -182,7 +182,7 @@ class DecoderLayer(nn.Module):
         """x (N, T, D). past_k/v (N, H, Tp, Dh) or None. cross_k/v (B, H, S, Dh) with
         N = B*K: the K hypotheses of a source share one copy of its cross K/V.
         Returns x, the self-attention keys/values including this call's positions,
-        and the cross-attention weights averaged over heads (N, T, S)."""
+        and the cross-attention weights (B, H, K*T, S), queries grouped by source."""
         new_kv: list[Tensor] = []
         cross_weights: list[Tensor] = []
 
@@ -201,7 +201,7 @@ class DecoderLayer(nn.Module):
             grouped = h.reshape(b, (n // b) * t, d)  # (B, K*T, D)
             q = self.cross_attn.split_heads(self.cross_attn.q_proj(grouped))  # (B, H, K*T, Dh)
             out, weights = self.cross_attn.attend_with_probs(q, cross_k, cross_v, cross_mask)
-            cross_weights.append(weights.reshape(n, t, -1))  # (B, K*T, S) -> (N, T, S)
+            cross_weights.append(weights)
             return out.reshape(n, t, d)
 
         x = self.self_block(x, self_attention)
@@ -326,7 +326,9 @@ class Seq2SeqTransformer(nn.Module):
         logits = self.logits(x[:, 0])  # (N, V)
         if logits.dtype != torch.float32:  # traced as a Cast: only where it converts
             logits = logits.float()
-        alignment = cross_weights[:, 0].argmax(dim=-1)  # (N, S) -> (N,)
+        # Only the last layer's weights: averaged over heads, (B, H, K, S) -> (N, S).
+        averaged = cross_weights.mean(dim=1).reshape(tokens.shape[0], -1)
+        alignment = averaged.argmax(dim=-1)  # (N,)
         return logits.log_softmax(dim=-1), new_k, new_v, alignment
 
     def empty_cache(self, rows: int, device: torch.device | None = None,

@@ -167,6 +167,9 @@ class Runner:
         self.cache_dtype = _NP_TYPES[types["self_k.0"]]
         self.output_names = [o.name for o in self.decoder.get_outputs()]
         self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
+        # Per layer: the (self_k, self_v, cross_k, cross_v) input names, built once.
+        self._layer_inputs = [(f"self_k.{i}", f"self_v.{i}", f"cross_k.{i}", f"cross_v.{i}")
+                              for i in range(self.layers)]
         self.encoder_outputs = [o.name for o in self.encoder.get_outputs()]
         self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
         self.warmup_seconds = 0.0
@@ -250,11 +253,11 @@ class Runner:
         binding = self.decoder.io_binding()
         binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        for i in range(self.layers):
-            binding.bind_ortvalue_input(f"self_k.{i}", cache.self_k[i])
-            binding.bind_ortvalue_input(f"self_v.{i}", cache.self_v[i])
-            binding.bind_ortvalue_input(f"cross_k.{i}", enc.cross_k[i])
-            binding.bind_ortvalue_input(f"cross_v.{i}", enc.cross_v[i])
+        for i, (sk, sv, ck, cv) in enumerate(self._layer_inputs):
+            binding.bind_ortvalue_input(sk, cache.self_k[i])
+            binding.bind_ortvalue_input(sv, cache.self_v[i])
+            binding.bind_ortvalue_input(ck, enc.cross_k[i])
+            binding.bind_ortvalue_input(cv, enc.cross_v[i])
         binding.bind_ortvalue_input("src_mask", enc.src_mask)
         binding.bind_cpu_input("beam_origin", np.ascontiguousarray(beam_origin, dtype=np.int64))
         # Written straight into our host buffer: no per-step allocation or extra copy.
