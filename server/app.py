@@ -1,9 +1,15 @@
 """`seq2serve serve`: the gRPC server process.
 
 Start-up order: the gRPC port opens first with health NOT_SERVING, models load
-and warm up, then health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING,
-the schedulers stop accepting work, in-flight calls get `grace_period_s` to
-finish, then the process exits 0.
+and warm up, then health turns SERVING.
+
+SIGTERM/SIGINT drains in two phases, the way load balancers need it:
+1. health turns NOT_SERVING for `drain_delay_s` while calls are still accepted
+   and served, so Kubernetes' readiness probe and gRPC-aware balancers stop
+   routing here before anything is refused;
+2. the listener closes (new calls are refused, new connections too) and calls
+   in flight get `grace_period_s` to finish; then the process exits 0.
+A second signal during phase 1 skips the rest of the drain delay.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ class Server:
              reflection.SERVICE_NAME), self.grpc)
         self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
         self.metrics_server = None
-        self._stopping = asyncio.Event()
+        self._signals = 0
+        self._signalled = asyncio.Event()
 
     async def _set_health(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
@@ -80,13 +87,25 @@ class Server:
         await self._set_health(True)
         log.info("SERVING %s", ", ".join(h.name for h in self.registry.handles()))
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain: refuse new work, let in-flight calls finish within the grace period."""
+    async def stop(self, grace: float | None = None, drain_delay: float | None = None) -> None:
+        """Drain: NOT_SERVING but still serving for the drain delay, then close the
+        listener and let in-flight calls finish within the grace period."""
         grace = self.config.grace_period_s if grace is None else grace
-        end = time.monotonic() + grace  # one grace period for the whole drain
+        delay = self.config.drain_delay_s if drain_delay is None else drain_delay
         await self._set_health(False)
-        for handle in self.registry.handles():
-            handle.scheduler.close()
+        if delay > 0:
+            log.info("draining: health NOT_SERVING, still serving for %gs so load balancers "
+                     "stop routing here (signal again to skip)", delay)
+            seen = self._signals
+            try:
+                await asyncio.wait_for(self._next_signal(seen), delay)
+                log.info("signal received again: drain delay skipped")
+            except asyncio.TimeoutError:
+                pass
+        log.info("closing the listener: %d call(s) in flight get up to %gs to finish",
+                 self.metrics.active_requests, grace)
+        end = time.monotonic() + grace  # one grace period for calls and workers together
+        # grpc.aio refuses new calls at once and returns as soon as the last call ends.
         await self.grpc.stop(grace)
         left = max(0.0, end - time.monotonic())
         await asyncio.get_running_loop().run_in_executor(
@@ -95,17 +114,26 @@ class Server:
             self.metrics_server.stop()
         log.info("stopped")
 
+    def _on_signal(self) -> None:
+        self._signals += 1
+        self._signalled.set()
+
+    async def _next_signal(self, seen: int) -> None:
+        """Return once more than `seen` signals have arrived."""
+        while self._signals <= seen:
+            self._signalled.clear()
+            await self._signalled.wait()
+
     async def serve_until_signal(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self._on_signal)
         try:
             await self.start()
         except BaseException:
             await self.grpc.stop(0)
             raise
-        await self._stopping.wait()
-        log.info("signal received: draining (grace %.0fs)", self.config.grace_period_s)
+        await self._next_signal(0)
         await self.stop()
 
 
