@@ -57,19 +57,6 @@ class ExportReport:
         return sum(self.sizes.values())
 
 
-def _quantize_int8(src: Path, dst: Path) -> None:
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # The quantizer logs a pre-processing hint on every call through the root logger.
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
-    # Weights only (dynamic quantization): activations are quantized per call,
-    # which suits CPU inference with no calibration data.
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["MatMul", "Gemm", "Gather"])
-
-
 def _convert_fp16(src: Path, dst: Path) -> None:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -109,6 +96,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     import torch
 
     from .onnx_graphs import export_graphs, tie_output_projection
+    from .quantize import quantize_int8
     from .verify import compare
 
     source_dir, output_dir = Path(source_dir), Path(output_dir)
@@ -166,7 +154,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             if precision == "fp32":
                 shutil.move(fp32_dir / graph, tmp / graph)
             elif precision == "int8":
-                _quantize_int8(fp32_dir / graph, tmp / graph)
+                quantize_int8(fp32_dir / graph, tmp / graph)
             else:
                 _convert_fp16(fp32_dir / graph, tmp / graph)
         deviation = fp32
