@@ -147,7 +147,8 @@ _TAG = re.compile(r"</?([A-Za-z][\w:-]*)(?:\s[^<>]*)?/?>")
 _BREAKING_TAGS = frozenset({"br", "p", "li", "ul", "ol", "div", "tr", "td", "h1", "h2", "h3"})
 _AMP_ACCEL = re.compile(r"(?<!&)&(?=[^\W_])(?![A-Za-z]+;|#\d+;)")
 _UNDERSCORE_ACCEL = re.compile(r"_(?=[^\W_])")
-_KEY_LIKE = re.compile(r"^[\w.-]+(?::[\w.-]*)+$")  # "default:LTR", "calendar:week_start:0"
+# "default:LTR", "calendar:week_start:0", "locate_motion_style": ids, not English
+_KEY_LIKE = re.compile(r"^(?:[\w.-]+(?::[\w.-]*)+|[a-z\d]+(?:_[a-z\d]+)+)$")
 _LETTER = re.compile(r"[^\W\d_]")
 
 

@@ -35,7 +35,7 @@ def mo_bytes(entries: list[tuple[str, str]], charset: str = "UTF-8", nplurals: i
 
 def write_tree(root: Path, package: str, lang: str, domain: str,
                entries: list[tuple[str, str]], **kwargs: object) -> Path:
-    """`root/<package>/usr/share/locale/<lang>/LC_MESSAGES/<domain>.mo`, as dpkg-deb -x leaves it."""
+    """`root/<package>/usr/share/locale/<lang>/LC_MESSAGES/<domain>.mo` (as `dpkg-deb -x`)."""
     folder = root / package / "usr/share/locale" / lang / "LC_MESSAGES"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{domain}.mo"

@@ -128,6 +128,7 @@ def test_strip_markup() -> None:
         ("  -v, --verbose    explain what is done", "  -v, --verbose    erklären",
          "option table"),
         ("default:LTR", "default:LTR", "key, not text"),
+        ("locate_motion_style", "Bewegungsstil suchen", "key, not text"),
         ("%s: %s", "%s : %s", "nothing to translate"),
         ("OK", "OK", "source equals target"),
         ("", "x", "empty side"),
