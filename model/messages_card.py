@@ -58,8 +58,8 @@ This run: {meta.get("packages", 0)} packages, {download_mib:.1f} MiB of .debs,
 {meta.get("seconds", "?")} s. Not taken: {skipped}. `packages.json` lists every
 package taken (name, source, size) and every one excluded, with the reason.
 
-**Held out** ({messages.HELD_OUT_REASON}): no catalog of these binary packages
-is read, in any split: {held}. Also excluded, so that near-copies of the
+**Held out.** No catalog of these binary packages is read, in any split
+({messages.HELD_OUT_REASON}): {held}. Also excluded, so that near-copies of the
 held-out catalogs stay out: other binary packages of the same source packages
 and any catalog of the same text-domain family (digits and separators removed:
 `gtk30` ~ `gtk40`). Excluded as relatives here: {", ".join(related) or "none"}.
