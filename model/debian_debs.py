@@ -90,9 +90,9 @@ def contents_listing(lists: Path) -> Listing:
 
 
 def packages_index(lists: Path) -> dict[str, Deb]:
-    """Package -> Deb from every *_Packages index; the largest version wins
-    ties only through file order (updates and security sort after the base
-    suite's file), which is what apt's candidate usually is."""
+    """Package -> Deb from every *_Packages index. A later file overrides an
+    earlier one (updates and security sort after the base suite), which is
+    usually apt's candidate; sizes only steer the budget, apt reports the real ones."""
     index: dict[str, Deb] = {}
     for path in sorted(p for p in lists.iterdir() if re.search(r"_Packages(\.lz4)?$", p.name)):
         for stanza in _read_lz4_or_plain(path).decode("utf-8", "replace").split("\n\n"):
