@@ -88,7 +88,7 @@ class Server:
             health.HealthServicer()
         limit = config.max_message_bytes
         self.grpc = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            interceptors=[ErrorInterceptor(self.metrics.count_undecodable)],
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
                      # gRPC sets SO_REUSEPORT by default: a second server on the same

@@ -7,7 +7,6 @@ Names follow Prometheus conventions: base units (seconds), `_total` counters.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -25,6 +24,8 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
+
+from .errors import status_of
 
 NAMESPACE = "seq2serve"
 
@@ -126,6 +127,10 @@ class Metrics:
             tracker.bind(model)
         return tracker
 
+    def count_undecodable(self, method: str, error: BaseException) -> None:
+        """A call whose request could not be decoded (its handler never ran)."""
+        self.requests.labels(UNRESOLVED, method.rsplit("/", 1)[-1], status_name(error)).inc()
+
     def render(self) -> bytes:
         """The exposition text, as /metrics serves it."""
         return generate_latest(self.registry)
@@ -214,14 +219,6 @@ class RequestTracker:
 
 
 def status_name(error: BaseException) -> str:
-    """The gRPC status the error interceptor will answer with, by name. Duck-typed
-    (a `code` attribute holding a grpc.StatusCode) so this module needs no grpc."""
-    code = getattr(error, "code", None)
-    name = getattr(code, "name", None)
-    if isinstance(name, str):
-        return name
-    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELLED"
-    if isinstance(error, ValueError):
-        return "INVALID_ARGUMENT"
-    return "INTERNAL"
+    """The gRPC status the error interceptor will answer with, by name (errors.py
+    holds the one table)."""
+    return status_of(error)[0].name

@@ -27,7 +27,7 @@ from seq2serve.export.tokenizer import PackageTokenizer
 
 from .config import ServerConfig
 from .engine import Engine
-from .errors import InvalidArgument, NotFound, Unavailable
+from .errors import InvalidArgument, NotFound, Unavailable, echo
 from .metrics import Metrics
 from .runner import RunnerConfig
 from .scheduler import Scheduler
@@ -182,7 +182,7 @@ class ModelRegistry:
         if name:
             handle = self._handles.get(name)
             if handle is None:
-                raise NotFound(f"model {name!r} is not served; available: "
+                raise NotFound(f"model {echo(name)} is not served; available: "
                                f"{', '.join(sorted(self._handles)) or 'none'}")
             if handle.manifest.task != task:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
@@ -196,8 +196,9 @@ class ModelRegistry:
         served = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
                            f"{h.manifest.target_language})" for h in self._handles.values())
         if not candidates:
-            raise NotFound(f"no {task} model for source_language={source_language!r} "
-                           f"target_language={target_language!r}; available: {served or 'none'}")
+            raise NotFound(f"no {task} model for source_language={echo(source_language)} "
+                           f"target_language={echo(target_language)}; available: "
+                           f"{served or 'none'}")
         raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
                               f"(set model, or source_language and target_language); "
                               f"available: {served}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import re
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from seq2serve.server.app import Server
+from seq2serve.server.config import ServerConfig
 
 
 def free_port() -> int:
@@ -118,3 +122,35 @@ def wait_serving(target: str, proc: ServeProcess, timeout: float = 120,
                 pass
         assert time.monotonic() < end, f"the server did not become SERVING:\n{proc.output}"
         time.sleep(0.2)
+
+
+class RunningServer:
+    """A Server on its own event loop thread, for synchronous test clients."""
+
+    def __init__(self, config: ServerConfig):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server: Server = self.call(self._create(config))
+        self.call(self.server.start())
+        self.target = f"127.0.0.1:{self.server.port}"
+
+    @staticmethod
+    async def _create(config: ServerConfig) -> Server:
+        return Server(config)
+
+    def call(self, coro, timeout: float = 120):  # noqa: ANN001, ANN201
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.call(self.server.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
+    values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
+                  provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0,
+                  drain_delay_s=0.0)
+    values.update(overrides)
+    return ServerConfig(**values)

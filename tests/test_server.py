@@ -17,44 +17,12 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from serving import RunningServer, server_config
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.app import Server
 from seq2serve.server.client import Seq2ServeClient
-from seq2serve.server.config import ServerConfig
-
-
-class RunningServer:
-    """A Server on its own event loop thread, for synchronous test clients."""
-
-    def __init__(self, config: ServerConfig):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server: Server = self.call(self._create(config))
-        self.call(self.server.start())
-        self.target = f"127.0.0.1:{self.server.port}"
-
-    @staticmethod
-    async def _create(config: ServerConfig) -> Server:
-        return Server(config)
-
-    def call(self, coro, timeout: float = 120):  # noqa: ANN001, ANN201
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self, grace: float = 5.0) -> None:
-        self.call(self.server.stop(grace))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
-    values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
-                  provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0,
-                  drain_delay_s=0.0)
-    values.update(overrides)
-    return ServerConfig(**values)
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +180,10 @@ BAD = [
      "sampling_top_p must be in (0, 1], got 0"),
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
     (dict(options=dict(max_length=65)), "max_length must be in [1, 64], got 65"),
+    (dict(options=dict(beam_size=4, length_penalty=-6)),
+     "length_penalty must be in [-1, 10], got -6.0"),
+    (dict(options=dict(beam_size=4, length_penalty=-20)),
+     "length_penalty must be in [-1, 10], got -20.0"),
     (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
     (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),
 ]
@@ -424,6 +396,7 @@ def test_summarize_refuses_or_truncates_long_input(multi_server: RunningServer) 
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
     (dict(texts=["a"] * 65), "at most 64 texts per request, got 65"),  # the default cap
     (dict(texts=["a" * 10_001]), "texts[0] must be at most 10000 characters, got 10001"),
+    (dict(options=dict(length_penalty=-20)), "length_penalty must be in [-1, 10], got -20.0"),
 ])
 def test_bad_summarize_input_is_invalid_argument(multi_server: RunningServer, fields: dict,
                                                  message: str) -> None:
