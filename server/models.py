@@ -1,10 +1,12 @@
 """The served models: one package, engine, scheduler and worker per model.
 
 Which directories are packages (`find_packages`): `models_dir` itself when it
-holds manifest.json; otherwise every directory directly below it that holds at
-least one non-hidden file, at any depth. Hidden directories (".git", the
-"..data" links of a Kubernetes ConfigMap or Secret volume), `lost+found`,
-empty directories and plain files in `models_dir` are ignored.
+holds manifest.json; otherwise every directory directly below it that holds a
+manifest.json or an ONNX graph (`*.onnx`), so a package that lost its manifest
+is reported, not skipped. Anything else is not a package and is ignored: other
+directories (the shipped `models/checkpoints/`, training checkpoints beside
+the packages), hidden ones (".git", the "..data" links of a Kubernetes
+ConfigMap or Secret volume), `lost+found` and plain files.
 
 One rule for broken packages (a manifest missing or invalid, a file missing or
 tampered with, a name served twice, an engine that will not load): every one is
@@ -16,7 +18,6 @@ as an error (and counts them in `seq2serve_broken_packages`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,19 +72,15 @@ def find_packages(models_dir: Path) -> list[Path]:
     if (models_dir / MANIFEST).is_file():
         return [models_dir]
     return sorted(p for p in models_dir.iterdir()
-                  if p.is_dir() and not _ignored(p.name) and _holds_a_file(p))
+                  if p.is_dir() and not _ignored(p.name) and _looks_like_a_package(p))
 
 
 def _ignored(name: str) -> bool:
     return name.startswith(".") or name in IGNORED_DIRS
 
 
-def _holds_a_file(directory: Path) -> bool:
-    for _, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if not _ignored(d)]
-        if any(not _ignored(f) for f in files):
-            return True
-    return False
+def _looks_like_a_package(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() or any(directory.glob("*.onnx"))
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,8 @@ def mixed_models(marian_package: Path, tmp_path_factory: pytest.TempPathFactory)
     (root / ".cache" / "x").mkdir(parents=True)  # hidden: ignored
     (root / ".cache" / "x" / "junk").write_text("junk")
     (root / "empty" / "sub").mkdir(parents=True)  # holds no file: ignored
+    (root / "checkpoints" / "en-de").mkdir(parents=True)  # no manifest, no graph: ignored
+    (root / "checkpoints" / "en-de" / "model.safetensors").write_bytes(b"\0")
     (root / "README.txt").write_text("models live here")  # a file, not a directory
     return root
 
