@@ -140,9 +140,11 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         steps.set_postfix_str("ONNX Runtime vs PyTorch")
         fp32 = compare(model, fp32_dir / ENCODER_FILE, fp32_dir / DECODER_FILE, samples)
         fp32_problems = []
-        worst = max(fp32.log_probs, fp32.path_log_probs)
-        if not worst <= FP32_LOG_PROB_TOLERANCE:
-            fp32_problems.append(f"log-prob deviation {worst:.3g} exceeds "
+        # One step on sample inputs must match tightly; along a 32-step greedy path the
+        # difference may grow in a random-weight model (reported, not failed on): what
+        # matters there is that ONNX Runtime would choose the same tokens.
+        if not fp32.log_probs <= FP32_LOG_PROB_TOLERANCE:
+            fp32_problems.append(f"log-prob deviation {fp32.log_probs:.3g} exceeds "
                                  f"{FP32_LOG_PROB_TOLERANCE:g}")
         if not fp32.flip_margin <= FP32_LOG_PROB_TOLERANCE:
             fp32_problems.append(
