@@ -279,6 +279,25 @@ def test_recording_rules_have_data(fleet: Fleet) -> None:
     assert float(ratio["value"][1]) == 0  # bad requests are not server errors
 
 
+def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
+    """Each query of deploy/grafana/seq2serve.json, with the variables set to All
+    as Grafana sends them, over the last two minutes."""
+    dashboard = json.loads((DEPLOY / "grafana" / "seq2serve.json").read_text())
+    now = time.time()
+    checked = 0
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = (target["expr"].replace("$__rate_interval", "30s")
+                    .replace("$namespace", ".*").replace("$model", ".*").replace("$pod", ".*"))
+            assert "$" not in expr, expr
+            result = fleet.prometheus.get("/api/v1/query_range", query=expr,
+                                          start=str(now - 120), end=str(now), step="1")["result"]
+            values = [float(v) for series in result for _, v in series["values"]]
+            assert any(v == v for v in values), f"{panel['title']}: no data for {expr}"
+            checked += 1
+    assert checked >= len([p for p in dashboard["panels"] if p["type"] != "row"])
+
+
 def test_killing_a_replica_fires_replica_down(fleet: Fleet) -> None:
     victim = fleet.replicas[1]
     victim.process.send_signal(signal.SIGKILL)
