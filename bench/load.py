@@ -15,10 +15,7 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,20 +25,8 @@ import numpy as np
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
-from seq2serve.server.client import Seq2ServeClient
 
-
-def start_server(args: argparse.Namespace, port: int, max_batch_size: int) -> subprocess.Popen:
-    env = {**os.environ, "SEQ2SERVE_PORT": str(port), "SEQ2SERVE_HOST": "127.0.0.1",
-           "SEQ2SERVE_METRICS_PORT": "0", "SEQ2SERVE_MAX_BATCH_SIZE": str(max_batch_size),
-           "SEQ2SERVE_PROVIDER": args.provider}
-    if args.models_dir:
-        env["SEQ2SERVE_MODELS_DIR"] = str(args.models_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli", "serve"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with Seq2ServeClient(f"127.0.0.1:{port}", timeout=10) as client:
-        client.wait_until_serving(180)
-    return proc
+from .serving import served
 
 
 async def run_level(target: str, model: str, texts: list[str], concurrency: int,
@@ -100,17 +85,14 @@ def main() -> int:
     for max_batch, levels in plans:
         if not levels:
             continue
-        proc = start_server(args, args.port, max_batch)
-        try:
+        with served(args.models_dir, args.port,
+                    {"max_batch_size": str(max_batch), "provider": args.provider}) as (_, target):
             for level in levels:
-                result = asyncio.run(run_level(f"127.0.0.1:{args.port}", args.model, texts,
-                                               level, args.requests, options))
+                result = asyncio.run(run_level(target, args.model, texts, level, args.requests,
+                                               options))
                 record = {"concurrency": level, "max_batch_size": max_batch, **result}
                 records.append(record)
                 print(json.dumps(record), file=sys.stderr)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
     print("| concurrency | max batch | requests/s | tokens/s | p50 ms | p99 ms |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in records:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,10 @@ class Deviation:
     cross_kv: float
     log_probs: float
     cache: float
-    greedy_equal: bool
+    path_log_probs: float  # along PyTorch's greedy path (teacher forcing), every token
+    argmax_flips: int  # steps where ORT's argmax leaves that path
+    flip_margin: float  # the largest log-prob margin of such a flip (0.0: none)
+    greedy_equal: bool  # decoding freely, the same tokens (informational: near-ties)
     greedy_rows: int
     alignment_equal: bool  # the decoder step's alignment output, ORT vs PyTorch
     finite: bool
@@ -53,12 +57,11 @@ def _max_abs(ours: np.ndarray, ref: torch.Tensor) -> float:
     return float(np.abs(ours.astype(np.float32) - ref.numpy()).max())
 
 
-def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
-               src_ids: np.ndarray, src_mask: np.ndarray, *, start_id: int, eos_id: int,
-               pad_id: int, max_len: int) -> np.ndarray:
-    """Greedy decoding through the two graphs (a reference loop for verification;
-    the server's engine is the fast path). Returns (B, <=max_len) like
-    Seq2SeqTransformer.greedy."""
+def _decode(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
+            src_ids: np.ndarray, src_mask: np.ndarray, start_id: int, steps: int,
+            choose: Callable[[int, np.ndarray], np.ndarray | None]) -> None:
+    """Run the two graphs step by step; `choose(step, log_probs)` returns the next
+    tokens (B,) or None to stop."""
     cross = encoder.run(None, feed(encoder, {"src_ids": src_ids, "src_mask": src_mask}))
     # Encoder outputs memory, cross_k.*, cross_v.*: decoder inputs of the same names.
     cross_kv = {o.name: v for o, v in zip(encoder.get_outputs(), cross, strict=True)
@@ -68,29 +71,87 @@ def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
     empty = np.zeros((b, heads, 0, head_dim), dtype=cross_kv["cross_k.0"].dtype)
     cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
     cache_outputs = [o.name for o in decoder.get_outputs() if o.name.startswith("new_self_")]
-    tokens = np.full(b, start_id, dtype=np.int64)
+    tokens: np.ndarray | None = np.full(b, start_id, dtype=np.int64)
     rows = np.arange(b, dtype=np.int64)
-    done = np.zeros(b, dtype=bool)
-    out = []
-    for step in range(max_len):
+    for step in range(steps):
         log_probs, *new_cache, _ = decoder.run(None, {
             "tokens": tokens, "positions": np.full(b, step, dtype=np.int64),
             **cache, **cross_kv, "src_mask": src_mask, "beam_origin": rows,
         })
         cache = {name.removeprefix("new_"): v
                  for name, v in zip(cache_outputs, new_cache, strict=True)}
+        tokens = choose(step, log_probs)
+        if tokens is None:
+            return
+
+
+def ort_greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
+               src_ids: np.ndarray, src_mask: np.ndarray, *, start_id: int, eos_id: int,
+               pad_id: int, max_len: int) -> np.ndarray:
+    """Greedy decoding through the two graphs (a reference loop for verification;
+    the server's engine is the fast path). Returns (B, <=max_len) like
+    Seq2SeqTransformer.greedy."""
+    done = np.zeros(src_ids.shape[0], dtype=bool)
+    out: list[np.ndarray] = []
+
+    def choose(_: int, log_probs: np.ndarray) -> np.ndarray | None:
+        nonlocal done
         tokens = np.where(done, pad_id, log_probs.argmax(-1)).astype(np.int64)
         out.append(tokens)
-        done |= tokens == eos_id
-        if done.all():
-            break
+        done = done | (tokens == eos_id)
+        return None if done.all() else tokens
+
+    _decode(encoder, decoder, src_ids, src_mask, start_id, max_len, choose)
     return np.stack(out, axis=1)
+
+
+def ort_teacher_forced(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
+                       src_ids: np.ndarray, src_mask: np.ndarray, path: np.ndarray, *,
+                       start_id: int) -> np.ndarray:
+    """ONNX Runtime's log-probs (B, T, V) at every step of a given token path (B, T):
+    step t is fed path[:, t-1], whatever the graph itself would have chosen."""
+    out: list[np.ndarray] = []
+
+    def choose(step: int, log_probs: np.ndarray) -> np.ndarray | None:
+        out.append(log_probs.astype(np.float32))
+        return path[:, step].astype(np.int64) if step + 1 < path.shape[1] else None
+
+    _decode(encoder, decoder, src_ids, src_mask, start_id, path.shape[1], choose)
+    return np.stack(out, axis=1)
+
+
+def path_mask(path: np.ndarray, eos_id: int) -> np.ndarray:
+    """(B, T) True up to and including each row's first EOS (padding after it)."""
+    ended_before = np.cumsum(path == eos_id, axis=1) - (path == eos_id)
+    return ended_before == 0
+
+
+def argmax_flips(log_probs: np.ndarray, path: np.ndarray, valid: np.ndarray
+                 ) -> tuple[int, float]:
+    """Where a graph's argmax leaves the reference path: how often, and the largest
+    margin by which it prefers its own token (0.0 when it never does). A flip
+    inside the log-prob tolerance is a near-tie decided by float rounding, not a
+    wrong graph."""
+    chosen = log_probs.argmax(-1)  # (B, T)
+    flips = (chosen != path) & valid
+    if not flips.any():
+        return 0, 0.0
+    own = np.take_along_axis(log_probs, chosen[..., None], -1)[..., 0]
+    ref = np.take_along_axis(log_probs, path[..., None], -1)[..., 0]
+    return int(flips.sum()), float((own - ref)[flips].max())
 
 
 def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
             sentences: list[list[int]], max_len: int = 32,
             provider: str = "CPUExecutionProvider") -> Deviation:
-    """Run the same inputs through both; sentences are source token ids (with EOS)."""
+    """Run the same inputs through both; sentences are source token ids (with EOS).
+
+    Greedy is checked by teacher forcing: ONNX Runtime's log-probs along
+    PyTorch's greedy path (`path_log_probs`), and the steps where its argmax
+    would leave that path with the margin it would leave it by
+    (`argmax_flips`, `flip_margin`). Decoding freely, one near-tie flipped by
+    rounding would make the two paths, and every later step, incomparable.
+    """
     model = model.eval().float()
     encoder = cpu_session(encoder_path, provider)
     decoder = cpu_session(decoder_path, provider)
@@ -118,16 +179,29 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
         src_mask[i, : len(s)] = 1
     ours = ort_greedy(encoder, decoder, src_ids, src_mask, start_id=cfg.decoder_start_id,
                       eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_len=max_len)
-    ref = model.greedy(torch.from_numpy(src_ids), torch.from_numpy(src_mask), max_len).numpy()
+    src_t, mask_t = torch.from_numpy(src_ids), torch.from_numpy(src_mask)
+    with torch.no_grad():
+        ref = model.greedy(src_t, mask_t, max_len)
+        tgt_in = torch.cat([torch.full_like(ref[:, :1], cfg.decoder_start_id), ref[:, :-1]], 1)
+        ref_path_lp = torch.log_softmax(model(src_t, mask_t, tgt_in).float(), -1).numpy()
+    path = ref.numpy()
+    path_lp = ort_teacher_forced(encoder, decoder, src_ids, src_mask, path,
+                                 start_id=cfg.decoder_start_id)
+    valid = path_mask(path, cfg.eos_id)
+    flips, margin = argmax_flips(path_lp, path, valid)
     return Deviation(
         encoder=_max_abs(memory, ref_memory),
         cross_kv=max(map(_max_abs, cross, [*ref_cross_k, *ref_cross_v])),
         log_probs=_max_abs(log_probs, ref_log_probs),
         cache=max(map(_max_abs, new_cache, [*ref_new_k, *ref_new_v])),
-        greedy_equal=ours.shape == ref.shape and bool((ours == ref).all()),
+        path_log_probs=float(np.abs(path_lp - ref_path_lp)[valid].max()),
+        argmax_flips=flips,
+        flip_margin=margin,
+        greedy_equal=ours.shape == path.shape and bool((ours == path).all()),
         greedy_rows=len(sentences),
         alignment_equal=bool((alignment == ref_alignment.numpy()).all()),
-        finite=bool(np.isfinite(log_probs).all() and np.isfinite(memory).all()),
+        finite=bool(np.isfinite(log_probs).all() and np.isfinite(memory).all()
+                    and np.isfinite(path_lp).all()),
         provider=provider,
     )
 

@@ -1,11 +1,14 @@
-"""`seq2serve data`: translation and summarization corpora from Debian's DDTP.
+"""`seq2serve data`: translation and summarization corpora from Debian.
 
-From the English and translated Translation-<lang> indexes (parsed and paired
-by `ddtp.py`) we build:
+From the English and translated Translation-<lang> indexes of Debian's DDTP
+(parsed and paired by `ddtp.py`) we build, under `--out`:
 
 - `en-<lang>/`: synopsis, paragraph and sentence pairs (translate task);
 - `summarize-en/`: long description -> synopsis (summarize task);
 - `DATA_CARD.md` (`data_card.py`).
+
+The program-messages corpus (gettext catalogs of Debian packages) and the
+DDTP + messages training mix are `messages_data.py`'s, run from here.
 
 Only the standard library and `lz4` are used, so this runs on a bare machine
 before torch is installed.
@@ -33,9 +36,11 @@ from pathlib import Path
 
 import lz4.frame
 
+from . import messages_data
 from .data_card import count_table, data_card
 from .ddtp import KINDS, Description, Pair, align, parse_index, reject_reason, summary_pair
 
+CORPORA = ("ddtp", "messages")
 SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 DEFAULT_LANGS = ("de", "fr")
 
@@ -269,7 +274,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "By default this runs `apt-get -c CONF update` (needs root) with CONF setting "
         "Acquire::Languages to en plus --langs, then reads the Translation-* indexes from "
         "apt's lists directory (`apt-config shell`). Output: <out>/en-<lang>/, "
-        "<out>/summarize-en/ and <out>/DATA_CARD.md."
+        "<out>/summarize-en/ and <out>/DATA_CARD.md. Program messages: a private apt "
+        "state under --deb-cache fetches the Contents indexes and the chosen .debs "
+        "(bounded by --max-packages/--max-download-mb, resumable)."
     )
     parser.add_argument("--out", type=Path, default=Path("data/ddtp"),
                         help="output directory, one folder per corpus plus DATA_CARD.md "
@@ -284,7 +291,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--no-update", action="store_true",
                         help="read apt's lists directory without running apt-get update first")
     parser.add_argument("--force", action="store_true",
-                        help="replace a non-empty --out directory")
+                        help="replace non-empty output directories")
+    parser.add_argument("--corpora", default=",".join(CORPORA),
+                        help="which corpora to build, comma-separated from "
+                        f"{', '.join(CORPORA)} (default: %(default)s; with both, the "
+                        "DDTP + messages training mix too)")
+    messages_data.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,6 +305,31 @@ def run(args: argparse.Namespace) -> int:
            or lang == "en"]
     if bad or not langs:
         return _fail(f"--langs must be language codes other than en, got {args.langs!r}")
+    wanted = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    if not wanted or set(wanted) - set(CORPORA):
+        return _fail(f"--corpora must name some of {', '.join(CORPORA)}, got {args.corpora!r}")
+    outputs = {"ddtp": [args.out], "messages": [args.messages_out]}
+    if set(wanted) == set(CORPORA):
+        outputs["messages"].append(args.mixed_out)
+    for out in (o for c in wanted for o in outputs[c]):
+        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+            return _fail(f"{out} exists and is not empty; use --force to replace it")
+    if "ddtp" in wanted and (status := run_ddtp(args, langs)):
+        return status
+    if "messages" in wanted:
+        if status := messages_data.run(args, langs, args.no_update):
+            return status
+        if "ddtp" in wanted:
+            try:
+                names = messages_data.write_mixed(args.out, args.messages_out, args.mixed_out,
+                                                  args.force)
+            except FileExistsError as exc:
+                return _fail(str(exc))
+            print(f"wrote {args.mixed_out} ({', '.join(names)}: DDTP + messages)")
+    return 0
+
+
+def run_ddtp(args: argparse.Namespace, langs: list[str]) -> int:
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
         return _fail(f"{out} exists and is not empty; use --force to replace it")

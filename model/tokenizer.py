@@ -9,7 +9,9 @@ emitted by `encode` because the decoder start token is the model's business.
 from __future__ import annotations
 
 import os
+import string
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -19,6 +21,28 @@ SPIECE_UNDERLINE = "\u2581"  # SentencePiece's word-boundary mark
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
+
+# Unicode normalization compiled into new tokenizers (so serving, which runs the
+# same .model, applies it too). "nfc_nmt" (our rule, `normalization_rules`):
+# NFC, every whitespace character -> " ", controls and zero-width marks dropped,
+# full-width ASCII and Latin ligatures folded. SentencePiece's own default,
+# nmt_nfkc, also folds "…" -> "...", "²" -> "2", "½" -> "1⁄2", "™" -> "TM":
+# a model trained on it can never write those, and UI catalogs are full of "…".
+NORMALIZATIONS = ("nfc_nmt", "nmt_nfkc", "nfkc", "identity")
+DEFAULT_NORMALIZATION = "nfc_nmt"
+
+# German and French letters and quotes that every new tokenizer with byte
+# fallback holds as single pieces whatever the corpus (SentencePiece's
+# required_chars), so the model writes "Ü" as one token, not two bytes.
+REQUIRED_CHARS = "ÄÖÜäöüßẞÀÂÆÇÉÈÊËÎÏÔŒÙÛŸàâæçéèêëîïôœùûÿ«»„“”‚‘’€…–—"
+# What every shipped tokenizer must give back unchanged (issue 13's list).
+ROUND_TRIP_CHARS = ("ÄÖÜäöüß" "éèêàçœ" "«»„“‚‘€" + string.digits + string.punctuation)
+ROUND_TRIP_TEXTS = (
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein.",
+    "Ärger über Öl kostet 5 € – „Straße“ und ‚Fuß‘ (50 % mehr).",
+    "« Où est l'œuf ? » demanda-t-il à Ève, déçu : ça coûte 12,50 €.",
+    "Unable to transfer tracks: %s (%d of %d) {0} $HOME <b>--force</b> [x] | ~/a_b.c",
+)
 
 
 class Tokenizer:
@@ -85,6 +109,7 @@ def train_tokenizer(
     seed: int = 1,
     num_threads: int = 2,
     byte_fallback: bool | None = None,
+    normalization: str = DEFAULT_NORMALIZATION,
 ) -> Tokenizer:
     """Train one SentencePiece model on all of `files` and write it to `model_file`.
 
@@ -96,8 +121,13 @@ def train_tokenizer(
     `byte_fallback` spells characters outside the vocabulary as UTF-8 byte
     pieces instead of `<unk>`, so every input round-trips and the model can
     write rare letters (German Ä/Ö/Ü fall below `character_coverage` 0.9995 on
-    DDTP). It costs 256 pieces, so None means on from a 1024-piece vocabulary.
+    DDTP). It costs 256 pieces, so None means on from a 1024-piece vocabulary;
+    from that size on, REQUIRED_CHARS are single pieces too.
+
+    `normalization` is compiled into the model file (see NORMALIZATIONS).
     """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
     if vocab_size < 8:
@@ -113,6 +143,13 @@ def train_tokenizer(
     # that a resumed run would pick up.
     with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
         prefix = Path(tmp) / "spm"
+        options: dict[str, object] = {"normalization_rule_name": normalization}
+        if normalization == "nfc_nmt":
+            rules = Path(tmp) / "nfc_nmt.tsv"
+            rules.write_text(normalization_rules(), encoding="utf-8")
+            options = {"normalization_rule_tsv": str(rules)}
+        if byte_fallback and vocab_size >= BYTE_FALLBACK_MIN_VOCAB:  # room for them
+            options["required_chars"] = REQUIRED_CHARS
         spm.SentencePieceTrainer.train(
             input=[str(f) for f in files],
             model_prefix=str(prefix),
@@ -134,6 +171,7 @@ def train_tokenizer(
             hard_vocab_limit=False,
             max_sentence_length=16384,  # summarization sources are long paragraphs
             minloglevel=2,
+            **options,
         )
         os.replace(prefix.with_suffix(".vocab"), model_file.with_suffix(".vocab"))
         os.replace(prefix.with_suffix(".model"), model_file)
@@ -177,3 +215,59 @@ def extend_vocabulary(model_file: str | os.PathLike[str], out_file: str | os.Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(proto.SerializeToString())
     return Tokenizer(out)
+
+
+def normalization_rules() -> str:
+    """The "nfc_nmt" rule as SentencePiece's TSV (source code points, tab, target).
+
+    SentencePiece applies a rule table by longest match, so NFC is spelled out:
+    each canonical decomposition -> its composed character, and each singleton
+    (U+212B ANGSTROM SIGN) -> its NFC form. Sequences whose combining marks
+    are in another order than NFD's are left as they are.
+    """
+    rules: dict[str, str] = {}
+    for cp in range(1, 0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        char = chr(cp)
+        composed = unicodedata.normalize("NFC", char)
+        decomposed = unicodedata.normalize("NFD", char)
+        if composed != char:
+            rules[char] = composed
+        if decomposed != composed:
+            rules[decomposed] = composed
+        if char.isspace() and char != " ":
+            rules[char] = " "  # NBSP, U+202F, tabs, line separators: one kind of space
+        elif unicodedata.category(char) == "Cc" or char in "\u200b\u2060\ufeff\u00ad":
+            rules[char] = ""  # controls, zero-width spaces, soft hyphen
+    for cp in range(0xFF01, 0xFF5F):  # full-width ASCII
+        rules[chr(cp)] = chr(cp - 0xFEE0)
+    for cp in range(0xFB00, 0xFB07):  # ﬀ ﬁ ﬂ ﬃ ﬄ ﬅ ﬆ
+        rules[chr(cp)] = unicodedata.normalize("NFKC", chr(cp))
+
+    def hexes(text: str) -> str:
+        return " ".join(f"{ord(c):X}" for c in text)
+
+    return "".join(f"{hexes(k)}\t{hexes(v)}\n" for k, v in sorted(rules.items()))
+
+
+def round_trip_failures(model_file: str | os.PathLike[str],
+                        texts: Iterable[str] = ROUND_TRIP_TEXTS,
+                        chars: str = ROUND_TRIP_CHARS) -> dict[str, str]:
+    """Texts (and single characters) that a SentencePiece model does not give
+    back unchanged, mapped to what came back; empty when all round-trip.
+
+    Checks both ways serving decodes: ids -> text (`decode`) and pieces ->
+    text (`decode_pieces`, what export/tokenizer.py does after mapping ids to
+    pieces), and that no <unk> is produced. Apply it to each shipped
+    tokenizer (a package's source.spm and target.spm).
+    """
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    failures: dict[str, str] = {}
+    for text in [*texts, *chars]:
+        ids = sp.encode(text, out_type=int)
+        by_ids = sp.decode(ids)
+        by_pieces = sp.decode_pieces([sp.id_to_piece(i) for i in ids])
+        if sp.unk_id() in ids or by_ids != text or by_pieces != text:
+            failures[text] = by_ids if by_ids != text else by_pieces
+    return failures

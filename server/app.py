@@ -1,17 +1,27 @@
 """`seq2serve serve`: the gRPC server process.
 
-Start-up order: the gRPC port opens first with health NOT_SERVING, models load
-and warm up, then health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING,
-the schedulers stop accepting work, in-flight calls get `grace_period_s` to
-finish, then the process exits 0.
+Start-up order: both ports are bound first (a busy one fails the start with one
+line naming it), health says NOT_SERVING while the models load and warm up,
+then SERVING. Every model package directory must load, or nothing is served
+(unless `--serve-valid-models`; see models.py).
+
+SIGTERM/SIGINT drains in two phases, the way load balancers need it:
+1. health turns NOT_SERVING for `drain_delay_s` while calls are still accepted
+   and served, so Kubernetes' readiness probe and gRPC-aware balancers stop
+   routing here before anything is refused;
+2. the listener closes (new calls are refused, new connections too) and calls
+   in flight get `grace_period_s` to finish; then the process exits 0.
+A second signal during phase 1 skips the rest of the drain delay.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 import time
 
@@ -19,22 +29,56 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from seq2serve.export.package import PackageError
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 from .config import ConfigError, ServerConfig, add_arguments, from_args
 from .errors import ErrorInterceptor
-from .metrics import Metrics
-from .models import ModelRegistry
+from .metrics import Metrics, MetricsServer
+from .models import ModelLoadError, ModelRegistry
 from .service import TranslatorService
+from .tls import TLSError, server_credentials
 
 log = logging.getLogger("seq2serve.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
+HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+BUSY_HINT = " (another process listens there; is a server already running?)"
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is one line naming the port or file."""
+
+
+def address(host: str, port: int) -> str:
+    """host:port as gRPC and people write it ([::1]:50051 for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """Bind a probe socket first: a port in use then fails with the OS's reason in one
+    line, rather than gRPC core's several lines ending in "Failed to bind"."""
+    if port == 0:
+        return  # any free port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise StartupError(f"cannot listen for {what} on {address(host, port)}: the host "
+                           f"does not resolve ({e.strerror})") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(sockaddr)
+        except OSError as e:
+            hint = BUSY_HINT if e.errno == errno.EADDRINUSE else ""
+            raise StartupError(f"cannot listen for {what} on {address(host, port)}: "
+                               f"{e.strerror}{hint}") from None
 
 
 class Server:
-    """One server: gRPC + health + reflection + metrics over a model registry."""
+    """One server: gRPC + health + reflection + metrics over a model registry.
+    Binds the gRPC port on creation; raises StartupError when it cannot."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None):
         self.config = config
@@ -44,18 +88,38 @@ class Server:
             health.HealthServicer()
         limit = config.max_message_bytes
         self.grpc = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            interceptors=[ErrorInterceptor(self.metrics.count_undecodable)],
             options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit)])
+                     ("grpc.max_send_message_length", limit),
+                     # gRPC sets SO_REUSEPORT by default: a second server on the same
+                     # port would silently take half of the new connections.
+                     ("grpc.so_reuseport", 0)])
         pb_grpc.add_TranslatorServicer_to_server(
             TranslatorService(self.registry, config, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), self.grpc)
-        self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
-        self.metrics_server = None
-        self._stopping = asyncio.Event()
+        if config.reflection:
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), self.grpc)
+        self.port = self._bind()
+        self.metrics_server: MetricsServer | None = None
+        self._signals = 0
+        self._signalled = asyncio.Event()
+
+    def _bind(self) -> int:
+        config = self.config
+        check_bindable(config.host, config.port, "gRPC")
+        where = address(config.host, config.port)
+        try:
+            if config.tls_cert is not None and config.tls_key is not None:
+                credentials = server_credentials(config.tls_cert, config.tls_key,
+                                                 config.tls_client_ca)
+                return self.grpc.add_secure_port(where, credentials)
+            return self.grpc.add_insecure_port(where)
+        except TLSError as e:
+            raise StartupError(str(e)) from None
+        except RuntimeError:  # taken between the probe and here, or refused by gRPC
+            raise StartupError(f"cannot listen for gRPC on {where} (gRPC could not bind "
+                               "it; GRPC_VERBOSITY=debug shows why)") from None
 
     async def _set_health(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
@@ -66,13 +130,23 @@ class Server:
                 await result
 
     async def start(self) -> None:
+        config = self.config
         await self._set_health(False)
+        if config.metrics_port:
+            host = config.metrics_address
+            try:
+                self.metrics_server = self.metrics.start_http(config.metrics_port, host)
+            except OSError as e:
+                raise StartupError(f"cannot listen for /metrics on "
+                                   f"{address(host, config.metrics_port)}: {e.strerror}"
+                                   f"{BUSY_HINT if e.errno == errno.EADDRINUSE else ''}"
+                                   ) from None
+            log.info("metrics on http://%s/metrics",
+                     address(host, self.metrics_server.port))
         await self.grpc.start()
-        if self.config.metrics_port:
-            self.metrics_server = self.metrics.start_http(self.config.metrics_port,
-                                                          self.config.host)
-        log.info("listening on %s:%d (health NOT_SERVING while models load)",
-                 self.config.host, self.port)
+        log.info("listening on %s (%s; health NOT_SERVING while models load)",
+                 address(config.host, self.port),
+                 "mutual TLS" if config.tls_client_ca else "TLS" if config.tls else "plaintext")
         # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
         # health checks meanwhile.
         await asyncio.get_running_loop().run_in_executor(
@@ -80,13 +154,25 @@ class Server:
         await self._set_health(True)
         log.info("SERVING %s", ", ".join(h.name for h in self.registry.handles()))
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain: refuse new work, let in-flight calls finish within the grace period."""
+    async def stop(self, grace: float | None = None, drain_delay: float | None = None) -> None:
+        """Drain: NOT_SERVING but still serving for the drain delay, then close the
+        listener and let in-flight calls finish within the grace period."""
         grace = self.config.grace_period_s if grace is None else grace
-        end = time.monotonic() + grace  # one grace period for the whole drain
+        delay = self.config.drain_delay_s if drain_delay is None else drain_delay
         await self._set_health(False)
-        for handle in self.registry.handles():
-            handle.scheduler.close()
+        if delay > 0:
+            log.info("draining: health NOT_SERVING, still serving for %gs so load balancers "
+                     "stop routing here (signal again to skip)", delay)
+            seen = self._signals
+            try:
+                await asyncio.wait_for(self._next_signal(seen), delay)
+                log.info("signal received again: drain delay skipped")
+            except asyncio.TimeoutError:
+                pass
+        log.info("closing the listener: %d call(s) in flight get up to %gs to finish",
+                 self.metrics.active_requests, grace)
+        end = time.monotonic() + grace  # one grace period for calls and workers together
+        # grpc.aio refuses new calls at once and returns as soon as the last call ends.
         await self.grpc.stop(grace)
         left = max(0.0, end - time.monotonic())
         await asyncio.get_running_loop().run_in_executor(
@@ -95,17 +181,28 @@ class Server:
             self.metrics_server.stop()
         log.info("stopped")
 
+    def _on_signal(self) -> None:
+        self._signals += 1
+        self._signalled.set()
+
+    async def _next_signal(self, seen: int) -> None:
+        """Return once more than `seen` signals have arrived."""
+        while self._signals <= seen:
+            self._signalled.clear()
+            await self._signalled.wait()
+
     async def serve_until_signal(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self._on_signal)
         try:
             await self.start()
         except BaseException:
             await self.grpc.stop(0)
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
             raise
-        await self._stopping.wait()
-        log.info("signal received: draining (grace %.0fs)", self.config.grace_period_s)
+        await self._next_signal(0)
         await self.stop()
 
 
@@ -119,16 +216,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit status 0 after a drain; 2 for a bad configuration; 1 when the server
+    cannot start. Failures are a line on stderr each, never a traceback."""
     try:
         config = from_args(args)
     except ConfigError as e:
-        print(f"seq2serve serve: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e), 2)
     logging.basicConfig(level=config.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_serve(config))
-    except PackageError as e:
-        print(f"seq2serve serve: error: {e}", file=sys.stderr)
-        return 1
+    except (StartupError, ModelLoadError) as e:
+        return _fail(str(e), 1)
+    except Exception as e:  # noqa: BLE001 - a start-up failure is a line, not a traceback
+        log.debug("start-up failed", exc_info=e)
+        return _fail(f"start-up failed: {type(e).__name__}: {e} (--log-level DEBUG logs "
+                     "the traceback)", 1)
     return 0
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"seq2serve serve: error: {message}", file=sys.stderr)
+    return status

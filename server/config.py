@@ -29,6 +29,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
+TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
+PATH_FIELDS = ("models_dir", *TLS_FILES)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 class ConfigError(ValueError):
@@ -83,12 +87,27 @@ def _meta(help_text: str, metavar: str | None = None) -> dict[str, Any]:
 @dataclass
 class ServerConfig:
     models_dir: Path | None = field(default_factory=default_models_dir, metadata=_meta(
-        "directory of model packages to serve", "DIR"))
+        "directory of model packages to serve: each non-hidden subdirectory holding a file "
+        "is a package", "DIR"))
+    serve_valid_models: bool = field(default=False, metadata=_meta(
+        "start even when some package directories are broken, serving the valid ones (each "
+        "broken one is logged as an error); without it a broken package stops the start"))
     host: str = field(default="0.0.0.0", metadata=_meta(
         "address the gRPC server listens on", "HOST"))
     port: int = field(default=50051, metadata=_meta("gRPC port", "PORT"))
+    metrics_host: str = field(default="", metadata=_meta(
+        "address of the Prometheus /metrics endpoint; empty = the same as --host", "HOST"))
     metrics_port: int = field(default=8000, metadata=_meta(
         "port of the Prometheus /metrics endpoint; 0 disables it", "PORT"))
+    tls_cert: Path | None = field(default=None, metadata=_meta(
+        "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS "
+        "only", "FILE"))
+    tls_key: Path | None = field(default=None, metadata=_meta(
+        "PEM private key of --tls-cert", "FILE"))
+    tls_client_ca: Path | None = field(default=None, metadata=_meta(
+        "PEM CA bundle: clients must present a certificate it signed (mutual TLS)", "FILE"))
+    reflection: bool = field(default=True, metadata=_meta(
+        "serve gRPC reflection (lists the services and their messages to any client)"))
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
     threads: int = field(default_factory=default_threads, metadata=_meta(
@@ -111,8 +130,11 @@ class ServerConfig:
         "largest max_length (new tokens) accepted", "N"))
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata=_meta(
         "largest gRPC message received or sent", "BYTES"))
+    drain_delay_s: float = field(default=5.0, metadata=_meta(
+        "on SIGTERM, how long health says NOT_SERVING while new calls are still served, so "
+        "load balancers stop routing here before the port closes", "SECONDS"))
     grace_period_s: float = field(default=30.0, metadata=_meta(
-        "on SIGTERM, how long in-flight calls may take to finish", "SECONDS"))
+        "after the drain delay, how long in-flight calls may take to finish", "SECONDS"))
     log_level: str = field(default="INFO", metadata=_meta(
         f"logging level: one of {', '.join(LOG_LEVELS)}", "LEVEL"))
 
@@ -126,6 +148,8 @@ class ServerConfig:
             out.append(f"models_dir must be an existing directory, got {str(self.models_dir)!r}")
         if not isinstance(self.host, str) or not self.host:
             out.append(f"host must be a non-empty address, got {self.host!r}")
+        if not isinstance(self.metrics_host, str):
+            out.append(f"metrics_host must be an address or empty, got {self.metrics_host!r}")
         _int_in(out, "port", self.port, 1, MAX_PORT)
         _int_in(out, "metrics_port", self.metrics_port, 0, MAX_PORT, "0 = disabled")
         if self.metrics_port and self.metrics_port == self.port:
@@ -138,6 +162,7 @@ class ServerConfig:
             _int_in(out, name, getattr(self, name), 1, None)
         _int_in(out, "max_beam_size", self.max_beam_size, 1, 128)
         _float_in(out, "max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0)
+        _float_in(out, "drain_delay_s", self.drain_delay_s, 0.0, 3600.0)
         _float_in(out, "grace_period_s", self.grace_period_s, 0.0, 3600.0)
         _int_in(out, "max_message_bytes", self.max_message_bytes, 1024, MAX_MESSAGE_BYTES)
         if (_is_int(self.max_queue_size) and _is_int(self.max_texts_per_request)
@@ -148,7 +173,38 @@ class ServerConfig:
         if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
             out.append(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
                        f"got {self.log_level!r}")
+        for name in ("serve_valid_models", "reflection"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be true or false, got {getattr(self, name)!r}")
+        out.extend(self._tls_problems())
         return out
+
+    def _tls_problems(self) -> list[str]:
+        """Which files are given and whether they exist; their contents are checked
+        when the server loads them (tls.py), with the same one-line messages."""
+        out: list[str] = []
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("tls_cert", "tls_key") if self.tls_key is None else (
+                "tls_key", "tls_cert")
+            out.append(f"{missing} is required with {given} (TLS needs both the certificate "
+                       f"and its key): pass {flag_name(missing)} or set {env_name(missing)}")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            out.append("tls_client_ca needs tls_cert and tls_key (mutual TLS is TLS with "
+                       "client certificates)")
+        for name in TLS_FILES:
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                out.append(f"{name} must be an existing file, got {str(path)!r}")
+        return out
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
+    @property
+    def metrics_address(self) -> str:
+        """Where /metrics binds: its own host when given, else the gRPC host."""
+        return self.metrics_host or self.host
 
     def validate(self) -> ServerConfig:
         problems = self.problems()
@@ -169,7 +225,8 @@ class ServerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["models_dir"] = None if self.models_dir is None else str(self.models_dir)
+        for name in PATH_FIELDS:
+            out[name] = None if getattr(self, name) is None else str(getattr(self, name))
         return out
 
 
@@ -191,10 +248,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default = f"physical cores, here {default}"
         elif f.name == "models_dir" and default is None:
             default = "the shipped models/ folder, not found here"
+        elif f.name == "metrics_host":
+            default = "the --host address"
+        help_text = f"{f.metadata['help']} (env {env_name(f.name)}; default {default})"
+        if f.type == "bool":
+            # --reflection / --no-reflection; the variable takes true/false, 1/0, yes/no.
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+            continue
         parser.add_argument(
             flag_name(f.name), dest=f.name, default=None, metavar=f.metadata["metavar"],
-            type=_for_argparse(parse),
-            help=f"{f.metadata['help']} (env {env_name(f.name)}; default {default})")
+            type=_for_argparse(parse), help=help_text)
 
 
 def from_args(args: argparse.Namespace | None = None,
@@ -252,8 +316,10 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 def _parser_for(name: str) -> Callable[[str], Any]:
     kind = {f.name: f.type for f in dataclasses.fields(ServerConfig)}[name]
-    if name == "models_dir":
+    if name in PATH_FIELDS:
         return Path
+    if kind == "bool":
+        return _parse_bool
     if kind == "int":
         return _parse_int
     if kind == "float":
@@ -266,6 +332,13 @@ def _parse_int(text: str) -> int:
         return int(text, 10)
     except ValueError:
         raise ValueError(f"must be an integer, got {text!r}") from None
+
+
+def _parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"must be true or false (1/0, yes/no, on/off), got {text!r}")
 
 
 def _parse_float(text: str) -> float:

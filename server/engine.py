@@ -52,7 +52,7 @@ from .decoding import (
     warp_for_sampling,
 )
 from .options import DecodingOptions, InvalidOptions, OptionLimits
-from .runner import DecoderCache, Runner, RunnerConfig
+from .runner import DecoderCache, Runner, RunnerConfig, padded_width
 
 CancelCheck = Callable[[], bool]
 TokenCallback = Callable[[int], None]  # called with each new token id (greedy/sampling)
@@ -196,7 +196,7 @@ class _Batch:
         self.count = len(sources)
         self.results: list[Result | None] = [None] * self.count
         lengths = np.array([len(s) for s in sources], dtype=np.int64)
-        width = int(lengths.max())
+        width = padded_width(int(lengths.max()))
         self.src_ids = np.full((self.count, width), engine.pad_id, dtype=np.int64)
         self.src_mask = np.zeros((self.count, width), dtype=np.int64)
         for i, src in enumerate(sources):

@@ -7,12 +7,14 @@ Names follow Prometheus conventions: base units (seconds), `_total` counters.
 
 from __future__ import annotations
 
-import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable
+from socketserver import ThreadingMixIn
 from types import TracebackType
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -20,8 +22,10 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
+
+from .errors import status_of
 
 NAMESPACE = "seq2serve"
 
@@ -39,6 +43,9 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
                 0.25, 0.5, 1.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+# How often the /metrics thread checks for stop(): the bound on how long stopping
+# it takes (the standard library's 0.5 s delayed every shutdown by that much).
+HTTP_POLL_S = 0.05
 
 
 UNRESOLVED = "(none)"  # model label of calls that failed before a model was chosen
@@ -95,6 +102,13 @@ class Metrics:
         self.model_info = Gauge(
             f"{NAMESPACE}_model_info", "served models (always 1)",
             ["model", "precision", "provider", "task"], registry=r)
+        self.broken_packages = Gauge(
+            f"{NAMESPACE}_broken_packages", "package directories refused at start-up and "
+            "left out (only with --serve-valid-models; otherwise the server does not start)",
+            registry=r)
+        # Translator RPCs being handled, all models (the drain log reports it). Only the
+        # event loop's thread changes it.
+        self.active_requests = 0
 
     # -- convenience -----------------------------------------------------------
 
@@ -113,14 +127,38 @@ class Metrics:
             tracker.bind(model)
         return tracker
 
+    def count_undecodable(self, method: str, error: BaseException) -> None:
+        """A call whose request could not be decoded (its handler never ran)."""
+        self.requests.labels(UNRESOLVED, method.rsplit("/", 1)[-1], status_name(error)).inc()
+
     def render(self) -> bytes:
         """The exposition text, as /metrics serves it."""
         return generate_latest(self.registry)
 
     def start_http(self, port: int, host: str = "0.0.0.0") -> MetricsServer:
-        """Serve /metrics on its own port (0 picks a free one, for tests)."""
-        httpd, thread = start_http_server(port, addr=host, registry=self.registry)
+        """Serve /metrics on its own port (0 picks a free one, for tests). Raises
+        OSError when the address cannot be bound (a port in use, say)."""
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("_MetricsHTTPServer", (_ThreadingWSGIServer,),
+                            {"address_family": family})
+        httpd = make_server(host, port, make_wsgi_app(self.registry), server_class,
+                            handler_class=_QuietHandler)
+        thread = threading.Thread(target=httpd.serve_forever, args=(HTTP_POLL_S,),
+                                  name="seq2serve-metrics", daemon=True)
+        thread.start()
         return MetricsServer(httpd, thread)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    # A slow scraper must not hold the process at exit. SO_REUSEADDR (inherited) only
+    # lets a restart bind past TIME_WAIT; a port another process listens on still fails.
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass  # one stderr line per scrape is noise
 
 
 class MetricsServer:
@@ -162,11 +200,13 @@ class RequestTracker:
 
     def __enter__(self) -> RequestTracker:
         self.start = time.perf_counter()
+        self.metrics.active_requests += 1
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         m = self.metrics
+        m.active_requests -= 1
         if self._in_flight is not None:
             m.in_flight.labels(self._in_flight).dec()
         m.request_duration.labels(self.model, self.method).observe(
@@ -179,14 +219,6 @@ class RequestTracker:
 
 
 def status_name(error: BaseException) -> str:
-    """The gRPC status the error interceptor will answer with, by name. Duck-typed
-    (a `code` attribute holding a grpc.StatusCode) so this module needs no grpc."""
-    code = getattr(error, "code", None)
-    name = getattr(code, "name", None)
-    if isinstance(name, str):
-        return name
-    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELLED"
-    if isinstance(error, ValueError):
-        return "INVALID_ARGUMENT"
-    return "INTERNAL"
+    """The gRPC status the error interceptor will answer with, by name (errors.py
+    holds the one table)."""
+    return status_of(error)[0].name

@@ -1,4 +1,19 @@
-"""The served models: one package, engine, scheduler and worker per model."""
+"""The served models: one package, engine, scheduler and worker per model.
+
+Which directories are packages (`find_packages`): `models_dir` itself when it
+holds manifest.json; otherwise every directory directly below it that holds a
+manifest.json or an ONNX graph (`*.onnx`), so a package that lost its manifest
+is reported, not skipped. Anything else is not a package and is ignored: other
+directories (the shipped `models/checkpoints/`, training checkpoints beside
+the packages), hidden ones (".git", the "..data" links of a Kubernetes
+ConfigMap or Secret volume), `lost+found` and plain files.
+
+One rule for broken packages (a manifest missing or invalid, a file missing or
+tampered with, a name served twice, an engine that will not load): every one is
+reported, each naming its directory and the problem, and the server does not
+start. With `serve_valid_models` it serves the others and logs each broken one
+as an error (and counts them in `seq2serve_broken_packages`).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +27,7 @@ from seq2serve.export.tokenizer import PackageTokenizer
 
 from .config import ServerConfig
 from .engine import Engine
-from .errors import InvalidArgument, NotFound, Unavailable
+from .errors import InvalidArgument, NotFound, Unavailable, echo
 from .metrics import Metrics
 from .runner import RunnerConfig
 from .scheduler import Scheduler
@@ -48,43 +63,114 @@ class ModelHandle:
         return self.engine.runner.provider
 
 
+IGNORED_DIRS = frozenset({"lost+found"})  # what mkfs leaves at a volume's root
+
+
 def find_packages(models_dir: Path) -> list[Path]:
-    """Every package directly below models_dir (a directory holding manifest.json)."""
+    """The package directories of `models_dir`, sorted (see the module docstring)."""
     if (models_dir / MANIFEST).is_file():
         return [models_dir]
-    return sorted(p for p in models_dir.iterdir() if (p / MANIFEST).is_file())
+    return sorted(p for p in models_dir.iterdir()
+                  if p.is_dir() and not _ignored(p.name) and _looks_like_a_package(p))
+
+
+def _ignored(name: str) -> bool:
+    return name.startswith(".") or name in IGNORED_DIRS
+
+
+def _looks_like_a_package(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() or any(directory.glob("*.onnx"))
+
+
+@dataclass(frozen=True)
+class BrokenPackage:
+    path: Path
+    problem: str  # one line
+
+
+class ModelLoadError(Exception):
+    """The models cannot be served as configured; the message lists every problem."""
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, PackageError):
+        return "; ".join(error.problems)
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if isinstance(error, OSError) else f"{type(error).__name__}: {text}"
 
 
 class ModelRegistry:
     def __init__(self) -> None:
         self._handles: dict[str, ModelHandle] = {}
+        self.broken: list[BrokenPackage] = []
         self.ready = False
 
     def load(self, config: ServerConfig, metrics: Metrics) -> None:
-        """Load, verify and warm up every package; refuses the whole set on any
-        verification failure, naming the package and file."""
+        """Verify every package, then load and warm up the valid ones. Raises
+        ModelLoadError naming every broken package (unless `serve_valid_models`)."""
         if config.models_dir is None:
-            raise PackageError(Path("."), ["no --models-dir given and no shipped models/"])
-        paths = find_packages(config.models_dir)
+            raise ModelLoadError("no --models-dir given and no shipped models/ folder")
+        models_dir = Path(config.models_dir)
+        paths = find_packages(models_dir)
         if not paths:
-            raise PackageError(config.models_dir, [f"no model package (a directory with "
-                                                   f"{MANIFEST}) in {config.models_dir}"])
-        runner = RunnerConfig(provider=config.provider, intra_op_threads=config.threads)
-        for path in paths:
-            package = load_package(path)
+            raise ModelLoadError(f"no model package in {models_dir} (a package is a "
+                                 f"directory holding {MANIFEST} and the files it lists)")
+        packages: list[ModelPackage] = []
+        names: dict[str, Path] = {}
+        for path in paths:  # verify all first: every problem shows before any model loads
+            try:
+                package = load_package(path)
+            except (PackageError, OSError) as e:
+                self.broken.append(BrokenPackage(path, _one_line(e)))
+                continue
             name = package.manifest.name
-            if name in self._handles:
-                raise PackageError(path, [f"model name {name!r} is served twice"])
-            engine = Engine(package, runner, config.option_limits())
-            scheduler = Scheduler(config.batch_limits())
-            worker = ModelWorker(name, engine, scheduler, metrics).start()
-            metrics.set_model_info(name, package.manifest.precision, engine.runner.provider,
-                                   package.manifest.task)
-            self._handles[name] = ModelHandle(name, package, package_tokenizer(package), engine,
-                                              scheduler, worker)
-            log.info("loaded %s (%s, %s, %s) from %s", name, package.manifest.task,
-                     package.manifest.precision, engine.runner.provider, path)
+            if name in names:
+                self.broken.append(BrokenPackage(path, f"model name {name!r} is already "
+                                                       f"served from {names[name]}"))
+                continue
+            names[name] = path
+            packages.append(package)
+        self._check(config, models_dir, len(paths))
+        for package in packages:
+            try:
+                self._add(package, config, metrics)
+            except Exception as e:  # noqa: BLE001 - any failure makes this package broken
+                self.broken.append(BrokenPackage(package.path, _one_line(e)))
+        try:
+            self._check(config, models_dir, len(paths))
+        except ModelLoadError:
+            self.close(drain=False, timeout=5)
+            raise
+        for broken in self.broken:
+            log.error("model package %s is broken and not served: %s", broken.path,
+                      broken.problem)
+        metrics.broken_packages.set(len(self.broken))
         self.ready = True
+
+    def _check(self, config: ServerConfig, models_dir: Path, candidates: int) -> None:
+        if not self.broken:
+            return
+        if config.serve_valid_models and len(self.broken) < candidates:
+            return
+        advice = ("none is left to serve" if config.serve_valid_models else
+                  "fix or remove them, or pass --serve-valid-models to serve the others")
+        lines = [f"{len(self.broken)} of the {candidates} model package directories in "
+                 f"{models_dir} cannot be served; {advice}:"]
+        lines += [f"  {b.path}: {b.problem}" for b in self.broken]
+        raise ModelLoadError("\n".join(lines))
+
+    def _add(self, package: ModelPackage, config: ServerConfig, metrics: Metrics) -> None:
+        name = package.manifest.name
+        runner = RunnerConfig(provider=config.provider, intra_op_threads=config.threads)
+        engine = Engine(package, runner, config.option_limits())
+        tokenizer = package_tokenizer(package)
+        scheduler = Scheduler(config.batch_limits())
+        worker = ModelWorker(name, engine, scheduler, metrics).start()
+        metrics.set_model_info(name, package.manifest.precision, engine.runner.provider,
+                               package.manifest.task)
+        self._handles[name] = ModelHandle(name, package, tokenizer, engine, scheduler, worker)
+        log.info("loaded %s (%s, %s, %s) from %s", name, package.manifest.task,
+                 package.manifest.precision, engine.runner.provider, package.path)
 
     def handles(self) -> list[ModelHandle]:
         return list(self._handles.values())
@@ -96,7 +182,7 @@ class ModelRegistry:
         if name:
             handle = self._handles.get(name)
             if handle is None:
-                raise NotFound(f"model {name!r} is not served; available: "
+                raise NotFound(f"model {echo(name)} is not served; available: "
                                f"{', '.join(sorted(self._handles)) or 'none'}")
             if handle.manifest.task != task:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
@@ -110,8 +196,9 @@ class ModelRegistry:
         served = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
                            f"{h.manifest.target_language})" for h in self._handles.values())
         if not candidates:
-            raise NotFound(f"no {task} model for source_language={source_language!r} "
-                           f"target_language={target_language!r}; available: {served or 'none'}")
+            raise NotFound(f"no {task} model for source_language={echo(source_language)} "
+                           f"target_language={echo(target_language)}; available: "
+                           f"{served or 'none'}")
         raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
                               f"(set model, or source_language and target_language); "
                               f"available: {served}")
@@ -125,3 +212,4 @@ class ModelRegistry:
         for handle in handles:  # ... then share one deadline for the joins
             left = None if end is None else max(0.0, end - time.monotonic())
             handle.worker.stop(drain=drain, timeout=left)
+

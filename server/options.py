@@ -28,6 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 EARLY_STOPPING = (False, True, "never")
+# Beam search ranks finished hypotheses by sum(log p) / length ** length_penalty in
+# float32 and marks empty or blocked slots with -1e9 (Hugging Face's convention,
+# decoding.UNREACHABLE). Below 0 the penalty multiplies instead: at -6 a 20-token
+# hypothesis scores ~-4e7 per nat and sinks below the -1e9 marks, so the n-best
+# comes back short or empty. At -1 even 512 tokens of log p -11 (a uniform guess
+# over 64k words) score -2.9e6, far from -1e9; at -2 they would reach -1.5e9.
+# Above 0 the denominator grows: past ~10, 512 ** penalty leaves float32's range
+# and every score rounds to 0, so the ranking means nothing.
+LENGTH_PENALTY_RANGE = (-1.0, 10.0)
 
 
 class InvalidOptions(ValueError):
@@ -133,6 +142,10 @@ class DecodingOptions:
             raise InvalidOptions("num_hypotheses", f"num_hypotheses must be <= beam_size "
                                  f"({self.beam_size}), got {self.num_hypotheses}")
         _finite("length_penalty", self.length_penalty)
+        low, high = LENGTH_PENALTY_RANGE
+        if not low <= self.length_penalty <= high:
+            raise InvalidOptions("length_penalty", f"length_penalty must be in [{low:g}, "
+                                 f"{high:g}], got {self.length_penalty}")
         if self.early_stopping not in EARLY_STOPPING or (
                 isinstance(self.early_stopping, int) and not isinstance(self.early_stopping, bool)):
             raise InvalidOptions("early_stopping", "early_stopping must be one of False, True, "

@@ -56,6 +56,19 @@ OPTIMIZATION_LEVELS = {
 }
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
              "tensor(int64)": np.int64}
+# Source widths are padded to a multiple of this. ONNX Runtime's CPU kernels
+# reduce over the source axis (cross-attention softmax and weighted sum) in
+# vector blocks with a scalar tail, so a row's floats depended on how far its
+# batch padded it (measured: 2 of 10 sentences changed log-probs with the
+# width). Widths that are whole blocks only add exact zeros to each lane, so a
+# source gives bit-identical results alone or padded next to a longer one
+# (0 of 180 mismatches at multiples of 4; 16 covers AVX-512's 16 lanes).
+SOURCE_WIDTH_MULTIPLE = 16
+
+
+def padded_width(longest: int) -> int:
+    """The source axis length for a batch whose longest source has `longest` tokens."""
+    return -(-longest // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
 
 
 def physical_cores() -> int:
@@ -275,7 +288,7 @@ class Runner:
         """The encoder state of the kept sources (indices into enc), source axis
         trimmed to the longest of them."""
         lengths = enc.lengths[keep]
-        width = int(lengths.max()) if lengths.size else 0
+        width = padded_width(int(lengths.max())) if lengths.size else 0
         def select(values: tuple[ort.OrtValue, ...]) -> tuple[ort.OrtValue, ...]:
             # per layer (B, H, S, Dh) -> (B', H, S', Dh)
             return tuple(self._to_device(v.numpy()[keep, :, :width]) for v in values)

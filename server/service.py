@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -36,6 +36,8 @@ from .scheduler import Cancelled as SchedulerCancelled
 from .scheduler import Draining, QueueFull, WorkItem
 from .segment import reassemble, segment, split_long
 from .worker import deliver_to_future
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -151,16 +153,22 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
             track.deadline = rpc.deadline
-            plans = [self._plan_translation(handle, text) for text in texts]
+            # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
+            # which must keep answering health checks and other calls meanwhile.
+            plans = await _off_loop(lambda: [self._plan_translation(handle, t) for t in texts])
             futures = self._queue(handle, [p.source_ids for _, ps in plans for p in ps],
                                   options, rpc)
             results = await self._gather(futures, rpc)
-            it = iter(results)
-            response = pb.TranslateResponse(model=handle.name)
-            for segmented, pieces in plans:
-                nbests = [next(it) for _ in pieces]
-                response.translations.append(self._translation(handle, segmented, pieces,
-                                                               nbests, request.options))
+
+            def answer() -> pb.TranslateResponse:
+                it = iter(results)
+                translations = [
+                    self._translation(handle, segmented, pieces, [next(it) for _ in pieces],
+                                      request.options, options.num_hypotheses)
+                    for segmented, pieces in plans]
+                return pb.TranslateResponse(model=handle.name, translations=translations)
+
+            response = self._within_limit(await _off_loop(answer))
             track.ok()
             return response
 
@@ -173,29 +181,42 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
             track.deadline = rpc.deadline
-            limit = handle.manifest.max_source_length
-            sources, truncated = [], []
-            for i, text in enumerate(texts):
-                ids = handle.tokenizer.encode(text)
-                if len(ids) > limit and not request.truncate:
-                    raise InvalidArgument(
-                        f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
-                        "(set truncate to cut it)")
-                truncated.append(len(ids) > limit)
-                sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
+            sources, truncated = await _off_loop(
+                lambda: self._summary_sources(handle, texts, request.truncate))
             wanted = [bool(text.strip()) for text in texts]
             futures = self._queue(handle, [s for s, w in zip(sources, wanted, strict=True) if w],
                                   options, rpc)
             results = await self._gather(futures, rpc)
-            it = iter(results)
-            response = pb.SummarizeResponse(model=handle.name)
-            for want, cut in zip(wanted, truncated, strict=True):
-                hyps = next(it) if want else [_EMPTY]
-                response.summaries.append(pb.Summary(
-                    hypotheses=[self._hypothesis(handle, h, request.options) for h in hyps],
-                    truncated=cut))
+
+            def answer() -> pb.SummarizeResponse:
+                it = iter(results)
+                count = options.num_hypotheses
+                summaries = []
+                for want, cut in zip(wanted, truncated, strict=True):
+                    hyps = _enough(next(it), count) if want else [_EMPTY] * count
+                    summaries.append(pb.Summary(
+                        hypotheses=[self._hypothesis(handle, h, request.options)
+                                    for h in hyps[:count]], truncated=cut))
+                return pb.SummarizeResponse(model=handle.name, summaries=summaries)
+
+            response = self._within_limit(await _off_loop(answer))
             track.ok()
             return response
+
+    def _summary_sources(self, handle: ModelHandle, texts: list[str],
+                         truncate: bool) -> tuple[list[list[int]], list[bool]]:
+        """Token ids of each text, cut to the model's limit when `truncate` allows it."""
+        limit = handle.manifest.max_source_length
+        sources, truncated = [], []
+        for i, text in enumerate(texts):
+            ids = handle.tokenizer.encode(text)
+            if len(ids) > limit and not truncate:
+                raise InvalidArgument(
+                    f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
+                    "(set truncate to cut it)")
+            truncated.append(len(ids) > limit)
+            sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
+        return sources, truncated
 
     async def TranslateStream(self, request: pb.TranslateRequest,
                               context: grpc.aio.ServicerContext
@@ -211,7 +232,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
             track.deadline = rpc.deadline
-            segmented, pieces = self._plan_translation(handle, texts[0])
+            segmented, pieces = await _off_loop(lambda: self._plan_translation(handle, texts[0]))
             stream_tokens = options.decoding != "beam"
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
@@ -229,6 +250,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             done_pieces: dict[int, list[Any]] = {}
             partial: dict[int, list[int]] = {i: [] for i in range(len(pieces))}
             waiter = asyncio.ensure_future(asyncio.gather(*futures))
+            # Cancelled or failed, the gather's exception must count as seen, or asyncio
+            # logs "exception was never retrieved" for every cancelled stream.
+            waiter.add_done_callback(_retrieve)
             try:
                 while True:
                     getter = asyncio.ensure_future(queue.get())
@@ -243,7 +267,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                             done_pieces[i] = f.result()
                     text = self._stream_text(handle, segmented, pieces, done_pieces, partial)
                     if len(text) > len(emitted) and text.startswith(emitted):
-                        yield pb.TranslateChunk(text_delta=text[len(emitted):])
+                        yield self._within_limit(pb.TranslateChunk(text_delta=text[len(emitted):]))
                         emitted = text
                     if waiter.done() and queue.empty():
                         break
@@ -254,11 +278,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 if not waiter.done():
                     rpc.cancel()
                     waiter.cancel()
-            translation = self._translation(handle, segmented, pieces, nbests, request.options)
-            final_text = translation.hypotheses[0].text if translation.hypotheses else ""
-            yield pb.TranslateChunk(
+            translation = self._translation(handle, segmented, pieces, nbests, request.options,
+                                            options.num_hypotheses)
+            final_text = translation.hypotheses[0].text
+            yield self._within_limit(pb.TranslateChunk(
                 text_delta=final_text[len(emitted):] if final_text.startswith(emitted) else "",
-                final=True, translation=translation)
+                final=True, translation=translation))
             track.ok()
 
     async def ListModels(self, request: pb.ListModelsRequest,
@@ -284,22 +309,23 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                                         hyp.token_ids, hyp.alignment, options)
 
     def _translation(self, handle: Any, segmented: Any, pieces: list[Piece],
-                     nbests: list[list[Any]], options: pb.DecodingOptions) -> pb.Translation:
-        """n-best of a segmented text: the i-th hypothesis joins every piece's i-th best
-        (or its best when a piece has fewer), scores summed over pieces."""
+                     nbests: list[list[Any]], options: pb.DecodingOptions,
+                     count: int) -> pb.Translation:
+        """`count` hypotheses of a segmented text: the i-th joins every piece's i-th best,
+        scores summed over pieces."""
         if not pieces:
-            return pb.Translation(hypotheses=[pb.Hypothesis(text=segmented.original)])
+            return pb.Translation(hypotheses=[pb.Hypothesis(text=segmented.original)] * count)
+        nbests = [_enough(n, count) for n in nbests]
         if len(pieces) == 1:
-            hyps = [self._hypothesis(handle, h, options) for h in nbests[0]]
+            hyps = [self._hypothesis(handle, h, options) for h in nbests[0][:count]]
             for h in hyps:
                 h.text = reassemble(segmented, [h.text])
             return pb.Translation(hypotheses=hyps)
-        count = max(len(n) for n in nbests)
         # Alignment positions count through the pieces' source token ids in order.
         offsets = list(itertools.accumulate([len(p.source_ids) for p in pieces[:-1]], initial=0))
         out = []
         for i in range(count):
-            chosen = [n[min(i, len(n) - 1)] for n in nbests]
+            chosen = [n[i] for n in nbests]
             text = reassemble(segmented, [handle.tokenizer.decode(h.token_ids) for h in chosen])
             ids = [t for h in chosen for t in h.token_ids]
             scores = [h.score for h in chosen]
@@ -308,6 +334,17 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                          for a in (h.alignment or [])]
             out.append(convert.hypothesis_to_pb(text, score, ids, alignment, options))
         return pb.Translation(hypotheses=out)
+
+    def _within_limit(self, message: Any) -> Any:
+        """Refuse an answer gRPC would refuse to send, with a message saying why."""
+        size = message.ByteSize()
+        limit = self.config.max_message_bytes
+        if size > limit:
+            raise ResourceExhausted(
+                f"the answer would be {size} bytes, above this server's limit of {limit} "
+                "(--max-message-bytes): send fewer or shorter texts, or ask for fewer "
+                "hypotheses, token ids or alignments")
+        return message
 
     def _stream_text(self, handle: Any, segmented: Any, pieces: list[Piece],
                      done: dict[int, list[Any]], partial: dict[int, list[int]]) -> str:
@@ -320,6 +357,25 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 texts.append(handle.tokenizer.decode(partial[i]))
                 break
         return reassemble(segmented, texts, partial=True)
+
+
+async def _off_loop(work: Callable[[], T]) -> T:
+    """Run CPU work (segmenting, tokenizing, detokenizing) on the default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _enough(nbest: Sequence[Any], count: int) -> Sequence[Any]:
+    """An OK answer holds every hypothesis asked for; fewer is a bug here, not the
+    client's fault (length_penalty's range exists so that beam search finds them all)."""
+    if len(nbest) < count:
+        raise RuntimeError(f"the engine returned {len(nbest)} hypotheses where {count} were "
+                           "asked for")
+    return nbest
 
 
 @dataclass

@@ -28,6 +28,8 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.max_batch_size, c.max_batch_tokens, c.max_queue_delay_ms) == (32, 8192, 5.0)
     assert (c.max_queue_size, c.max_texts_per_request, c.max_text_chars) == (1024, 64, 10000)
     assert (c.max_beam_size, c.max_length_cap, c.grace_period_s) == (16, 512, 30.0)
+    assert (c.drain_delay_s, c.metrics_host, c.metrics_address) == (5.0, "", "0.0.0.0")
+    assert (c.reflection, c.serve_valid_models, c.tls) == (True, False, False)
     assert c.max_message_bytes == 4 * 1024 * 1024 and c.log_level == "INFO"
     assert c.threads >= 1 and c.threads == cfg.default_threads()
 
@@ -97,6 +99,7 @@ BAD = {
     "max_length_cap": (0, "max_length_cap must be >= 1, got 0"),
     "max_message_bytes": (10, "max_message_bytes must be in [1024, 2147483647], got 10"),
     "grace_period_s": (-5.0, "grace_period_s must be in [0, 3600], got -5.0"),
+    "drain_delay_s": (3601.0, "drain_delay_s must be in [0, 3600], got 3601.0"),
     "log_level": ("LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, "
                   "got 'LOUD'"),
     "host": ("", "host must be a non-empty address, got ''"),
@@ -143,3 +146,13 @@ def test_limits_for_scheduler_and_options(tmp_path: Path) -> None:
     assert limits.max_queue_delay_s == pytest.approx(0.0075)
     assert (c.option_limits().max_beam_size, c.option_limits().max_length) == (8, 64)
     assert c.to_dict()["models_dir"] == str(tmp_path)
+
+
+def test_drain_delay_from_flag_and_env(tmp_path: Path) -> None:
+    env = {"SEQ2SERVE_DRAIN_DELAY_S": "12.5"}
+    assert load(["--models-dir", str(tmp_path)], env).drain_delay_s == 12.5
+    assert load(["--models-dir", str(tmp_path), "--drain-delay-s", "0"], env).drain_delay_s == 0
+    with pytest.raises(ConfigError) as e:
+        load(["--models-dir", str(tmp_path)], {"SEQ2SERVE_DRAIN_DELAY_S": "-1"})
+    assert e.value.problems == [
+        "drain_delay_s must be in [0, 3600], got -1.0 (from SEQ2SERVE_DRAIN_DELAY_S)"]

@@ -44,9 +44,10 @@ def index_dir(tmp_path: Path) -> Path:
 
 
 def run_cli(*argv: str) -> int:
+    """DDTP only: the messages corpus would fetch packages (tests/test_gettext_corpus.py)."""
     parser = argparse.ArgumentParser()
     corpus.configure(parser)
-    return corpus.run(parser.parse_args(list(argv)))
+    return corpus.run(parser.parse_args(["--corpora", "ddtp", *argv]))
 
 
 # --------------------------------------------------------------------------- parsing
@@ -273,7 +274,8 @@ def line_count(path: Path) -> int:
 def test_cli_end_to_end(index_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
                         ) -> None:
     out = tmp_path / "out"
-    assert cli_main(["data", "--from-dir", str(index_dir), "--out", str(out)]) == 0
+    assert cli_main(["data", "--corpora", "ddtp", "--from-dir", str(index_dir),
+                     "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "DATA_CARD.md", "en-de", "en-fr", "summarize-en"]
     assert not list(tmp_path.glob(".out.tmp-*"))
@@ -328,5 +330,7 @@ def test_help_documents_every_option() -> None:
     parser = argparse.ArgumentParser()
     corpus.configure(parser)
     text = parser.format_help()
-    for option in ("--out", "--langs", "--from-dir", "--no-update", "--force"):
+    for option in ("--out", "--langs", "--from-dir", "--no-update", "--force", "--corpora",
+                   "--messages-out", "--mixed-out", "--deb-cache", "--max-packages",
+                   "--max-download-mb", "--max-deb-mb", "--per-package", "--catalogs-from"):
         assert option in text

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from seq2serve.server.errors import NotFound
 from seq2serve.server.metrics import Metrics
+from seq2serve.server.options import InvalidOptions
 from seq2serve.server.scheduler import (
     BatchLimits,
     Cancelled,
@@ -462,20 +464,19 @@ def test_request_tracking_counts_codes_and_in_flight() -> None:
     with m.track("Translate", "a") as t:
         assert sample(m, "seq2serve_in_flight_requests", model="a") == 1
         t.ok()
-    with pytest.raises(ValueError), m.track("Translate", "a"):
-        raise ValueError("beam_size must be in [1, 16], got 0")
-
-    class NotFound(Exception):
-        code = SimpleNamespace(name="NOT_FOUND")
+    with pytest.raises(InvalidOptions), m.track("Translate", "a"):
+        raise InvalidOptions("beam_size", "beam_size must be in [1, 16], got 0")
+    with pytest.raises(ValueError), m.track("Translate", "a"):  # a bug, not the client's fault
+        raise ValueError("math domain error")
 
     with pytest.raises(NotFound), m.track("Summarize", "a"):
-        raise NotFound()
+        raise NotFound("model 'x' is not served")
     assert sample(m, "seq2serve_in_flight_requests", model="a") == 0
     for method, code in (("Translate", "OK"), ("Translate", "INVALID_ARGUMENT"),
-                         ("Summarize", "NOT_FOUND")):
+                         ("Translate", "INTERNAL"), ("Summarize", "NOT_FOUND")):
         assert sample(m, "seq2serve_requests_total", model="a", method=method, code=code) == 1
     assert sample(m, "seq2serve_request_duration_seconds_count", model="a",
-                  method="Translate") == 2
+                  method="Translate") == 3
 
 
 def test_worker_observes_engine_timings_and_batches() -> None:

@@ -4,11 +4,7 @@ under concurrency, metrics, health, bad input, deadlines, cancellation, drain.""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -21,43 +17,12 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from serving import RunningServer, server_config
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.app import Server
 from seq2serve.server.client import Seq2ServeClient
-from seq2serve.server.config import ServerConfig
-
-
-class RunningServer:
-    """A Server on its own event loop thread, for synchronous test clients."""
-
-    def __init__(self, config: ServerConfig):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server: Server = self.call(self._create(config))
-        self.call(self.server.start())
-        self.target = f"127.0.0.1:{self.server.port}"
-
-    @staticmethod
-    async def _create(config: ServerConfig) -> Server:
-        return Server(config)
-
-    def call(self, coro, timeout: float = 120):  # noqa: ANN001, ANN201
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self, grace: float = 5.0) -> None:
-        self.call(self.server.stop(grace))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
-    values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
-                  provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0)
-    values.update(overrides)
-    return ServerConfig(**values)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +180,10 @@ BAD = [
      "sampling_top_p must be in (0, 1], got 0"),
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
     (dict(options=dict(max_length=65)), "max_length must be in [1, 64], got 65"),
+    (dict(options=dict(beam_size=4, length_penalty=-6)),
+     "length_penalty must be in [-1, 10], got -6.0"),
+    (dict(options=dict(beam_size=4, length_penalty=-20)),
+     "length_penalty must be in [-1, 10], got -20.0"),
     (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
     (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),
 ]
@@ -366,40 +335,6 @@ def test_drain_goes_not_serving_refuses_new_calls_and_finishes_in_flight(
     running.thread.join(10)
 
 
-def test_sigterm_drains_in_flight_call_and_exits_zero(models_dir: Path, tmp_path: Path) -> None:
-    port = 50000 + os.getpid() % 10000
-    env = {**os.environ, "SEQ2SERVE_MODELS_DIR": str(models_dir), "SEQ2SERVE_PORT": str(port),
-           "SEQ2SERVE_HOST": "127.0.0.1", "SEQ2SERVE_METRICS_PORT": "0",
-           "SEQ2SERVE_PROVIDER": "cpu", "SEQ2SERVE_GRACE_PERIOD_S": "30"}
-    proc = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli", "serve"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        target = f"127.0.0.1:{port}"
-        with Seq2ServeClient(target, timeout=60) as c:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if c.health() == "SERVING":
-                        break
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, "server did not become SERVING"
-                time.sleep(0.2)
-            with grpc.insecure_channel(target) as channel:
-                stub = pb_grpc.TranslatorStub(channel)
-                future = stub.Translate.future(pb.TranslateRequest(
-                    texts=CORPUS[:8], options=pb.DecodingOptions(beam_size=6, max_length=48)),
-                    timeout=60)
-                time.sleep(0.2)
-                proc.send_signal(signal.SIGTERM)
-                response = future.result()
-        assert len(response.translations) == 8
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
 def add_package(models_dir: Path, source: Path, name: str, **manifest_fields: object) -> None:
     """A copy of a package under another name/task (manifest.json itself is not hashed)."""
     import json
@@ -461,6 +396,7 @@ def test_summarize_refuses_or_truncates_long_input(multi_server: RunningServer) 
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
     (dict(texts=["a"] * 65), "at most 64 texts per request, got 65"),  # the default cap
     (dict(texts=["a" * 10_001]), "texts[0] must be at most 10000 characters, got 10001"),
+    (dict(options=dict(length_penalty=-20)), "length_penalty must be in [-1, 10], got -20.0"),
 ])
 def test_bad_summarize_input_is_invalid_argument(multi_server: RunningServer, fields: dict,
                                                  message: str) -> None:

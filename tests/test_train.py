@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.model import batching, train
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.batching import read_split
@@ -26,7 +27,13 @@ from seq2serve.model.evaluate import (
     score,
     score_with_signatures,
 )
-from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
+from seq2serve.model.tokenizer import (
+    REQUIRED_CHARS,
+    ROUND_TRIP_TEXTS,
+    Tokenizer,
+    round_trip_failures,
+    train_tokenizer,
+)
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 CORPUS = Path(__file__).parent / "fixtures" / "tiny_corpus"
@@ -95,6 +102,61 @@ def test_byte_fallback_spells_unseen_characters(tmp_path: Path) -> None:
     ids = spelled.encode(text)
     assert spelled.unk_id not in ids
     assert spelled.decode(ids) == text
+
+
+def test_new_tokenizers_round_trip_german_and_french(tmp_path: Path) -> None:
+    # `seq2serve train`'s default vocabulary size (a soft limit: the tiny corpus
+    # yields fewer pieces) turns on byte fallback and the required letters.
+    files = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    tok = train_tokenizer(files, tmp_path / "t.model", vocab_size=8000, num_threads=1)
+    assert round_trip_failures(tok.path) == {}
+    # letters the tiny corpus never shows are single pieces, not byte spellings
+    assert "Ü" not in "".join(read_split(CORPUS, "train")[1])
+    assert [c for c in REQUIRED_CHARS if tok.sp.piece_to_id(c) == tok.unk_id] == []
+    # serving (export/tokenizer.py) runs the same model file and gets the same text
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps(PackageTokenizer.vocab_from_sentencepiece(tok.path)))
+    served = PackageTokenizer(tok.path, tok.path, vocab, unk_id=tok.unk_id, eos_id=tok.eos_id,
+                              pad_id=tok.pad_id)
+    for text in ROUND_TRIP_TEXTS:
+        ids = served.encode(text)
+        assert ids == tok.encode(text) and tok.unk_id not in ids
+        assert served.decode(ids) == text
+
+
+def test_round_trip_helper_reports_what_is_lost(tmp_path: Path) -> None:
+    files = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    plain = train_tokenizer(files, tmp_path / "p.model", vocab_size=120, byte_fallback=False,
+                            num_threads=1)
+    failures = round_trip_failures(plain.path)
+    assert "Ü" in failures and "€" in failures and failures["Ü"] != "Ü"
+    assert ROUND_TRIP_TEXTS[0] in failures
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalized"),
+    [
+        ("Öffnen…", "Öffnen…"),  # nmt_nfkc would write "Öffnen..."
+        ("5 m² ½ ™", "5 m² ½ ™"),
+        ("U\u0308ber E\u0301te", "Über Éte"),  # NFC composes
+        ("Fichier\u00a0: «\u202fOui\u202f»", "Fichier : « Oui »"),  # NBSP, narrow NBSP
+        ("ﬁle Ｆｉｌｅ", "file File"),
+        ("a\u200bb\u00adc\x07d", "abcd"),
+    ],
+)
+def test_default_normalization(tmp_path: Path, raw: str, normalized: str) -> None:
+    files = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    tok = train_tokenizer(files, tmp_path / "n.model", vocab_size=1024, num_threads=1)
+    assert tok.decode(tok.encode(raw)) == normalized
+
+
+def test_nmt_nfkc_would_rewrite_typography(tmp_path: Path) -> None:
+    files = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    tok = train_tokenizer(files, tmp_path / "k.model", vocab_size=1024, num_threads=1,
+                          normalization="nmt_nfkc")
+    assert tok.decode(tok.encode("Öffnen… 5 m²")) == "Öffnen... 5 m2"
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        train_tokenizer(files, tmp_path / "x.model", normalization="nfd")
 
 
 def test_tokenizer_training_is_deterministic(tokenizer: Tokenizer, tmp_path: Path) -> None:

@@ -1,0 +1,194 @@
+"""int8 packages whose every row is quantized on its own (batch-invariant int8).
+
+ONNX Runtime's dynamic quantization (`quantize_dynamic`) puts one
+`DynamicQuantizeLinear` before each quantized MatMul: one scale and zero point
+for the whole activation tensor, so a row's rounding depends on the largest
+value of any row in the batch, padding included. Served that way, a text's
+translation changed with its batch-mates (issue 10: 14% of texts in a soak).
+
+`per_row_activations` replaces each of those nodes with a per-row symmetric
+quantizer, the scheme CTranslate2 uses on CPU (one scale per token), on the
+activation flattened to 2-D (rows, K):
+
+    scale = max(|x|, axis 1) / 127             (rows, 1)
+    q     = uint8(round(x / scale) + 128)      (rows, K), zero point 128
+
+`MatMulInteger` keeps its weights and takes the scalar zero point 128 (uint8
+activations keep ONNX Runtime on its fast u8 x s8 kernel; int8 x int8 takes a
+slow path on AVX2 machines); its int32 sums are exact whatever the batch. One
+`DequantizeLinear` along axis 0 scales them by row scale x weight scale (one
+pass over the output, where Cast + Mul took two), and a Reshape restores the
+leading axes. So every row's result depends on that row alone: padded
+positions and batch-mates cannot move it by a single bit.
+
+The quantizer's `Cast -> Mul(x_scale * w_scale)` rescale is not kept: ONNX
+Runtime's MatMulIntegerToFloatFusion matches it and its fused kernel reads
+x_scale as one scalar (measured: every row scaled by row 0's scale, log-prob
+deviation 1.3 instead of 0.22).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+QMAX = 127.0  # symmetric: [-127, 127], then shifted by the zero point into [1, 255]
+ZERO_POINT = 128
+# A row of zeros would divide by zero; any positive scale quantizes it to 128 (= 0).
+MIN_SCALE = 1e-12
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Weights int8 (per tensor, as `quantize_dynamic` does), activations per row."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The quantizer logs a pre-processing hint on every call through the root logger.
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm", "Gather"])
+    model = onnx.load(str(dst))
+    per_row_activations(model)
+    onnx.save(model, str(dst))
+
+
+def per_row_activations(model: onnx.ModelProto) -> int:
+    """Rewrite every DynamicQuantizeLinear in `model`, and the rescale of each
+    MatMulInteger it feeds, into the per-row scheme above. Returns how many
+    quantizers were rewritten."""
+    graph = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    inits = {i.name: i for i in graph.initializer}
+    nodes = list(graph.node)
+    quantizers = {n.output[0]: n for n in nodes if n.op_type == "DynamicQuantizeLinear"}
+    if not quantizers:
+        return 0
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producers = {name: n for n in nodes for name in n.output}
+
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # id(node) -> what stands in its place
+    dropped: set[int] = set()  # ids of nodes folded into a replacement
+    for q_name, dql in quantizers.items():
+        x = dql.input[0]
+        rank = ranks.get(x)
+        if rank is None or rank < 2:
+            raise ValueError(f"per-row quantization needs the rank of {x!r} (>= 2), got {rank}")
+        replaced[id(dql)] = _per_row_quantizer(dql, rank, opset)
+        for mmi in consumers.get(q_name, []):
+            if mmi.op_type != "MatMulInteger":
+                raise ValueError(f"{q_name!r} feeds a {mmi.op_type}, not a MatMulInteger")
+            cast = _only_consumer(consumers, mmi.output[0], "Cast")
+            mul = _only_consumer(consumers, cast.output[0], "Mul")
+            product = producers[next(n for n in mul.input if n != cast.output[0])]
+            w_scale = next(n for n in product.input if n != dql.output[1])
+            if w_scale not in inits or int(np.prod(inits[w_scale].dims)) != 1:
+                raise ValueError(f"weight scale {w_scale!r} must be one per tensor")
+            out_dim = int(inits[mmi.input[1]].dims[-1])
+            replaced[id(mul)] = _rescale(mmi.output[0], dql, w_scale, mul.output[0], rank,
+                                         out_dim)
+            dropped.update((id(cast), id(product)))
+    graph.initializer.extend(_constants())
+    del graph.node[:]
+    for node in nodes:
+        if id(node) in replaced:
+            graph.node.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            graph.node.append(node)
+    return len(quantizers)
+
+
+def _only_consumer(consumers: dict[str, list[onnx.NodeProto]], name: str,
+                   op_type: str) -> onnx.NodeProto:
+    found = consumers.get(name, [])
+    if len(found) != 1 or found[0].op_type != op_type:
+        raise ValueError(f"{name!r} should feed exactly one {op_type}, feeds "
+                         f"{[n.op_type for n in found]}")
+    return found[0]
+
+
+def _constants() -> list[onnx.TensorProto]:
+    return [
+        numpy_helper.from_array(np.array(QMAX, dtype=np.float32), "per_row_qmax"),
+        numpy_helper.from_array(np.array(MIN_SCALE, dtype=np.float32), "per_row_min_scale"),
+        numpy_helper.from_array(np.array(float(ZERO_POINT), dtype=np.float32),
+                                "per_row_shift"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "per_row_flat"),
+    ]
+
+
+def _prefix(dql: onnx.NodeProto) -> str:
+    return f"{dql.name or dql.input[0]}/per_row"
+
+
+def _per_row_quantizer(dql: onnx.NodeProto, rank: int, opset: int) -> list[onnx.NodeProto]:
+    """x (..., K) -> q (rows, K) uint8, scale (rows, 1), zero point 128; for rank > 2
+    also the leading shape (...), which the rescale restores."""
+    x = dql.input[0]
+    q, scale, zero_point = dql.output
+    p = _prefix(dql)
+    nodes = []
+    if rank > 2:
+        nodes += [
+            helper.make_node("Flatten", [x], [f"{p}/rows"], name=f"{p}/Flatten", axis=rank - 1),
+            helper.make_node("Shape", [x], [f"{p}/shape"], name=f"{p}/Shape", end=rank - 1),
+        ]
+        x = f"{p}/rows"
+    return [
+        *nodes,
+        helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
+        _reduce_max_last_axis(f"{p}/abs", f"{p}/amax", f"{p}/ReduceMax", opset),  # (rows, 1)
+        helper.make_node("Div", [f"{p}/amax", "per_row_qmax"], [f"{p}/raw_scale"],
+                         name=f"{p}/Div_qmax"),
+        helper.make_node("Max", [f"{p}/raw_scale", "per_row_min_scale"], [scale],
+                         name=f"{p}/Max"),
+        helper.make_node("Div", [x, scale], [f"{p}/scaled"], name=f"{p}/Div_scale"),
+        helper.make_node("Round", [f"{p}/scaled"], [f"{p}/rounded"], name=f"{p}/Round"),
+        helper.make_node("Add", [f"{p}/rounded", "per_row_shift"], [f"{p}/shifted"],
+                         name=f"{p}/Add"),
+        helper.make_node("Cast", [f"{p}/shifted"], [q], name=f"{p}/Cast", to=TensorProto.UINT8),
+        helper.make_node("Constant", [], [zero_point], name=f"{p}/zero_point",
+                         value=numpy_helper.from_array(np.array(ZERO_POINT, np.uint8))),
+    ]
+
+
+def _rescale(sums: str, dql: onnx.NodeProto, w_scale: str, output: str, rank: int,
+             out_dim: int) -> list[onnx.NodeProto]:
+    """int32 sums (rows, N) -> float (..., N): one DequantizeLinear by the per-row
+    scale x the weight scale, then the leading axes back."""
+    p = f"{_prefix(dql)}/{sums}"
+    x_scale = dql.output[1]
+    flat_out = output if rank == 2 else f"{p}/dequantized"
+    nodes = [
+        helper.make_node("Mul", [x_scale, w_scale], [f"{p}/scale"], name=f"{p}/Mul_scale"),
+        helper.make_node("Reshape", [f"{p}/scale", "per_row_flat"], [f"{p}/scale_rows"],
+                         name=f"{p}/Reshape_scale"),  # (rows,)
+        helper.make_node("DequantizeLinear", [sums, f"{p}/scale_rows"], [flat_out],
+                         name=f"{p}/DequantizeLinear", axis=0),
+    ]
+    if rank > 2:
+        size = f"{p}/out_dim"
+        nodes += [
+            helper.make_node("Constant", [], [size], name=f"{p}/out_dim",
+                             value=numpy_helper.from_array(np.array([out_dim], np.int64))),
+            helper.make_node("Concat", [f"{_prefix(dql)}/shape", size], [f"{p}/out_shape"],
+                             name=f"{p}/Concat", axis=0),
+            helper.make_node("Reshape", [flat_out, f"{p}/out_shape"], [output],
+                             name=f"{p}/Reshape"),
+        ]
+    return nodes
+
+
+def _reduce_max_last_axis(x: str, out: str, name: str, opset: int) -> onnx.NodeProto:
+    """(..., K) -> (..., 1); ReduceMax takes its axes as an input from opset 18 on."""
+    if opset >= 18:
+        return helper.make_node("ReduceMax", [x, "per_row_flat"], [out], name=name, keepdims=1)
+    return helper.make_node("ReduceMax", [x], [out], name=name, axes=[-1], keepdims=1)

@@ -1,0 +1,28 @@
+"""The soak's quick form (issue 10): the shipped models under 64 concurrent
+callers lose, mix up and batch-change nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seq2serve.bench import soak
+
+FIXTURE = Path(__file__).parent / "fixtures" / "ddtp_en_test_sample.txt"
+
+
+def test_classify_names_each_failure() -> None:
+    alone = [((1, 2), -1.0), ((3,), -2.0), ((4, 5), -0.5), ((6,), -0.1)]
+    together = [((1, 2), -1.0), ((1, 2), -1.0), None, ((6,), -0.2)]
+    assert soak.classify(alone, together) == {"lost": 1, "mixed": 1, "batch_dependent": 1,
+                                              "right": 1}
+
+
+@pytest.mark.slow
+def test_quick_soak_is_clean() -> None:
+    texts = soak.read_texts([FIXTURE], 96)
+    report = soak.run(texts, model="en-de", concurrency=64)
+    assert (report.lost, report.mixed, report.batch_dependent) == (0, 0, 0)
+    assert report.right == report.texts == 96
+    assert report.rss_start_mib > 0 and report.rss_peak_mib >= report.rss_end_mib > 0
