@@ -47,7 +47,11 @@ RETRY_POLICY: dict[str, Any] = {
     "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
+# round_robin: a target that resolves to many addresses (a headless Kubernetes
+# Service, `ipv4:host1:port,host2:port`) gets calls spread over all of them; gRPC's
+# default (pick_first) would send everything to the first.
 SERVICE_CONFIG: dict[str, Any] = {
+    "loadBalancingConfig": [{"round_robin": {}}],
     "methodConfig": [{
         "name": [{"service": pb.DESCRIPTOR.services_by_name["Translator"].full_name}],
         "retryPolicy": RETRY_POLICY,

@@ -1,5 +1,6 @@
-"""The Python client's retry policy: a call that meets UNAVAILABLE (a draining or
-restarting replica) is sent again; any other status is final."""
+"""The Python client's service config: a call that meets UNAVAILABLE (a draining
+or restarting replica) is sent again, any other status is final; a target with
+many addresses gets its calls spread round-robin."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def test_service_config_names_the_real_service() -> None:
     assert method["name"] == [{"service": pb.DESCRIPTOR.services_by_name["Translator"]
                                .full_name}]
     assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+
+
+def test_calls_spread_round_robin_over_a_multi_address_target(serve) -> None:
+    servers = [Flaky(failures=0, code=grpc.StatusCode.OK) for _ in range(3)]
+    addresses = [serve(s).removeprefix("127.0.0.1:") for s in servers]
+    target = "ipv4:" + ",".join(f"127.0.0.1:{port}" for port in addresses)
+    with Seq2ServeClient(target, timeout=10) as client:
+        for _ in range(30):
+            client.translate(["hello"])
+    # Every replica gets its share (round_robin cycles once all are connected).
+    assert sum(s.calls for s in servers) == 30
+    assert all(s.calls >= 5 for s in servers), [s.calls for s in servers]
