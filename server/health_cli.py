@@ -6,8 +6,9 @@ Docker `HEALTHCHECK`, a shell `until` loop or a load balancer's check script.
 Docker reserves exit status 2, hence one failure status. One line is printed:
 the status on stdout when SERVING, the reason on stderr otherwise.
 
-The default server is 127.0.0.1 on `SEQ2SERVE_PORT` when that is set, so the
-image's HEALTHCHECK follows the port the container was configured with.
+The default server is read from the variables `serve` reads, SEQ2SERVE_HOST
+(a wildcard means loopback) and SEQ2SERVE_PORT, so the image's HEALTHCHECK
+follows however the container was configured.
 """
 
 from __future__ import annotations
@@ -25,16 +26,28 @@ PROG = "seq2serve health"
 DEFAULT_TIMEOUT_S = 5.0
 
 
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
 def default_target(environ: Mapping[str, str] = os.environ) -> str:
+    """Where `serve` listens by the same SEQ2SERVE_HOST/SEQ2SERVE_PORT variables: a
+    wildcard host is reached on loopback."""
     port = environ.get("SEQ2SERVE_PORT", "").strip()
-    return f"127.0.0.1:{port}" if port else DEFAULT_TARGET
+    host = environ.get("SEQ2SERVE_HOST", "").strip()
+    if host in WILDCARDS:
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    if not port:
+        return DEFAULT_TARGET if host == "127.0.0.1" else f"{host}:{DEFAULT_TARGET.split(':')[1]}"
+    return f"{host}:{port}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     target = default_target()
     parser.add_argument("--server", default=target, metavar="HOST:PORT",
-                        help=f"the seq2serve server (default {target}: 127.0.0.1 on "
-                        "$SEQ2SERVE_PORT when set)")
+                        help=f"the seq2serve server (default {target}, from $SEQ2SERVE_HOST "
+                        "and $SEQ2SERVE_PORT when set)")
     parser.add_argument("--service", default="", metavar="NAME",
                         help="a service's status, e.g. seq2serve.v1.Translator (default: "
                         "the whole server)")

@@ -82,7 +82,13 @@ def test_bad_timeout_is_refused(capsys) -> None:
     assert "--timeout must be > 0" in capsys.readouterr().err
 
 
-def test_default_target_follows_seq2serve_port() -> None:
-    assert health_cli.default_target({"SEQ2SERVE_PORT": "6000"}) == "127.0.0.1:6000"
-    assert health_cli.default_target({"SEQ2SERVE_PORT": " "}) == "127.0.0.1:50051"
-    assert health_cli.default_target({}) == "127.0.0.1:50051"
+def test_default_target_follows_the_server_variables() -> None:
+    target = health_cli.default_target
+    assert target({"SEQ2SERVE_PORT": "6000"}) == "127.0.0.1:6000"
+    assert target({"SEQ2SERVE_PORT": " "}) == "127.0.0.1:50051"
+    assert target({}) == "127.0.0.1:50051"
+    assert target({"SEQ2SERVE_HOST": "0.0.0.0", "SEQ2SERVE_PORT": "7"}) == "127.0.0.1:7"
+    assert target({"SEQ2SERVE_HOST": "10.1.2.3", "SEQ2SERVE_PORT": "7"}) == "10.1.2.3:7"
+    assert target({"SEQ2SERVE_HOST": "10.1.2.3"}) == "10.1.2.3:50051"
+    assert target({"SEQ2SERVE_HOST": "::1", "SEQ2SERVE_PORT": "7"}) == "[::1]:7"
+    assert target({"SEQ2SERVE_HOST": "::", "SEQ2SERVE_PORT": "7"}) == "127.0.0.1:7"
