@@ -193,6 +193,10 @@ def docker_engine(tmp: Path) -> Iterator[Docker]:
             process.kill()
             process.wait(10)
         log.close()
+        # dockerd leaves its default network namespace mounted under exec-root.
+        netns = tmp / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", str(netns)], check=False, timeout=30)
         shutil.rmtree(tmp / "data", ignore_errors=True)
 
 
