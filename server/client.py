@@ -33,6 +33,9 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 _OPTION_FIELDS = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
+_LIMIT_FIELDS = ("max_length", "max_positions", "max_beam_size", "max_texts_per_request",
+                 "max_text_chars", "min_length_penalty", "max_length_penalty")
+_FINISH_PREFIX = "FINISH_REASON_"
 
 # A replica that is draining (SIGTERM) or restarting answers UNAVAILABLE before it
 # runs anything, and every Translator method is a pure function of its request, so
@@ -71,6 +74,7 @@ class Hyp:
     score: float | None = None
     token_ids: list[int] | None = None
     alignment: list[int] | None = None
+    finish_reason: str = ""  # "eos" (complete) or "length" (cut at the length limit)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class ModelInfo:
     provider: str
     max_source_length: int
     defaults: dict[str, Any] = field(default_factory=dict)  # only the fields the model sets
+    # The limits the server applies (ListModels' max_length ... max_length_penalty).
+    limits: dict[str, float] = field(default_factory=dict)
 
 
 class Seq2ServeClient:
@@ -147,7 +153,8 @@ class Seq2ServeClient:
     def list_models(self) -> list[ModelInfo]:
         response = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
         return [ModelInfo(m.name, m.task, m.source_language, m.target_language, m.precision,
-                          m.provider, m.max_source_length, _options_dict(m.defaults))
+                          m.provider, m.max_source_length, _options_dict(m.defaults),
+                          {name: getattr(m, name) for name in _LIMIT_FIELDS})
                 for m in response.models]
 
     def health(self, service: str = "") -> str:
@@ -214,8 +221,14 @@ def _hyps(hypotheses: Iterable[pb.Hypothesis], options: pb.DecodingOptions) -> l
     return [Hyp(h.text,
                 h.score if options.return_scores else None,
                 list(h.token_ids) if options.return_token_ids else None,
-                list(h.alignment) if options.return_alignment else None)
+                list(h.alignment) if options.return_alignment else None,
+                _finish_reason(h.finish_reason))
             for h in hypotheses]
+
+
+def _finish_reason(value: int) -> str:
+    name = pb.FinishReason.Name(value)  # FINISH_REASON_EOS -> "eos"; unset -> ""
+    return "" if value == pb.FINISH_REASON_UNSPECIFIED else name[len(_FINISH_PREFIX):].lower()
 
 
 # --- the shared half of `seq2serve translate` and `seq2serve summarize` ---

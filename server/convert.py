@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from seq2serve.export.package import Manifest
 from seq2serve.protos import translator_pb2 as pb
-from seq2serve.server.options import DecodingOptions
+from seq2serve.server.options import LENGTH_PENALTY_RANGE, DecodingOptions
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
 # sizes and 0.0 temperatures are values a client can mean), so HasField decides.
@@ -29,6 +30,19 @@ RETURN_FIELDS: tuple[str, ...] = ("return_scores", "return_alignment", "return_t
 _FLOAT_FIELDS = frozenset(
     f.name for f in pb.DecodingOptions.DESCRIPTOR.fields if f.type == f.TYPE_FLOAT)
 _PB_FIELDS = frozenset(OPTIONAL_FIELDS + RETURN_FIELDS)
+FINISH_REASONS: dict[str, int] = {"eos": pb.FINISH_REASON_EOS,
+                                  "length": pb.FINISH_REASON_LENGTH}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What ListModels reports as the limits applied to one model's requests."""
+
+    max_length: int  # the server's cap, lowered to max_positions
+    max_positions: int
+    max_beam_size: int
+    max_texts_per_request: int
+    max_text_chars: int
 
 
 def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
@@ -59,15 +73,15 @@ def options_to_pb(options: Mapping[str, Any] | DecodingOptions) -> pb.DecodingOp
 
 
 def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | None,
-                     alignment: Sequence[int] | None,
-                     options: pb.DecodingOptions) -> pb.Hypothesis:
+                     alignment: Sequence[int] | None, options: pb.DecodingOptions, *,
+                     finish_reason: str) -> pb.Hypothesis:
     """One hypothesis with only the extras the request's `options` asked for.
 
     The request's message, not the resolved options, decides: the response
     carries what the client asked to see. An extra that is None (not computed)
-    stays unset.
+    stays unset. `finish_reason` ("eos" or "length") is always set.
     """
-    hypothesis = pb.Hypothesis(text=text)
+    hypothesis = pb.Hypothesis(text=text, finish_reason=FINISH_REASONS[finish_reason])
     if options.return_scores and score is not None:
         hypothesis.score = float(score)
     if options.return_token_ids and token_ids is not None:
@@ -79,10 +93,16 @@ def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | 
 
 def model_info_to_pb(manifest: Manifest, provider: str,
                      defaults: Mapping[str, Any] | DecodingOptions | None = None,
-                     ) -> pb.ModelInfo:
+                     limits: ModelLimits | None = None) -> pb.ModelInfo:
     """A ListModels entry. `defaults` are what unset request fields become; the
     manifest's generation settings when not given (pass resolved options to
-    show the server's caps and built-ins as well)."""
+    show the server's caps and built-ins as well). `limits`, when given, are
+    the limits the server applies to this model's requests."""
+    limit_fields: dict[str, Any] = {}
+    if limits is not None:
+        limit_fields = dict(dataclasses.asdict(limits),
+                            min_length_penalty=LENGTH_PENALTY_RANGE[0],
+                            max_length_penalty=LENGTH_PENALTY_RANGE[1])
     return pb.ModelInfo(
         name=manifest.name,
         task=manifest.task,
@@ -92,6 +112,7 @@ def model_info_to_pb(manifest: Manifest, provider: str,
         provider=provider,
         max_source_length=manifest.max_source_length,
         defaults=options_to_pb(manifest.generation if defaults is None else defaults),
+        **limit_fields,
     )
 
 

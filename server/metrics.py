@@ -170,6 +170,11 @@ class MetricsServer:
     def port(self) -> int:
         return int(self._httpd.server_address[1])
 
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()

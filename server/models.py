@@ -29,6 +29,7 @@ from .config import ServerConfig
 from .engine import Engine
 from .errors import InvalidArgument, NotFound, Unavailable, echo
 from .metrics import Metrics
+from .options import DecodingOptions, InvalidOptions
 from .runner import RunnerConfig
 from .scheduler import Scheduler
 from .worker import ModelWorker
@@ -163,6 +164,11 @@ class ModelRegistry:
         name = package.manifest.name
         runner = RunnerConfig(provider=config.provider, intra_op_threads=config.threads)
         engine = Engine(package, runner, config.option_limits())
+        try:  # a default no request can override must not fail every call
+            engine.resolve(DecodingOptions())
+        except InvalidOptions as e:
+            raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
+                                              f"on this server: {e}"]) from None
         tokenizer = package_tokenizer(package)
         scheduler = Scheduler(config.batch_limits())
         worker = ModelWorker(name, engine, scheduler, metrics).start()

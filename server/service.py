@@ -9,6 +9,7 @@ interceptor in errors.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -290,10 +291,22 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
         with self.metrics.track("ListModels") as track:
             response = pb.ListModelsResponse(models=[
-                convert.model_info_to_pb(h.manifest, h.provider)
-                for h in self.registry.handles()])
+                self._model_info(h) for h in self.registry.handles()])
             track.ok()
             return response
+
+    def _model_info(self, handle: ModelHandle) -> pb.ModelInfo:
+        engine = handle.engine
+        # The manifest's defaults as they apply here (a max_length above the cap, capped).
+        applied = dataclasses.asdict(engine.resolve(DecodingOptions()))
+        defaults = {name: applied[name] for name in handle.manifest.generation
+                    if name in applied}
+        limits = convert.ModelLimits(
+            max_length=engine.limits.max_length, max_positions=engine.runner.max_positions,
+            max_beam_size=engine.limits.max_beam_size,
+            max_texts_per_request=self.config.max_texts_per_request,
+            max_text_chars=self.config.max_text_chars)
+        return convert.model_info_to_pb(handle.manifest, handle.provider, defaults, limits)
 
     # -- assembling answers ----------------------------------------------------
 
@@ -306,7 +319,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     def _hypothesis(self, handle: Any, hyp: Any, options: pb.DecodingOptions) -> pb.Hypothesis:
         return convert.hypothesis_to_pb(handle.tokenizer.decode(hyp.token_ids), hyp.score,
-                                        hyp.token_ids, hyp.alignment, options)
+                                        hyp.token_ids, hyp.alignment, options,
+                                        finish_reason=hyp.finish_reason)
 
     def _translation(self, handle: Any, segmented: Any, pieces: list[Piece],
                      nbests: list[list[Any]], options: pb.DecodingOptions,
@@ -314,7 +328,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         """`count` hypotheses of a segmented text: the i-th joins every piece's i-th best,
         scores summed over pieces."""
         if not pieces:
-            return pb.Translation(hypotheses=[pb.Hypothesis(text=segmented.original)] * count)
+            empty = convert.hypothesis_to_pb(segmented.original, None, None, None, options,
+                                             finish_reason="eos")
+            return pb.Translation(hypotheses=[empty] * count)
         nbests = [_enough(n, count) for n in nbests]
         if len(pieces) == 1:
             hyps = [self._hypothesis(handle, h, options) for h in nbests[0][:count]]
@@ -332,7 +348,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             score = None if None in scores else sum(scores)
             alignment = [a + offset for h, offset in zip(chosen, offsets, strict=True)
                          for a in (h.alignment or [])]
-            out.append(convert.hypothesis_to_pb(text, score, ids, alignment, options))
+            cut = any(h.finish_reason == "length" for h in chosen)
+            out.append(convert.hypothesis_to_pb(text, score, ids, alignment, options,
+                                                finish_reason="length" if cut else "eos"))
         return pb.Translation(hypotheses=out)
 
     def _within_limit(self, message: Any) -> Any:
@@ -383,6 +401,7 @@ class _Empty:
     token_ids: list[int] = field(default_factory=list)
     score: float = 0.0
     alignment: list[int] | None = None
+    finish_reason: str = "eos"
 
 
 _EMPTY = _Empty()

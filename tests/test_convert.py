@@ -72,28 +72,39 @@ def test_options_to_pb_from_a_manifest_mapping() -> None:
 
 def test_hypothesis_extras_only_when_requested() -> None:
     args = ("Hallo", -1.25, [5, 6, 7], [0, 0, 1])
-    bare = convert.hypothesis_to_pb(*args, pb.DecodingOptions())
-    assert bare == pb.Hypothesis(text="Hallo")
+    bare = convert.hypothesis_to_pb(*args, pb.DecodingOptions(), finish_reason="eos")
+    assert bare == pb.Hypothesis(text="Hallo", finish_reason=pb.FINISH_REASON_EOS)
     full = convert.hypothesis_to_pb(*args, pb.DecodingOptions(
-        return_scores=True, return_token_ids=True, return_alignment=True))
+        return_scores=True, return_token_ids=True, return_alignment=True),
+        finish_reason="length")
     assert full == pb.Hypothesis(text="Hallo", score=-1.25, token_ids=[5, 6, 7],
-                                 alignment=[0, 0, 1])
-    ids_only = convert.hypothesis_to_pb(*args, pb.DecodingOptions(return_token_ids=True))
+                                 alignment=[0, 0, 1], finish_reason=pb.FINISH_REASON_LENGTH)
+    ids_only = convert.hypothesis_to_pb(*args, pb.DecodingOptions(return_token_ids=True),
+                                        finish_reason="eos")
     assert list(ids_only.token_ids) == [5, 6, 7] and ids_only.score == 0
     assert not ids_only.alignment
+
+
+def test_finish_reasons_are_the_engines() -> None:
+    with pytest.raises(KeyError):
+        convert.hypothesis_to_pb("x", None, None, None, pb.DecodingOptions(),
+                                 finish_reason="stop")
+    assert set(convert.FINISH_REASONS) == {"eos", "length"}
 
 
 def test_extras_that_were_not_computed_stay_unset() -> None:
     everything = pb.DecodingOptions(return_scores=True, return_token_ids=True,
                                     return_alignment=True)
-    assert convert.hypothesis_to_pb("x", None, None, None, everything) == pb.Hypothesis(text="x")
+    assert convert.hypothesis_to_pb("x", None, None, None, everything, finish_reason="eos") == \
+        pb.Hypothesis(text="x", finish_reason=pb.FINISH_REASON_EOS)
 
 
 def test_numpy_ids_convert() -> None:
     np = pytest.importorskip("numpy")
     message = convert.hypothesis_to_pb("x", np.float32(-0.5), np.array([3, 4]), None,
                                        pb.DecodingOptions(return_scores=True,
-                                                          return_token_ids=True))
+                                                          return_token_ids=True),
+                                       finish_reason="eos")
     assert list(message.token_ids) == [3, 4] and message.score == -0.5
 
 
@@ -111,3 +122,16 @@ def test_model_info() -> None:
     resolved = DecodingOptions().resolve(manifest.generation)
     shown = convert.model_info_to_pb(manifest, "CPUExecutionProvider", resolved).defaults
     assert shown.beam_size == 4 and shown.HasField("min_length") and shown.min_length == 0
+    assert info.max_length == 0  # no limits given, none shown
+
+
+def test_model_info_limits() -> None:
+    manifest = Manifest(
+        name="m", task="translate", source_language="en", target_language="de", config={},
+        special_tokens={}, tokenizer={}, precision="fp32", max_source_length=256, generation={})
+    limits = convert.ModelLimits(max_length=200, max_positions=256, max_beam_size=8,
+                                 max_texts_per_request=32, max_text_chars=5000)
+    info = convert.model_info_to_pb(manifest, "CPUExecutionProvider", limits=limits)
+    assert (info.max_length, info.max_positions, info.max_beam_size,
+            info.max_texts_per_request, info.max_text_chars, info.min_length_penalty,
+            info.max_length_penalty) == (200, 256, 8, 32, 5000, -1.0, 10.0)
