@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "server"),
     "summarize": ("seq2serve.server.summarize_cli", "summarize text files on a running "
                   "seq2serve server"),
+    "health": ("seq2serve.server.health_cli", "exit 0 when a server's gRPC health service "
+               "says SERVING, 1 otherwise (for container and load-balancer checks)"),
 }
 
 

@@ -18,6 +18,7 @@ commands live here too (their modules are translate_cli.py and summarize_cli.py)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,6 +36,34 @@ _OPTION_FIELDS = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
 _LIMIT_FIELDS = ("max_length", "max_positions", "max_beam_size", "max_texts_per_request",
                  "max_text_chars", "min_length_penalty", "max_length_penalty")
 _FINISH_PREFIX = "FINISH_REASON_"
+
+# A replica that is draining (SIGTERM) or restarting answers UNAVAILABLE before it
+# runs anything, and every Translator method is a pure function of its request, so
+# gRPC may send the call again, through a balancer or a round-robin channel to
+# another replica. Only UNAVAILABLE: any other status is the answer. Health is
+# left out so a check reports what the server says, at once. A streamed call is
+# retried only until its first message has arrived (gRPC's rule).
+RETRY_POLICY: dict[str, Any] = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+# round_robin: a target that resolves to many addresses (a headless Kubernetes
+# Service, `ipv4:host1:port,host2:port`) gets calls spread over all of them; gRPC's
+# default (pick_first) would send everything to the first.
+SERVICE_CONFIG: dict[str, Any] = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [{
+        "name": [{"service": pb.DESCRIPTOR.services_by_name["Translator"].full_name}],
+        "retryPolicy": RETRY_POLICY,
+    }],
+}
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+]
 
 
 @dataclass(frozen=True)
@@ -83,12 +112,13 @@ class ModelInfo:
 
 class Seq2ServeClient:
     """Calls a seq2serve server over one insecure channel; `timeout` (seconds)
-    is each call's deadline, None for none."""
+    is each call's deadline, None for none. Translator calls that meet
+    UNAVAILABLE are retried (`RETRY_POLICY`) within that deadline."""
 
     def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = None) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target)
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.TranslatorStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

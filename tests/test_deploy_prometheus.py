@@ -1,0 +1,312 @@
+"""Prometheus: promtool checks the scrape config and the rules and runs their unit
+tests; then a real Prometheus scrapes 3 real server replicas on 127.0.0.1 under
+a bounded load, through the committed scrape config's own relabelling, fed by
+file-based discovery that carries the labels Kubernetes discovery would. The
+autoscaler's queue-time series has data for every pod, the prometheus-adapter
+query finds it, every dashboard panel's query returns data, and killing a
+replica fires the replica-down alert.
+
+Test-only settings: 1 s scrape and rule intervals, and every alert's `for`
+shortened to 2 s (promtool's unit tests check the real durations)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, tool
+
+from seq2serve.server.client import Seq2ServeClient
+
+pytestmark = pytest.mark.slow
+PROMETHEUS = DEPLOY / "prometheus"
+NAMESPACE = "seq2serve-test"
+REPLICAS = 3
+LOAD_CALLS = 600  # bounded: this many calls or LOAD_SECONDS, whichever ends first
+LOAD_SECONDS = 40.0
+
+
+def promtool() -> str:
+    return tool("promtool", "Debian prometheus")
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120)
+
+
+def file_sd_config(out: Path, targets: Path, fast: bool) -> Path:
+    """prometheus.yml with kubernetes_sd swapped for file_sd (same relabelling).
+    `fast`: the test-only intervals and a rules copy with short `for` clauses."""
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+    job["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
+    rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
+    if fast:
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s",
+                            "scrape_timeout": "1s"}
+        for group in rules["groups"]:
+            group["interval"] = "1s"
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = "2s"
+    (out / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    config["rule_files"] = [str(out / "rules.yml")]
+    path = out / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_promtool_check_config(tmp_path: Path) -> None:
+    committed = run_promtool("check", "config", str(PROMETHEUS / "prometheus.yml"))
+    if committed.returncode != 0:
+        # Debian builds Prometheus without Kubernetes discovery; everything but
+        # that block is still checked, and kubernetes_sd_configs is asserted to
+        # be exactly `role: pod` by file_sd_config().
+        assert "kubernetes_sd_configs not found" in committed.stdout + committed.stderr, \
+            committed.stdout + committed.stderr
+        targets = tmp_path / "targets.json"
+        targets.write_text("[]")
+        derived = run_promtool("check", "config", str(file_sd_config(tmp_path, targets, False)))
+        assert derived.returncode == 0, derived.stdout + derived.stderr
+        assert "SUCCESS" in derived.stdout + derived.stderr
+
+
+def test_promtool_check_rules() -> None:
+    out = run_promtool("check", "rules", str(PROMETHEUS / "rules.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
+    count = sum(len(g["rules"]) for g in rules["groups"])
+    assert f"SUCCESS: {count} rules found" in out.stdout
+
+
+def test_promtool_test_rules() -> None:
+    out = run_promtool("test", "rules", str(PROMETHEUS / "rules_test.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+# --- the live fleet -----------------------------------------------------------------
+
+def pod_labels(name: str, port_name: str = "metrics", app: str = "seq2serve",
+               phase: str = "Running") -> dict[str, str]:
+    """What Kubernetes pod discovery attaches to a target."""
+    return {"__meta_kubernetes_namespace": NAMESPACE,
+            "__meta_kubernetes_pod_name": name,
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name": app,
+            "__meta_kubernetes_pod_annotation_prometheus_io_scrape": "true",
+            "__meta_kubernetes_pod_container_port_name": port_name,
+            "__meta_kubernetes_pod_container_name": "server",
+            "__meta_kubernetes_pod_node_name": "node-1",
+            "__meta_kubernetes_pod_phase": phase}
+
+
+class Prometheus:
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.get("/api/v1/query", query=expr)["result"]
+
+    def wait(self, expr: str, ready: Any, timeout: float, what: str) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(expr)
+            if ready(result):
+                return result
+            assert time.monotonic() < deadline, f"{what}: {expr} gave {result}"
+            time.sleep(0.5)
+
+
+class Fleet:
+    def __init__(self, prometheus: Prometheus, members: list[Replica], calls: dict[str, int]
+                 ) -> None:
+        self.prometheus, self.replicas, self.calls = prometheus, members, calls
+
+
+def _load(members: list[Replica]) -> dict[str, int]:
+    """Bounded mixed traffic over every replica: translations (some streamed) and
+    a few bad requests, so errors-by-code has a code to show."""
+    clients = [Seq2ServeClient(r.target, timeout=30) for r in members]
+    texts = ["Open the file and save your changes.",
+             "The server could not be started because the port is in use.",
+             "Tools to convert images between many formats."]
+    end = time.monotonic() + LOAD_SECONDS
+    counts = {"ok": 0, "invalid": 0}
+
+    def call(i: int) -> str:
+        if time.monotonic() > end:
+            return "late"
+        client = clients[i % len(clients)]
+        if i % 50 == 0:
+            try:
+                client.translate(texts[0], beam_size=10_000)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+                return "invalid"
+        if i % 10 == 1:
+            assert list(client.translate_stream(texts[i % 3]))[-1].final
+        else:
+            [[best]] = client.translate([texts[i % 3]], beam_size=1 + i % 4)
+            assert best.text
+        return "ok"
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            for outcome in pool.map(call, range(LOAD_CALLS)):
+                counts[outcome] = counts.get(outcome, 0) + 1
+    finally:
+        for client in clients:
+            client.close()
+    return counts
+
+
+@contextlib.contextmanager
+def prometheus_process(tmp: Path, config: Path) -> Iterator[Prometheus]:
+    binary = tool("prometheus", "Debian prometheus")
+    port = free_port()
+    log = tmp / "prometheus.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        prometheus = Prometheus(port)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                prometheus.get("/api/v1/status/buildinfo")
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, \
+                    log.read_text()[-3000:]
+                time.sleep(0.5)
+        yield prometheus
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tool("prometheus", "Debian prometheus")
+    tmp = tmp_path_factory.mktemp("fleet")
+    with replicas(tmp, REPLICAS) as members:
+        targets = tmp / "targets.json"
+        groups = [{"targets": [f"127.0.0.1:{r.metrics_port}"],
+                   "labels": pod_labels(f"replica-{i}")} for i, r in enumerate(members)]
+        # What the relabelling must drop: the gRPC port, another app, a pending pod.
+        groups += [
+            {"targets": [f"127.0.0.1:{members[0].port}"],
+             "labels": pod_labels("replica-0", port_name="grpc")},
+            {"targets": [f"127.0.0.1:{members[1].metrics_port}"],
+             "labels": pod_labels("other-0", app="other")},
+            {"targets": [f"127.0.0.1:{members[2].metrics_port}"],
+             "labels": pod_labels("pending-0", phase="Pending")},
+        ]
+        targets.write_text(json.dumps(groups))
+        with prometheus_process(tmp, file_sd_config(tmp, targets, True)) as prometheus:
+            start = time.monotonic()
+            calls = _load(members)
+            record("prometheus load calls", calls["ok"] + calls["invalid"])
+            record("prometheus load s", round(time.monotonic() - start, 1))
+            yield Fleet(prometheus, members, calls)
+
+
+def test_scrape_config_keeps_exactly_the_replicas_metrics_ports(fleet: Fleet) -> None:
+    assert fleet.calls["ok"] > 0 and fleet.calls["invalid"] > 0
+    up = fleet.prometheus.wait('up{job="seq2serve"}', lambda r: len(r) >= REPLICAS, 30,
+                               "targets")
+    got = {(s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["instance"],
+            s["value"][1]) for s in up}
+    assert got == {(NAMESPACE, f"replica-{i}", f"127.0.0.1:{r.metrics_port}", "1")
+                   for i, r in enumerate(fleet.replicas)}
+    active = fleet.prometheus.get("/api/v1/targets")["activeTargets"]
+    assert len(active) == REPLICAS
+
+
+def test_autoscaler_series_has_data_for_every_pod(fleet: Fleet) -> None:
+    series = "namespace_pod:seq2serve_queue_duration_seconds:mean2m"
+    result = fleet.prometheus.wait(
+        f'{series}{{namespace="{NAMESPACE}"}}', lambda r: len(r) == REPLICAS, 30, "HPA series")
+    for sample in result:
+        assert float(sample["value"][1]) >= 0  # a number, not NaN
+    # The query prometheus-adapter sends for the HPA, with its template filled in
+    # as the adapter does for `kubectl get --raw .../pods/*/<metric>`.
+    adapter = yaml.safe_load((DEPLOY / "prometheus-adapter" / "config.yaml").read_text())
+    [rule] = adapter["rules"]
+    pods = "|".join(f"replica-{i}" for i in range(REPLICAS))
+    query = (rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"].split("{")[0])
+             .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{pods}"')
+             .replace("<<.GroupBy>>", "pod"))
+    assert "<<" not in query
+    answered = fleet.prometheus.query(query)
+    assert sorted(s["metric"]["pod"] for s in answered) == pods.split("|")
+
+
+def test_recording_rules_have_data(fleet: Fleet) -> None:
+    rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
+    records = [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
+    for name in records:
+        fleet.prometheus.wait(name, bool, 30, "recording rule")
+    [rate] = fleet.prometheus.query('model:seq2serve_requests:rate2m{model="en-de"}')
+    assert float(rate["value"][1]) > 0
+    [ratio] = fleet.prometheus.query('model:seq2serve_request_errors:ratio_rate2m{model="en-de"}')
+    assert float(ratio["value"][1]) == 0  # bad requests are not server errors
+
+
+def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
+    """Each query of deploy/grafana/seq2serve.json, with the variables set to All
+    as Grafana sends them, over the last two minutes."""
+    dashboard = json.loads((DEPLOY / "grafana" / "seq2serve.json").read_text())
+    now = time.time()
+    checked = 0
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = (target["expr"].replace("$__rate_interval", "30s")
+                    .replace("$namespace", ".*").replace("$model", ".*").replace("$pod", ".*"))
+            assert "$" not in expr, expr
+            result = fleet.prometheus.get("/api/v1/query_range", query=expr,
+                                          start=str(now - 120), end=str(now), step="1")["result"]
+            values = [float(v) for series in result for _, v in series["values"]]
+            assert any(v == v for v in values), f"{panel['title']}: no data for {expr}"
+            checked += 1
+    assert checked >= len([p for p in dashboard["panels"] if p["type"] != "row"])
+
+
+def test_killing_a_replica_fires_replica_down(fleet: Fleet) -> None:
+    victim = fleet.replicas[1]
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait(30)
+    start = time.monotonic()
+    alerts = fleet.prometheus.wait(
+        'ALERTS{alertname="Seq2ServeReplicaDown",alertstate="firing"}', bool, 60,
+        "replica-down alert")
+    record("replica killed to alert firing s (scrape 1 s, for 2 s)",
+           round(time.monotonic() - start, 1))
+    assert [a["metric"]["pod"] for a in alerts] == ["replica-1"]
+    assert alerts[0]["metric"]["severity"] == "warning"
