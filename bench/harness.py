@@ -37,7 +37,13 @@ from .systems import CTranslate2, Seq2Serve, System, Transformers
 from .workload import SHAPES, prepare_models, random_sources, read_sentences
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
-           "ctranslate2-int8")
+           "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
+# What each device compares by default: int8 is the CPU's reduced precision, fp16 the GPU's.
+DEVICE_SYSTEMS = {
+    "cpu": SYSTEMS[:5],
+    "cuda": ("seq2serve-fp32", "seq2serve-fp16", "transformers", "ctranslate2-fp32",
+             "ctranslate2-fp16"),
+}
 RECORD_KEYS = ("system", "precision", "decoding", "batch_size", "tokens_per_second")
 BASELINE = ("seq2serve", "fp32")  # the ratio column divides by this system's figure
 
@@ -244,9 +250,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="greedy and/or beamK (default: greedy beam4)")
     parser.add_argument("--batch-sizes", nargs="+", type=_positive, default=[1, 16, 64],
                         help="sources per call (default: 1 16 64)")
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
-                        metavar="SYSTEM", help=f"which systems (default: all of "
-                        f"{' '.join(SYSTEMS)})")
+    parser.add_argument("--device", choices=tuple(DEVICE_SYSTEMS), default="cpu",
+                        help="cpu (default) or cuda: ONNX Runtime's CUDA provider "
+                        "(onnxruntime-gpu), CTranslate2 and PyTorch on the GPU")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=None,
+                        metavar="SYSTEM", help="which systems (default for cpu: "
+                        f"{' '.join(DEVICE_SYSTEMS['cpu'])}; for cuda: "
+                        f"{' '.join(DEVICE_SYSTEMS['cuda'])})")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="opus-mt",
                         help="model shape (default opus-mt: d_model 512, 6+6 layers, 8 heads, "
                         "FFN 2048, vocabulary 58101)")
@@ -270,6 +280,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> list[str]:
     problems = []
+    if args.systems is None:
+        args.systems = list(DEVICE_SYSTEMS[args.device])
+    if args.device == "cuda":
+        problems += _cuda_problems(args.systems)
     if args.quick and args.package:
         problems.append("--quick runs the OPUS-MT shape only; leave out --package")
     if args.package and args.data is None:
@@ -287,6 +301,33 @@ def _check(args: argparse.Namespace) -> list[str]:
     if args.source_length < 2:
         problems.append(f"--source-length must be >= 2 (tokens and EOS), got "
                         f"{args.source_length}")
+    return problems
+
+
+def _cuda_problems(systems: list[str]) -> list[str]:
+    """--device cuda needs every requested system to reach a GPU; none here is one line."""
+    import onnxruntime as ort
+
+    problems = []
+    available = ort.get_available_providers()
+    if any(s.startswith("seq2serve-") for s in systems) and \
+            "CUDAExecutionProvider" not in available:
+        problems.append("--device cuda: this onnxruntime has no CUDAExecutionProvider "
+                        f"(available: {', '.join(available)}); install onnxruntime-gpu "
+                        "in place of onnxruntime")
+    if "transformers" in systems:
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append("--device cuda: PyTorch sees no CUDA device; leave out "
+                            "transformers (--systems) or install a CUDA build of torch")
+    if any(s.startswith("ctranslate2-") for s in systems):
+        import ctranslate2
+
+        if ctranslate2.get_cuda_device_count() == 0:
+            problems.append("--device cuda: CTranslate2 sees no CUDA device")
+    if any(s.endswith("-int8") for s in systems):
+        problems.append("--device cuda: int8 packages are for the CPU; compare fp32/fp16")
     return problems
 
 
@@ -316,13 +357,14 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         systems: list[System] = []
         for name in args.systems:
             if name.startswith("seq2serve-"):
-                systems.append(Seq2Serve(models.packages[name.split("-")[1]], threads))
+                systems.append(Seq2Serve(models.packages[name.split("-")[1]], threads,
+                                         device=args.device))
             elif name == "transformers":
-                systems.append(Transformers(models.marian, threads))
+                systems.append(Transformers(models.marian, threads, device=args.device))
             else:
                 assert models.ctranslate2 is not None
                 systems.append(CTranslate2(models.ctranslate2, models.marian,
-                                           name.split("-")[1], threads))
+                                           name.split("-")[1], threads, device=args.device))
         records += run_systems(systems, workload, settings, batches_for, args.new_tokens,
                                args.repeats, args.warmup)
         records += _package_runs(args, threads, settings)
@@ -348,7 +390,8 @@ def _package_runs(args: argparse.Namespace, threads: int,
         ids = [tokenizer.encode(s) for s in sentences]  # EOS appended
         ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
         key = (package.manifest.name, json.dumps(ids))
-        system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}")
+        system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}",
+                           device=args.device)
         groups.setdefault(key, (ids, []))[1].append(system)
     records: list[Record] = []
     for (name, _), (ids, systems) in groups.items():

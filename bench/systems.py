@@ -45,18 +45,20 @@ class System:
 class Seq2Serve(System):
     """This project's engine on an exported model package."""
 
-    def __init__(self, package: Path, threads: int, name: str = "seq2serve"):
+    def __init__(self, package: Path, threads: int, name: str = "seq2serve",
+                 device: str = "cpu"):
         self.package = Path(package)
         self.threads = threads
         self.name = name
+        self.device = device
         self.engine: Any = None
 
     def load(self) -> None:
         from seq2serve.server.engine import Engine
         from seq2serve.server.runner import RunnerConfig
 
-        self.engine = Engine(self.package,
-                             RunnerConfig(provider="cpu", intra_op_threads=self.threads))
+        self.engine = Engine(self.package, RunnerConfig(provider=self.device,
+                                                        intra_op_threads=self.threads))
         self.precision = self.engine.package.manifest.precision
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
@@ -80,9 +82,10 @@ class Transformers(System):
     name = "transformers"
     precision = "fp32"
 
-    def __init__(self, marian_dir: Path, threads: int):
+    def __init__(self, marian_dir: Path, threads: int, device: str = "cpu"):
         self.marian_dir = Path(marian_dir)
         self.threads = threads
+        self.device = device
         self.model: Any = None
 
     def load(self) -> None:
@@ -92,6 +95,7 @@ class Transformers(System):
         torch.set_num_threads(self.threads)
         transformers.logging.disable_progress_bar()
         self.model = transformers.MarianMTModel.from_pretrained(self.marian_dir).eval()
+        self.model.to(self.device)
         cfg = self.model.config
         self.pad_id = cfg.pad_token_id
         # generate() fills what a GenerationConfig leaves unset from the model's own
@@ -109,7 +113,7 @@ class Transformers(System):
         for i, s in enumerate(sources):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        return {"input_ids": ids, "attention_mask": mask}
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
         import torch
@@ -138,9 +142,11 @@ class CTranslate2(System):
 
     name = "ctranslate2"
 
-    def __init__(self, model_dir: Path, marian_dir: Path, precision: str, threads: int):
+    def __init__(self, model_dir: Path, marian_dir: Path, precision: str, threads: int,
+                 device: str = "cpu"):
         self.model_dir = Path(model_dir)
         self.precision = precision
+        self.device = device
         self.threads = threads
         self.pieces = vocabulary(Path(marian_dir))
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
@@ -149,9 +155,9 @@ class CTranslate2(System):
     def load(self) -> None:
         import ctranslate2
 
-        compute_type = {"fp32": "float32", "int8": "int8"}[self.precision]
+        compute_type = {"fp32": "float32", "fp16": "float16", "int8": "int8"}[self.precision]
         self.translator = ctranslate2.Translator(
-            str(self.model_dir), device="cpu", compute_type=compute_type,
+            str(self.model_dir), device=self.device, compute_type=compute_type,
             intra_threads=self.threads, inter_threads=1)
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:

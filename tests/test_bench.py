@@ -115,3 +115,30 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         harness.main(["--decodings", "beam1"])
     assert harness.beam_width("greedy") == 1 and harness.beam_width("beam5") == 5
+
+
+def _has_cuda_provider() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.skipif(_has_cuda_provider(), reason="this onnxruntime has CUDA: the GPU test runs")
+def test_cuda_bench_without_cuda_says_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert harness.main(["--device", "cuda", "--quick", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: this onnxruntime has no CUDAExecutionProvider" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda_provider(), reason="needs onnxruntime-gpu with CUDA")
+def test_cuda_bench_runs_fp32_and_fp16(tmp_path: Path) -> None:
+    out = tmp_path / "cuda.json"
+    assert harness.main(["--device", "cuda", *TINY, "--decodings", "greedy", "beam4",
+                         "--batch-sizes", "1", "8", "--systems", "seq2serve-fp32",
+                         "seq2serve-fp16", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert {(r["precision"], r["decoding"]) for r in records} == {
+        (p, d) for p in ("fp32", "fp16") for d in ("greedy", "beam4")}
+    assert all(r["tokens_per_second"] > 0 for r in records)
