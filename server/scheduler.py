@@ -22,10 +22,11 @@ How a batch is formed (request-level batching):
 
 Iteration-level batching (`joining()`): while a batch runs, queued items of its
 beam width join at every step boundary, in FIFO order, while the running batch
-stays within `max_running_rows` decoder rows (texts x beam width) and
-`max_cache_tokens` (rows x the longest output limit among them, the cache
-length the batch may reach), and the joining texts within `max_batch_size`
-and `max_batch_tokens` (they are encoded together). Joining stops at the first
+stays within `max_batch_size` texts (so 1 still turns batching off),
+`max_running_rows` decoder rows (texts x beam width) and `max_cache_tokens`
+(rows x the longest output limit among them, the cache length the batch may
+reach), and the joining texts within `max_batch_tokens` (they are encoded
+together). Joining stops at the first
 item that does not fit, and nothing joins while the oldest queued item has
 another beam width: the running batch then drains and that item leads the
 next batch, so no shape and no long text starves. Nobody waits for a delay:
@@ -211,6 +212,7 @@ class Running:
     """What the scheduler needs to know of the running batch."""
 
     shape: int  # beam width
+    sources: int  # texts now
     rows: int  # decoder rows now
     reach: int  # the cache length its rows may reach
 
@@ -332,7 +334,8 @@ class Scheduler:
         chosen: list[WorkItem] = []
         rows, reach, longest = running.rows, running.reach, 0
         for item in self._queue:  # FIFO; the first item that cannot join stops it
-            if item.shape != running.shape or len(chosen) == limits.max_batch_size:
+            if (item.shape != running.shape
+                    or running.sources + len(chosen) >= limits.max_batch_size):
                 break
             grown_rows = rows + item.beam_size
             grown_reach = max(reach, item.reach)

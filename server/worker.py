@@ -102,7 +102,8 @@ class ModelWorker:
     def _running_shape(self) -> Running:
         batch = self._running
         assert batch is not None
-        return Running(shape=batch.beams, rows=batch.rows, reach=batch.longest_reach)
+        return Running(shape=batch.beams, sources=batch.sources, rows=batch.rows,
+                       reach=batch.longest_reach)
 
     def _start(self, batch: Batch) -> None:
         for dropped in batch.dropped:
@@ -124,7 +125,8 @@ class ModelWorker:
             self._count_cancel(dropped.reason)
         if not batch.items or self._running is None:
             return
-        if not observed:
+        if not observed:  # a join is a scheduler batch too
+            self.batches += 1
             self._observe_batch(batch)
         requests: list[Request] = []
         streams: dict[WorkItem, _FirstToken] = {}

@@ -258,17 +258,23 @@ def test_deliver_is_called_once() -> None:
 # -- joining a running batch (iteration-level) ---------------------------------------------
 
 def test_joining_takes_fifo_items_of_the_running_shape_within_the_budgets() -> None:
-    s = sched(size=3, rows=10, cache=10 * 64)
+    s = sched(size=32, rows=10, cache=10 * 64)
     items = [item(4), item(5), item(6, beam=2), item(3)]
     for i in items:
         s.submit(i)
-    joined = s.joining(Running(shape=1, rows=7, reach=32))
+    joined = s.joining(Running(shape=1, sources=7, rows=7, reach=32))
     assert joined is not None and joined.items == (items[0], items[1]) and joined.reason == "join"
-    assert s.joining(Running(shape=1, rows=0, reach=0)) is None  # a beam-2 item leads now
-    joined = s.joining(Running(shape=2, rows=8, reach=32))
+    # A beam-2 item leads now: nothing joins a beam-1 batch.
+    assert s.joining(Running(shape=1, sources=0, rows=0, reach=0)) is None
+    joined = s.joining(Running(shape=2, sources=4, rows=8, reach=32))
     assert joined is not None and joined.items == (items[2],)
-    assert s.joining(Running(shape=1, rows=10, reach=32)) is None  # rows budget full
+    assert s.joining(Running(shape=1, sources=10, rows=10, reach=32)) is None  # rows full
     assert s.depth == 1
+    texts_full = sched(size=4, rows=100)
+    texts_full.submit(item(3))
+    assert texts_full.joining(Running(shape=1, sources=4, rows=4, reach=16)) is None
+    joined = texts_full.joining(Running(shape=1, sources=3, rows=3, reach=16))
+    assert joined is not None and len(joined) == 1
 
 
 def test_joining_respects_the_cache_budget_and_stops_at_the_first_misfit() -> None:
@@ -276,22 +282,24 @@ def test_joining_respects_the_cache_budget_and_stops_at_the_first_misfit() -> No
     long, short = item(3, max_length=200), item(3, max_length=10)
     s.submit(long)
     s.submit(short)
-    # 4 rows reaching 200 slots would be 800 <= 1000 ... but 5 rows x 200 is not.
-    assert s.joining(Running(shape=1, rows=4, reach=10)) is not None
+    # 5 rows reaching 200 slots fit 1000; 6 would not, though the short one is short.
+    joined = s.joining(Running(shape=1, sources=4, rows=4, reach=10))
+    assert joined is not None and joined.items == (long,)
     s2 = sched(rows=100, cache=1000)
     s2.submit(item(3, max_length=200))
     s2.submit(item(3, max_length=10))
-    assert s2.joining(Running(shape=1, rows=5, reach=10)) is None  # FIFO: nothing skips ahead
+    # FIFO: the short item does not skip ahead of the long one that does not fit.
+    assert s2.joining(Running(shape=1, sources=5, rows=5, reach=10)) is None
 
 
 def test_joining_is_off_for_request_level_and_reports_drops() -> None:
     s = sched(rows=0)
     s.submit(item(3))
-    assert s.joining(Running(shape=1, rows=1, reach=16)) is None
+    assert s.joining(Running(shape=1, sources=1, rows=1, reach=16)) is None
     s = sched(rows=8)
     gone = item(3, deadline=time.monotonic() - 1)
     s.submit(gone)
-    joined = s.joining(Running(shape=1, rows=1, reach=16))
+    joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16))
     assert joined is not None and joined.items == () and joined.dropped[0].reason == "deadline"
     assert isinstance(gone.deliver.get(), Cancelled)
 
@@ -595,7 +603,7 @@ def test_iteration_level_worker_joins_work_mid_batch(marian_package: Any) -> Non
     results = [i.deliver.get(timeout=60) for i in first]
     results += [i.deliver.get(timeout=60) for i in late]
     assert w.stop(timeout=10)
-    assert w.batches == 1  # the late texts joined the running batch
+    assert w.batches == 2  # one batch started, the late texts joined it
     alone = [engine.generate([src], options)[0] for src in sources]
     assert [[h.token_ids for h in r] for r in results] == [[h.token_ids for h in r]
                                                           for r in alone]
