@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     walls, splits = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        engine.generate(sources, options)
+        stats = engine.generate(sources, options).stats
         wall = time.perf_counter() - start
-        stats = engine.last_stats
         decoder = sum(s.ort_seconds for s in stats.steps)
         walls.append(wall)
         splits.append({"encoder": stats.encode_seconds, "decoder graph": decoder,
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                        "unaccounted": wall - stats.ort_seconds - stats.host_seconds})
     median = statistics.median(walls)
     split = splits[walls.index(median)]
-    steps = len(engine.last_stats.steps)
+    steps = len(stats.steps)
     print(f"{package.name}: batch {args.batch_size}, beam {args.beam}, {args.new_tokens} new "
           f"tokens, {engine.runner.threads} threads; median of {args.repeats}: "
           f"{median * 1e3:.0f} ms, {args.batch_size * args.new_tokens / median:.1f} tokens/s, "

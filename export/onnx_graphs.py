@@ -56,8 +56,7 @@ def _dynamic_axes(spec: Spec) -> dict[str, dict[int, str]]:
     """Every symbolic axis except the fixed model dimensions is dynamic."""
     fixed = {"H", "Dh", "D", "V"}
     return {
-        name: {i: ("T1" if dim == "T+1" else dim) for i, dim in enumerate(shape)
-               if dim not in fixed}
+        name: {i: dim for i, dim in enumerate(shape) if dim not in fixed}
         for name, _, shape in spec
     }
 
@@ -76,11 +75,12 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
         _, cross_k, cross_v = model.encode(src_ids, src_mask)
     n = batch * beams
     head_dim = cfg.d_model // cfg.decoder_heads
-    cache_shape = (n, cfg.decoder_heads, cached, head_dim)
+    # Rows at different steps (format 3): positions 0..cached, slots to spare.
+    cache_shape = (n, cfg.decoder_heads, cached + 2, head_dim)
     layers = range(cfg.decoder_layers)
     step = (
         torch.randint(4, cfg.tgt_vocab_size, (n,), generator=gen),
-        torch.full((n,), cached, dtype=torch.int64),
+        torch.arange(n, dtype=torch.int64) % (cached + 1),
         *[torch.randn(cache_shape, generator=gen) for _ in layers],  # self_k
         *[torch.randn(cache_shape, generator=gen) for _ in layers],  # self_v
         *cross_k,

@@ -16,8 +16,12 @@ from typing import Any
 
 # 2: one graph input/output per decoder layer for the caches and cross K/V
 # (format 1 stacked them as (L, ...) tensors, which cost a copy of the whole
-# cache per step); the server reads format 2 only: re-export older packages.
-FORMAT_VERSION = 2
+# cache per step).
+# 3: the decoder writes each row's new key/value at the row's own position and
+# masks the cache slots after it, so rows at different steps share one call
+# (iteration-level batching). The server reads format 3 only: re-export older
+# packages (`seq2serve export` reads every checkpoint format it read before).
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -25,7 +29,7 @@ DECODER_FILE = "decoder.onnx"
 Spec = list[tuple[str, str, list[str]]]
 
 # Graph signatures: (name, dtype, symbolic shape). B sources, N = B*K hypotheses,
-# S source length, T cached steps, H heads, Dh head size, V vocab; a name
+# S source length, T cache slots (> every row's position), H heads, Dh head size, V vocab; a name
 # `self_k.{i}` is decoder layer i's tensor.
 ENCODER_INPUTS: Spec = [("src_ids", "int64", ["B", "S"]), ("src_mask", "int64", ["B", "S"])]
 
@@ -54,8 +58,8 @@ def decoder_inputs(layers: int) -> Spec:
 
 def decoder_outputs(layers: int) -> Spec:
     return [("log_probs", "float32", ["N", "V"]),
-            *per_layer("new_self_k", "float", ["N", "H", "T+1", "Dh"], layers),
-            *per_layer("new_self_v", "float", ["N", "H", "T+1", "Dh"], layers),
+            *per_layer("new_self_k", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("new_self_v", "float", ["N", "H", "T", "Dh"], layers),
             ("alignment", "int64", ["N"])]
 
 
@@ -144,7 +148,8 @@ def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
         raise PackageError(root, problems)
     if data["format_version"] != FORMAT_VERSION:
         raise PackageError(root, [f"{MANIFEST}: format_version {data['format_version']} is not "
-                                  f"supported (this seq2serve reads {FORMAT_VERSION})"])
+                                  f"supported (this seq2serve reads {FORMAT_VERSION}); re-export "
+                                  "it with `seq2serve export`"])
     unknown = sorted(set(data) - set(Manifest.__dataclass_fields__))
     if unknown:
         problems.append(f"{MANIFEST}: unknown keys {unknown}")

@@ -68,7 +68,8 @@ def _decode(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
                 if o.name != "memory"}
     b = src_ids.shape[0]
     _, heads, _, head_dim = cross_kv["cross_k.0"].shape
-    empty = np.zeros((b, heads, 0, head_dim), dtype=cross_kv["cross_k.0"].dtype)
+    # Format 3 writes each step at its own slot: the cache holds every step.
+    empty = np.zeros((b, heads, steps, head_dim), dtype=cross_kv["cross_k.0"].dtype)
     cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
     cache_outputs = [o.name for o in decoder.get_outputs() if o.name.startswith("new_self_")]
     tokens: np.ndarray | None = np.full(b, start_id, dtype=np.int64)

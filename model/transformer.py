@@ -27,6 +27,14 @@ def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
 
 
+def fit_cache(cache: Tensor, positions: Tensor) -> Tensor:
+    """cache (N, H, Tc, Dh) zero-padded along Tc to hold slot max(positions)."""
+    needed = int(positions.max()) + 1 if positions.numel() else 0
+    if cache.shape[2] >= needed:
+        return cache
+    return F.pad(cache, (0, 0, 0, needed - cache.shape[2]))
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
               dropout: nn.Module | None = None) -> Tensor:
     """Scaled dot-product attention. q (..., Tq, Dh), k/v (..., Tk, Dh), mask
@@ -178,19 +186,26 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None,
                 self_mask: Tensor | None, cross_k: Tensor, cross_v: Tensor,
-                cross_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x (N, T, D). past_k/v (N, H, Tp, Dh) or None. cross_k/v (B, H, S, Dh) with
+                cross_mask: Tensor, write_at: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x (N, T, D). past_k/v (N, H, Tc, Dh) or None. cross_k/v (B, H, S, Dh) with
         N = B*K: the K hypotheses of a source share one copy of its cross K/V.
-        Returns x, the self-attention keys/values including this call's positions,
-        and the cross-attention weights (B, H, K*T, S), queries grouped by source."""
+        With a cache, T is 1 and write_at (N,) is each row's slot in it (its
+        position): the new key/value overwrite that slot, so the cache keeps its
+        length Tc. Returns x, the self-attention keys/values including this
+        call's positions, and the cross-attention weights (B, H, K*T, S),
+        queries grouped by source."""
         new_kv: list[Tensor] = []
         cross_weights: list[Tensor] = []
 
         def self_attention(h: Tensor) -> Tensor:
             q, k, v = self.self_attn.queries_keys_values(h)  # (N, H, T, Dh)
-            if past_k is not None:
-                k = torch.cat([past_k, k], dim=2)  # (N, H, Tp+T, Dh)
-                v = torch.cat([past_v, v], dim=2)
+            if past_k is not None and past_v is not None and write_at is not None:
+                # A row's keys sit at slots 0..position whatever the cache's length,
+                # so rows at different steps share one cache (format 3).
+                index = write_at.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[3])
+                k = past_k.scatter(2, index, k)  # (N, H, Tc, Dh)
+                v = past_v.scatter(2, index, v)
             new_kv.extend((k, v))
             return self.self_attn.attend(q, k, v, self_mask)
 
@@ -295,14 +310,18 @@ class Seq2SeqTransformer(nn.Module):
                     self_v: Sequence[Tensor], cross_k: Sequence[Tensor],
                     cross_v: Sequence[Tensor], src_mask: Tensor, beam_origin: Tensor
                     ) -> tuple[Tensor, list[Tensor], list[Tensor], Tensor]:
-        """Decoder step graph.
+        """Decoder step graph (package format 3: rows may be at different steps).
 
-        tokens (N,) the last token of each hypothesis; positions (N,) its position;
-        self_k/self_v: per layer, (N, H, T, Dh) the cache of the T earlier steps
-        (T may be 0); cross_k/cross_v: per layer, (B, H, S, Dh) from encode();
-        src_mask (B, S); beam_origin (N,) the cache row each hypothesis continues
-        (beam reordering, applied here so the cache never travels through the host).
-        Returns log_probs (N, V), the new cache, per layer (N, H, T+1, Dh), twice,
+        tokens (N,) the last token of each hypothesis; positions (N,) its position,
+        which is also its slot in the cache; self_k/self_v: per layer,
+        (N, H, Tc, Dh) the cache, row r holding its earlier steps in slots
+        0..positions[r]-1 and anything (masked) after; the graph needs
+        Tc > max(positions) (the runner grows it in whole blocks; an eager call
+        with a shorter cache, e.g. an empty one, gets it grown here);
+        cross_k/cross_v: per layer, (B, H, S, Dh) from encode(); src_mask (B, S);
+        beam_origin (N,) the cache row each hypothesis continues (beam
+        reordering, applied here so the cache never travels through the host).
+        Returns log_probs (N, V), the new cache, per layer (N, H, Tc, Dh), twice,
         and alignment (N,): the source position the last decoder layer's
         cross-attention weighs most (averaged over heads) for this step's token.
 
@@ -310,15 +329,21 @@ class Seq2SeqTransformer(nn.Module):
         cache costs the graph a Split and a stacking Concat of the whole cache
         every step (measured in docs/benchmarks.md).
         """
+        if not torch.jit.is_tracing():
+            self_k = [fit_cache(k, positions) for k in self_k]
+            self_v = [fit_cache(v, positions) for v in self_v]
         x = self.embed(self.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        # Row r attends to its own slots 0..positions[r]: (N, 1, 1, Tc).
+        slots = torch.arange(self_k[0].shape[2], device=tokens.device)
+        self_mask = (slots[None, :] <= positions[:, None])[:, None, None, :]
         new_k, new_v = [], []
         cross_weights = x.new_zeros(0)
         for i, layer in enumerate(self.decoder_layers):
-            past_k = self_k[i].index_select(0, beam_origin)  # (N, H, T, Dh)
+            past_k = self_k[i].index_select(0, beam_origin)  # (N, H, Tc, Dh)
             past_v = self_v[i].index_select(0, beam_origin)
-            x, k, v, cross_weights = layer(x, past_k, past_v, None, cross_k[i], cross_v[i],
-                                           cross_mask)
+            x, k, v, cross_weights = layer(x, past_k, past_v, self_mask, cross_k[i],
+                                           cross_v[i], cross_mask, positions)
             new_k.append(k)
             new_v.append(v)
         if self.decoder_norm is not None:

@@ -119,6 +119,13 @@ class ServerConfig:
         "most padded source tokens x beam width in one batch", "N"))
     max_queue_delay_ms: float = field(default=5.0, metadata=_meta(
         "longest wait for more work after the oldest queued text arrived", "MS"))
+    max_running_rows: int = field(default=256, metadata=_meta(
+        "iteration-level batching: most decoder rows (texts x beam width) in the running "
+        "batch, which queued texts join at every decoder step while they fit; 0 turns it "
+        "off (request-level batches, each run to its end)", "N"))
+    max_cache_tokens: int = field(default=131072, metadata=_meta(
+        "iteration-level batching: most self-attention cache slots the running batch may "
+        "reach (rows x the longest output limit among them)", "N"))
     max_queue_size: int = field(default=1024, metadata=_meta(
         "queued texts per model before requests get RESOURCE_EXHAUSTED", "N"))
     max_texts_per_request: int = field(default=64, metadata=_meta(
@@ -157,7 +164,9 @@ class ServerConfig:
         if self.provider not in PROVIDERS:
             out.append(f"provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
         _int_in(out, "threads", self.threads, 0, 1024, "0 = physical cores")
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size",
+        _int_in(out, "max_running_rows", self.max_running_rows, 0, None,
+                "0 = request-level batching")
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
                      "max_texts_per_request", "max_text_chars", "max_length_cap"):
             _int_in(out, name, getattr(self, name), 1, None)
         _int_in(out, "max_beam_size", self.max_beam_size, 1, 128)
@@ -217,7 +226,9 @@ class ServerConfig:
         return BatchLimits(max_batch_size=self.max_batch_size,
                            max_batch_tokens=self.max_batch_tokens,
                            max_queue_delay_s=self.max_queue_delay_ms / 1000.0,
-                           max_queue_size=self.max_queue_size)
+                           max_queue_size=self.max_queue_size,
+                           max_running_rows=self.max_running_rows,
+                           max_cache_tokens=self.max_cache_tokens)
 
     def option_limits(self) -> OptionLimits:
         """The caps `DecodingOptions.resolve()` checks requests against."""

@@ -255,6 +255,12 @@ class BeamParams:
         return BeamParams(self.length_penalty[index], self.early_stopping[index],
                           self.never_stop_early[index], self.max_new[index])
 
+    def concatenate(self, other: BeamParams) -> BeamParams:
+        return BeamParams(*(np.concatenate([a, b]) for a, b in (
+            (self.length_penalty, other.length_penalty),
+            (self.early_stopping, other.early_stopping),
+            (self.never_stop_early, other.never_stop_early), (self.max_new, other.max_new))))
+
 
 @dataclass(frozen=True)
 class BeamState:
@@ -274,8 +280,14 @@ class BeamState:
 
     @classmethod
     def start(cls, sources: int, beams: int, max_new: int) -> BeamState:
+        """K rows per source from the first step, as Hugging Face starts: the copies
+        of the first beam score -1e9, so the first step's best 2K candidates all
+        come from beam 0, exactly as with one row per source, while every step
+        has the same K rows per source (rows at different steps share a call)."""
+        running = np.zeros((sources, beams), dtype=np.float32)
+        running[:, 1:] = UNREACHABLE
         return cls(
-            running=np.zeros((sources, beams), dtype=np.float32),
+            running=running,
             finished_scores=np.full((sources, beams), UNREACHABLE, dtype=np.float32),
             finished_tokens=np.zeros((sources, beams, max_new), dtype=np.int64),
             finished_lengths=np.zeros((sources, beams), dtype=np.int64),
@@ -289,6 +301,22 @@ class BeamState:
                          self.finished_tokens[index], self.finished_lengths[index],
                          self.finished[index], self.improvable[index],
                          self.finished_alignment[index])
+
+    def concatenate(self, other: BeamState) -> BeamState:
+        """Both states' sources; the finished token arrays padded to the wider one."""
+        width = max(self.finished_tokens.shape[2], other.finished_tokens.shape[2])
+
+        def wide(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2])])
+
+        return BeamState(
+            np.concatenate([self.running, other.running]),
+            np.concatenate([self.finished_scores, other.finished_scores]),
+            np.concatenate([wide(self.finished_tokens), wide(other.finished_tokens)]),
+            np.concatenate([self.finished_lengths, other.finished_lengths]),
+            np.concatenate([self.finished, other.finished]),
+            np.concatenate([self.improvable, other.improvable]),
+            np.concatenate([wide(self.finished_alignment), wide(other.finished_alignment)]))
 
     def nbest(self, source: int, n: int) -> list[tuple[np.ndarray, float]]:
         """The n best finished hypotheses of one source: (tokens, score), best first."""

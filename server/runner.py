@@ -10,24 +10,23 @@ the next step's inputs, so on CUDA they never leave the device; only the
 (N, V) log-probs are copied to the host each step, into one reused buffer.
 Tokens, positions and beam origins are small host arrays copied per step.
 
-Cache growth (measured, not assumed): the cache and the cross K/V are one
-graph input/output per layer (package format 2), so per step the decoder
-graph copies the self-attention cache twice: the Gather by beam_origin and the
-Concat that appends the new position (CTranslate2's decoder does the same
-two). Format 1 stacked the layers into one (L, N, H, T, Dh) tensor, which
-added a Split and a stacking Concat of the whole cache per step; at the
-OPUS-MT shape (N = 64 rows = batch 16 x beam 4, 2 CPU threads) its four copies
-took 12% of a step at T=8, 28% at T=32 and 70% at T=256. Writing the cache in
-place (a preallocated buffer, ORT's GroupQueryAttention with a shared
-past/present buffer) would remove the Concat too but must still reorder
-beams; the engine is ready for it, since the cache is opaque OrtValues
-handed from one step to the next.
+The self-attention cache (package format 3): one (N, H, Tc, Dh) tensor per
+layer and per K/V; row r keeps step t in slot t, and the graph masks every
+slot after the row's position, so rows at different steps share one call.
+Per step the graph copies the cache twice: the Gather by beam_origin and the
+ScatterElements that writes each row's new slot (format 2 had the same two
+copies, with a Concat in place of the scatter; format 1's stacked layers cost
+two more, measured in docs/benchmarks.md). The runner grows Tc on the host in
+whole blocks of CACHE_BLOCK slots when a row's position reaches it, a copy
+every CACHE_BLOCK steps; a row that joins later simply continues any row
+(beam_origin) and its stale slots stay masked.
 
 Finished sources leave the batch: the cache needs nothing (the next step's
 beam_origin simply omits their rows, and the graph's gather drops them); the
 cross K/V are gathered once per shrink, trimmed to the longest remaining
-source. On CUDA that gather goes through the host (a rare event per batch,
-not per step), as the server has no device array library to index with.
+source, and padded once when newcomers join. On CUDA those go through the
+host (events per admission or departure, not per step), as the server has no
+device array library to index with.
 """
 
 from __future__ import annotations
@@ -64,11 +63,15 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 # source gives bit-identical results alone or padded next to a longer one
 # (0 of 180 mismatches at multiples of 4; 16 covers AVX-512's 16 lanes).
 SOURCE_WIDTH_MULTIPLE = 16
+# The self-attention cache grows by whole blocks for the same reason: its
+# softmax and weighted sum reduce over the slots, and a row's masked slots only
+# add exact zeros per lane when the cache length is a whole number of blocks.
+CACHE_BLOCK = SOURCE_WIDTH_MULTIPLE
 
 
-def padded_width(longest: int) -> int:
-    """The source axis length for a batch whose longest source has `longest` tokens."""
-    return -(-longest // SOURCE_WIDTH_MULTIPLE) * SOURCE_WIDTH_MULTIPLE
+def padded_width(longest: int, multiple: int = SOURCE_WIDTH_MULTIPLE) -> int:
+    """The axis length for a batch whose longest source (or row history) is `longest`."""
+    return -(-longest // multiple) * multiple
 
 
 def physical_cores() -> int:
@@ -143,10 +146,14 @@ class EncoderState:
     def sources(self) -> int:
         return int(self.lengths.shape[0])
 
+    @property
+    def width(self) -> int:
+        return int(self.src_mask.shape()[1])
+
 
 @dataclass(frozen=True)
 class DecoderCache:
-    """The self-attention cache: self_k/self_v, per layer an (N, H, T, Dh) OrtValue."""
+    """The self-attention cache: self_k/self_v, per layer an (N, H, Tc, Dh) OrtValue."""
 
     self_k: tuple[ort.OrtValue, ...]
     self_v: tuple[ort.OrtValue, ...]
@@ -183,7 +190,8 @@ class Runner:
         # Per layer: the (self_k, self_v, cross_k, cross_v) input names, built once.
         self._layer_inputs = [(f"self_k.{i}", f"self_v.{i}", f"cross_k.{i}", f"cross_v.{i}")
                               for i in range(self.layers)]
-        self.encoder_outputs = [o.name for o in self.encoder.get_outputs()]
+        self.cross_outputs = [o.name for o in self.encoder.get_outputs()
+                              if o.name.startswith("cross_")]
         self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
         self.warmup_seconds = 0.0
         if self.config.warmup:
@@ -226,10 +234,20 @@ class Runner:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device,
                                                 self.device_id)
 
-    def empty_cache(self, rows: int) -> DecoderCache:
-        empty = self._to_device(np.zeros((rows, self.heads, 0, self.head_dim),
+    def empty_cache(self, rows: int, length: int = 0) -> DecoderCache:
+        empty = self._to_device(np.zeros((rows, self.heads, length, self.head_dim),
                                          dtype=self.cache_dtype))
         return DecoderCache((empty,) * self.layers, (empty,) * self.layers)
+
+    def grow_cache(self, cache: DecoderCache, length: int) -> DecoderCache:
+        """The cache with slots up to `length`, zero-filled (a host copy)."""
+        def grow(value: ort.OrtValue) -> ort.OrtValue:
+            old = value.numpy()  # (N, H, Tc, Dh)
+            new = np.zeros((*old.shape[:2], length, old.shape[3]), dtype=old.dtype)
+            new[:, :, :old.shape[2]] = old
+            return self._to_device(new)
+
+        return DecoderCache(tuple(map(grow, cache.self_k)), tuple(map(grow, cache.self_v)))
 
     # -- the graphs --------------------------------------------------------------------
 
@@ -238,10 +256,10 @@ class Runner:
         binding = self.encoder.io_binding()
         binding.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
         binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
-        for name in self.encoder_outputs:  # memory, cross_k.*, cross_v.*
+        for name in self.cross_outputs:  # the memory output is not bound: nobody reads it
             binding.bind_output(name, self.device, self.device_id)
         self.encoder.run_with_iobinding(binding)
-        cross = tuple(binding.get_outputs()[1:])
+        cross = tuple(binding.get_outputs())
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
         return EncoderState(cross[:self.layers], cross[self.layers:], self._to_device(mask),
                             mask.sum(axis=1).astype(np.int64))
@@ -252,13 +270,18 @@ class Runner:
         """One decoder step for N = len(tokens) rows (a multiple of enc.sources).
 
         beam_origin (N,) picks, for each new row, the cache row it continues, so
-        reordering beams and dropping finished rows happen inside the graph.
+        reordering beams and dropping finished rows happen inside the graph (a
+        row at position 0 may continue any row: its slots are masked).
+        positions (N,) are the rows' steps; the cache grows to hold them.
         Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
         until the next call, and free for the caller to modify in place), the new
         cache, and alignment (N,) int64 on the host: per row, the source position
         the last layer's cross-attention weighed most for this step's token.
         """
         rows = int(tokens.shape[0])
+        needed = padded_width(int(positions.max()) + 1, CACHE_BLOCK) if rows else 0
+        if cache.length < needed:
+            cache = self.grow_cache(cache, needed)
         size = rows * self.vocab_size
         if self._log_probs.size < size:
             self._log_probs = np.empty(size, dtype=np.float32)
@@ -283,6 +306,30 @@ class Runner:
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
+
+    def join_sources(self, first: EncoderState, second: EncoderState) -> EncoderState:
+        """Both batches' encoder states, second's sources after first's, the
+        narrower one's source axis zero-padded (masked) to the wider width."""
+        width = max(first.width, second.width)
+
+        def pad(value: ort.OrtValue) -> np.ndarray:
+            array = value.numpy()
+            extra = width - array.shape[-2 if array.ndim == 4 else -1]
+            if extra == 0:
+                return array
+            spec = [(0, 0)] * array.ndim
+            spec[2 if array.ndim == 4 else 1] = (0, extra)
+            return np.pad(array, spec)
+
+        def join(a: tuple[ort.OrtValue, ...], b: tuple[ort.OrtValue, ...]
+                 ) -> tuple[ort.OrtValue, ...]:
+            return tuple(self._to_device(np.concatenate([pad(x), pad(y)]))
+                         for x, y in zip(a, b, strict=True))
+
+        mask = np.concatenate([pad(first.src_mask), pad(second.src_mask)])
+        return EncoderState(join(first.cross_k, second.cross_k),
+                            join(first.cross_v, second.cross_v), self._to_device(mask),
+                            np.concatenate([first.lengths, second.lengths]))
 
     def select_sources(self, enc: EncoderState, keep: np.ndarray) -> EncoderState:
         """The encoder state of the kept sources (indices into enc), source axis

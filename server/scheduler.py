@@ -20,6 +20,18 @@ How a batch is formed (request-level batching):
 - Items cancelled by their client or past their deadline are dropped before
   batching, get a `Cancelled` exception delivered, and are reported in the batch.
 
+Iteration-level batching (`joining()`): while a batch runs, queued items of its
+beam width join at every step boundary, in FIFO order, while the running batch
+stays within `max_batch_size` texts (so 1 still turns batching off),
+`max_running_rows` decoder rows (texts x beam width) and `max_cache_tokens`
+(rows x the longest output limit among them, the cache length the batch may
+reach), and the joining texts within `max_batch_tokens` (they are encoded
+together). Joining stops at the first
+item that does not fit, and nothing joins while the oldest queued item has
+another beam width: the running batch then drains and that item leads the
+next batch, so no shape and no long text starves. Nobody waits for a delay:
+joining a running batch costs a step of the others, not an idle decoder.
+
 `close()` starts the drain: `submit()` raises `Draining`, queued work is still
 batched, without waiting for the delay, and `next_batch()` returns None once empty.
 """
@@ -40,9 +52,11 @@ _ids = itertools.count(1)
 
 
 class OptionsLike(Protocol):
-    """The only thing the scheduler reads from resolved decoding options."""
+    """What the scheduler reads from resolved decoding options."""
 
     beam_size: int
+
+    def max_new_tokens(self, source_length: int) -> int: ...
 
 
 class QueueFull(Exception):
@@ -77,11 +91,19 @@ class BatchLimits:
     max_batch_tokens: int = 8192  # longest source x texts x beam width
     max_queue_delay_s: float = 0.005
     max_queue_size: int = 1024  # texts
+    # Iteration-level batching: decoder rows in the running batch (0 = off:
+    # request-level batches run to their end) and cache slots it may reach.
+    max_running_rows: int = 256
+    max_cache_tokens: int = 131072
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("max_batch_size", "max_batch_tokens", "max_queue_size")
+                    for name in ("max_batch_size", "max_batch_tokens", "max_queue_size",
+                                 "max_cache_tokens")
                     if getattr(self, name) < 1]
+        if self.max_running_rows < 0:
+            problems.append(f"max_running_rows must be >= 0 (0 = request-level batching), "
+                            f"got {self.max_running_rows}")
         if not self.max_queue_delay_s >= 0:
             problems.append(f"max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}")
         if problems:
@@ -119,6 +141,11 @@ class WorkItem:
     @property
     def beam_size(self) -> int:
         return int(self.options.beam_size)
+
+    @property
+    def reach(self) -> int:
+        """The cache length this text may need: its output limit."""
+        return int(self.options.max_new_tokens(len(self.source)))
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -178,6 +205,16 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the scheduler needs to know of the running batch."""
+
+    shape: int  # beam width
+    sources: int  # texts now
+    rows: int  # decoder rows now
+    reach: int  # the cache length its rows may reach
 
 
 def padded_tokens(items: Iterable[WorkItem]) -> int:
@@ -268,7 +305,49 @@ class Scheduler:
             for item, d in dropped:
                 item.resolve(Cancelled(d.reason, item.id))
 
+    def joining(self, running: Running) -> Batch | None:
+        """The queued items that join the running batch now (never waits). None
+        when nothing joins and nothing was dropped."""
+        dropped: list[tuple[WorkItem, Dropped]] = []
+        try:
+            with self._cond:
+                dropped += self._purge()
+                chosen = self._joiners(running)
+                taken = {id(i) for i in chosen}
+                self._queue = [i for i in self._queue if id(i) not in taken]
+        finally:
+            for item, d in dropped:
+                item.resolve(Cancelled(d.reason, item.id))
+        if not chosen and not dropped:
+            return None
+        return Batch(items=tuple(chosen), shape=running.shape if chosen else None,
+                     tokens=padded_tokens(chosen),
+                     source_tokens=sum(len(i.source) for i in chosen), reason="join",
+                     dropped=_plain(dropped), formed_at=self._clock())
+
     # -- internals (called with the lock held) --
+
+    def _joiners(self, running: Running) -> list[WorkItem]:
+        limits = self.limits
+        if limits.max_running_rows == 0:
+            return []
+        chosen: list[WorkItem] = []
+        rows, reach, longest = running.rows, running.reach, 0
+        for item in self._queue:  # FIFO; the first item that cannot join stops it
+            if (item.shape != running.shape
+                    or running.sources + len(chosen) >= limits.max_batch_size):
+                break
+            grown_rows = rows + item.beam_size
+            grown_reach = max(reach, item.reach)
+            grown_longest = max(longest, len(item.source))
+            if (grown_rows > limits.max_running_rows
+                    or grown_rows * grown_reach > limits.max_cache_tokens
+                    or grown_longest * (len(chosen) + 1) * item.beam_size
+                    > limits.max_batch_tokens):
+                break
+            chosen.append(item)
+            rows, reach, longest = grown_rows, grown_reach, grown_longest
+        return chosen
 
     def _purge(self) -> list[tuple[WorkItem, Dropped]]:
         now = self._clock()
@@ -292,11 +371,19 @@ class Scheduler:
         longest = len(head.source)
         beam = head.beam_size
         budget_hit = False
+        rows_budget = limits.max_running_rows or None
+        reach = head.reach if rows_budget else 0
         for item in self._queue[1:]:
             if len(chosen) == limits.max_batch_size:
                 break
             if item.shape != head.shape:
                 continue
+            if rows_budget is not None:
+                rows, grown_reach = (len(chosen) + 1) * beam, max(reach, item.reach)
+                if rows > rows_budget or rows * grown_reach > limits.max_cache_tokens:
+                    budget_hit = True
+                    continue
+                reach = grown_reach
             grown = max(longest, len(item.source))
             if grown * (len(chosen) + 1) * beam > limits.max_batch_tokens:
                 budget_hit = True

@@ -1,9 +1,16 @@
 """The engine loop of one model: a daemon thread that takes the scheduler's
-batches, runs them on the engine and delivers each text's result.
+work, runs it on the engine and delivers each text's result.
+
+Iteration-level batching (the default, `max_running_rows` > 0): the worker
+keeps one RunningBatch; at every step boundary it asks the scheduler which
+queued texts join (plain data), admits them (encoded once, their rows
+appended), runs one decoder step and delivers every text that finished,
+was cancelled or passed its deadline at once. With `max_running_rows` 0 it
+runs request-level batches: each scheduler batch to its end.
 
 ONNX Runtime releases the GIL while it computes, so a plain thread keeps the
 asyncio gRPC loop responsive; one thread per model because an Engine is not
-thread-safe (its buffers and `last_stats` belong to one batch at a time).
+thread-safe (its buffers belong to one batch at a time).
 """
 
 from __future__ import annotations
@@ -12,36 +19,17 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from .engine import Engine, GenerateStats, Request, Result, RunningBatch, StepStats
 from .metrics import Metrics
-from .scheduler import Batch, Cancelled, Draining, Scheduler, WorkItem
+from .scheduler import Batch, Cancelled, Draining, Running, Scheduler, WorkItem
 
 log = logging.getLogger(__name__)
 
-CancelCheck = Callable[[], bool]
-TokenCallback = Callable[[int], None]
-
-
-class HypothesisLike(Protocol):
-    token_ids: list[int]
-    score: float | None
-
-
-class EngineLike(Protocol):
-    """What the worker needs of `seq2serve.server.engine.Engine`. A result is the
-    n-best list of one source; a result with a true `cancelled` attribute means
-    the source left the batch because its `cancelled()` turned true."""
-
-    def generate(self, sources: Sequence[Sequence[int]], options: Sequence[Any], *,
-                 cancelled: Sequence[CancelCheck | None] | None = None,
-                 on_token: Sequence[TokenCallback | None] | None = None
-                 ) -> Sequence[Sequence[HypothesisLike]]: ...
-
-
 class ModelWorker:
-    def __init__(self, name: str, engine: EngineLike, scheduler: Scheduler,
+    def __init__(self, name: str, engine: Engine, scheduler: Scheduler,
                  metrics: Metrics | None = None, poll_s: float = 0.1) -> None:
         self.name = name
         self.engine = engine
@@ -49,6 +37,9 @@ class ModelWorker:
         self.metrics = metrics
         self.poll_s = poll_s  # how soon a stop() without drain is noticed when idle
         self.batches = 0
+        self.iteration_level = scheduler.limits.max_running_rows > 0
+        self._running: RunningBatch | None = None
+        self._live: dict[WorkItem, _FirstToken] = {}  # items in the running batch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if metrics is not None:
@@ -86,17 +77,98 @@ class ModelWorker:
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() or self._live:
             try:
+                if self._live:
+                    if not self._stop.is_set():
+                        self._admit(self.scheduler.joining(self._running_shape()))
+                    self._step()
+                    continue
                 batch = self.scheduler.next_batch(timeout=self.poll_s)
                 if batch is None:
                     if self.scheduler.closed and self.scheduler.depth == 0:
                         return  # drained
                     continue
-                self.run_batch(batch)
+                if self.iteration_level:
+                    self._start(batch)
+                else:
+                    self.run_batch(batch)
             except Exception:  # a bug here must not leave every later request hanging
                 log.exception("model %s: the engine loop failed; it keeps serving", self.name)
                 self._stop.wait(self.poll_s)  # no hot spin if it keeps failing
+
+    # -- iteration-level ---------------------------------------------------------------
+
+    def _running_shape(self) -> Running:
+        batch = self._running
+        assert batch is not None
+        return Running(shape=batch.beams, sources=batch.sources, rows=batch.rows,
+                       reach=batch.longest_reach)
+
+    def _start(self, batch: Batch) -> None:
+        for dropped in batch.dropped:
+            self._count_cancel(dropped.reason)
+        if not batch.items or batch.shape is None:
+            return
+        self.batches += 1
+        self._observe_batch(batch)
+        self._running = self.engine.start_batch(batch.shape)
+        self._admit(batch, observed=True)
+        if self._live:
+            self._step()
+
+    def _admit(self, batch: Batch | None, observed: bool = False) -> None:
+        """Encode the joining items once and append their rows to the running batch."""
+        if batch is None:
+            return
+        for dropped in batch.dropped:
+            self._count_cancel(dropped.reason)
+        if not batch.items or self._running is None:
+            return
+        if not observed:  # a join is a scheduler batch too
+            self.batches += 1
+            self._observe_batch(batch)
+        requests: list[Request] = []
+        streams: dict[WorkItem, _FirstToken] = {}
+        for item in batch.items:
+            stream = _FirstToken(item)
+            try:
+                requests.append(self.engine.request(
+                    item, item.source, item.options, cancelled=item.should_stop,
+                    on_token=stream if item.on_token is not None else None))
+            except Exception as error:  # noqa: BLE001 - a bad source fails alone
+                self._fail(item, error)
+                continue
+            streams[item] = stream
+        try:
+            seconds = self._running.admit(requests)
+        except Exception as error:  # noqa: BLE001 - the running rows are untouched
+            self._on_failure(list(streams), list(streams.values()), error)
+            return
+        self._live.update(streams)
+        if self.metrics is not None and requests:
+            self.metrics.encoder_duration.labels(self.name).observe(seconds)
+
+    def _step(self) -> None:
+        running = self._running
+        assert running is not None
+        try:
+            outcome = running.step()
+        except Exception as error:  # noqa: BLE001 - delivered to the items, never raised
+            live, self._live, self._running = self._live, {}, None
+            self._on_failure(list(live), list(live.values()), error)
+            return
+        if outcome.stats is not None:
+            self._observe_steps([outcome.stats])
+        for key, result in outcome.finished:
+            item = key if isinstance(key, WorkItem) else None
+            if item is None or item not in self._live:
+                continue
+            self._deliver(item, self._live.pop(item), result)
+        if not running.rows:
+            self._live, self._running = {}, None
+
+    # -- request-level -----------------------------------------------------------------
 
     def run_batch(self, batch: Batch) -> None:
         """Run one batch and deliver every item's result (public for tests and
@@ -106,15 +178,7 @@ class ModelWorker:
         if not batch.items:
             return
         self.batches += 1
-        started = time.monotonic()
-        m = self.metrics
-        if m is not None:
-            m.batch_size.labels(self.name).observe(len(batch.items))
-            m.batch_tokens.labels(self.name).observe(batch.tokens)
-            m.batches.labels(self.name, batch.reason).inc()
-            m.input_tokens.labels(self.name).inc(batch.source_tokens)
-            for item in batch.items:
-                m.queue_duration.labels(self.name).observe(max(0.0, started - item.enqueued_at))
+        self._observe_batch(batch)
         streams = [_FirstToken(item) for item in batch.items]
         try:
             results = self._generate(list(batch.items), streams)
@@ -124,7 +188,19 @@ class ModelWorker:
         for item, stream, result in zip(batch.items, streams, results, strict=True):
             self._deliver(item, stream, result)
 
-    def _generate(self, items: list[WorkItem], streams: list[_FirstToken]) -> list[Any]:
+    def _observe_batch(self, batch: Batch) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        started = time.monotonic()
+        m.batch_size.labels(self.name).observe(len(batch.items))
+        m.batch_tokens.labels(self.name).observe(batch.tokens)
+        m.batches.labels(self.name, batch.reason).inc()
+        m.input_tokens.labels(self.name).inc(batch.source_tokens)
+        for item in batch.items:
+            m.queue_duration.labels(self.name).observe(max(0.0, started - item.enqueued_at))
+
+    def _generate(self, items: list[WorkItem], streams: list[_FirstToken]) -> list[Result]:
         results = self.engine.generate(
             [item.source for item in items], [item.options for item in items],
             cancelled=[item.should_stop for item in items],
@@ -133,7 +209,7 @@ class ModelWorker:
         if len(results) != len(items):
             raise RuntimeError(f"the engine returned {len(results)} results for "
                                f"{len(items)} sources")
-        self._observe_engine()
+        self._observe_engine(results.stats)
         return list(results)
 
     def _on_failure(self, items: list[WorkItem], streams: list[_FirstToken],
@@ -142,7 +218,7 @@ class ModelWorker:
         nothing yet are retried one by one, so only the culprit gets the error."""
         if self.metrics is not None:
             self.metrics.engine_errors.labels(self.name).inc()
-        if len(items) == 1:
+        if len(items) == 1 and not streams[0].seen:
             log.warning("model %s: engine failed on item %s: %r", self.name, items[0].id, error)
             items[0].resolve(error)
             return
@@ -166,8 +242,13 @@ class ModelWorker:
                 continue
             self._deliver(item, single, result)
 
-    def _deliver(self, item: WorkItem, stream: _FirstToken, result: Any) -> None:
-        if getattr(result, "cancelled", False):
+    def _fail(self, item: WorkItem, error: Exception) -> None:
+        if self.metrics is not None:
+            self.metrics.engine_errors.labels(self.name).inc()
+        item.resolve(error)
+
+    def _deliver(self, item: WorkItem, stream: _FirstToken, result: Result) -> None:
+        if result.cancelled:
             reason = item.drop_reason() or "cancelled"
             self._count_cancel(reason)
             item.resolve(Cancelled(reason, item.id))
@@ -183,16 +264,18 @@ class ModelWorker:
                     stream.first_at - item.enqueued_at)
         item.resolve(result)
 
-    def _observe_engine(self) -> None:
-        """Encoder and step timings, when the engine keeps them (Engine.last_stats)."""
-        stats = getattr(self.engine, "last_stats", None)
-        if self.metrics is None or stats is None:
+    def _observe_engine(self, stats: GenerateStats) -> None:
+        if self.metrics is None:
             return
-        encode = getattr(stats, "encode_seconds", None)
-        if encode:
-            self.metrics.encoder_duration.labels(self.name).observe(encode)
+        if stats.encode_seconds:
+            self.metrics.encoder_duration.labels(self.name).observe(stats.encode_seconds)
+        self._observe_steps(stats.steps)
+
+    def _observe_steps(self, steps: list[StepStats]) -> None:
+        if self.metrics is None:
+            return
         step_hist = self.metrics.decoder_step_duration.labels(self.name)
-        for step in getattr(stats, "steps", ()):
+        for step in steps:
             step_hist.observe(step.ort_seconds + step.host_seconds)
 
     def _count_cancel(self, reason: str) -> None:

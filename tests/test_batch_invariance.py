@@ -158,6 +158,40 @@ def test_engine_output_is_independent_of_the_batch(packages: dict[str, Path], pr
             assert [key(r) for r in results] == [alone[i] for i in batch]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_joining_a_running_batch_changes_nothing(packages: dict[str, Path], precision: str,
+                                                 beam: int) -> None:
+    """Iteration-level batching: sentences joining running batches of other sentences
+    at different steps decode bit for bit as they do alone (tokens and scores)."""
+    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=2))
+    tokenizer = package_tokenizer(engine.package)
+    sources = [tokenizer.encode(s)[:engine.max_source_length] for s in SENTENCES[96:120]]
+    options = engine.resolve(DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2),
+                                             return_scores=True, max_length=48))
+
+    def key(result: list) -> list[tuple[list[int], float | None]]:
+        return [(h.token_ids, h.score) for h in result]
+
+    alone = [key(engine.generate([s], options)[0]) for s in sources]
+    rng = random.Random(beam)
+    order = list(range(len(sources)))
+    rng.shuffle(order)
+    batch = engine.start_batch(beam)
+    got: dict[int, list[tuple[list[int], float | None]]] = {}
+    waiting = list(order)
+    while waiting or batch.rows:
+        # A few sentences join at every few steps, whatever is running.
+        if waiting and rng.random() < 0.4:
+            count = rng.choice([1, 2, 5])
+            joining, waiting = waiting[:count], waiting[count:]
+            batch.admit([engine.request(i, sources[i], options) for i in joining])
+        if batch.rows:
+            got.update((k, key(r)) for k, r in batch.step().finished)
+    assert got == dict(enumerate(alone))
+
+
 # -- and through the server ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -138,14 +138,15 @@ def test_mixed_options_in_one_batch(engine: Engine, sources: list[list[int]]) ->
 
 
 def test_finished_sources_leave_the_batch(engine: Engine, sources: list[list[int]]) -> None:
-    engine.generate(sources, DecodingOptions(beam_size=4, max_length=MAX_NEW))
-    steps = engine.last_stats.steps
+    stats = engine.generate(sources, DecodingOptions(beam_size=4, max_length=MAX_NEW)).stats
+    steps = stats.steps
     rows = [s.rows for s in steps]
-    assert rows[0] == len(sources) and rows[1] == 4 * len(sources)
-    assert all(a >= b for a, b in zip(rows[1:-1], rows[2:], strict=True))  # N never grows
-    assert rows[-1] < rows[1]  # and shrinks as sources finish
-    assert all(s.rows == 4 * s.sources for s in steps[1:])
-    assert engine.last_stats.ort_seconds > 0 and engine.last_stats.host_seconds > 0
+    assert rows[0] == 4 * len(sources)  # K rows per source from the first step, as HF
+    assert all(a >= b for a, b in zip(rows[:-1], rows[1:], strict=True))  # N never grows
+    assert rows[-1] < rows[0]  # and shrinks as sources finish
+    assert all(s.rows == 4 * s.sources for s in steps)
+    assert all(s.cache_length % 16 == 0 and s.cache_length > s.step for s in steps)
+    assert stats.ort_seconds > 0 and stats.host_seconds > 0
 
 
 def test_max_length_absolute_and_relative(engine: Engine, sources: list[list[int]]) -> None:
@@ -184,9 +185,9 @@ def test_cancellation_drops_the_source(engine: Engine, sources: list[list[int]])
     reference = engine.generate(sources, options)
     results = engine.generate(sources, options,
                               cancelled=[None, cancel_after_three] + [None] * (len(sources) - 2))
+    rows = [s.rows for s in results.stats.steps]
     assert isinstance(results[1], Result) and results[1].cancelled and list(results[1]) == []
     assert calls["n"] == 4  # never asked again once it was gone
-    rows = [s.rows for s in engine.last_stats.steps]
     assert rows[3] == 4 * (len(sources) - 1)  # gone from step 3 on
     for i in (0, *range(2, len(sources))):
         assert not results[i].cancelled
@@ -283,3 +284,93 @@ def test_cuda_matches_cpu(marian_package: Path, engine: Engine,
             [[h.token_ids for h in r] for r in on_cpu]
         assert [h.score for r in on_gpu for h in r] == \
             pytest.approx([h.score for r in on_cpu for h in r], abs=1e-3)
+
+
+# -- iteration-level batching: joining a running batch -----------------------------------
+
+def run_joined(engine: Engine, first: list[list[int]], joining: list[list[int]],
+               options: DecodingOptions, at_step: int) -> dict[int, Result]:
+    """`first` start a running batch; `joining` join it after `at_step` steps.
+    Results by index into first + joining."""
+    resolved = engine.resolve(options)
+    batch = engine.start_batch(resolved.beam_size)
+    batch.admit([engine.request(i, s, resolved) for i, s in enumerate(first)])
+    results: dict[int, Result] = {}
+    for _ in range(at_step):
+        results.update(batch.step().finished)  # type: ignore[arg-type]
+    batch.admit([engine.request(len(first) + i, s, resolved) for i, s in enumerate(joining)])
+    while batch.rows:
+        results.update(batch.step().finished)  # type: ignore[arg-type]
+    return results
+
+
+def key(result: Result) -> list[tuple[list[int], float | None, list[int] | None]]:
+    return [(h.token_ids, h.score, h.alignment) for h in result]
+
+
+@pytest.mark.parametrize("case", ["greedy", "beam4_nbest3_length_penalty_0.6",
+                                  "no_repeat_ngram_3"])
+def test_joining_mid_batch_equals_alone_and_hf(case: str, engine: Engine, hf: tuple[Any, Any],
+                                               batch: dict[str, torch.Tensor],
+                                               sources: list[list[int]]) -> None:
+    """The same sources joining at different steps into different running batches
+    give bit-identical tokens, scores and alignments to decoding each alone, and
+    Hugging Face's tokens."""
+    hf_kwargs, ours = PARITY[case]
+    options = DecodingOptions(max_length=MAX_NEW, max_length_ratio=0, return_alignment=True,
+                              **ours)
+    alone = [key(engine.generate([s], options)[0]) for s in sources]
+    ref = hf_generate(hf[1], batch, **hf_kwargs)
+    assert [[t for t, _, _ in a] for a in alone] == [[t for t, _ in r] for r in ref]
+    half = len(sources) // 2
+    for at_step in (0, 1, 3, 9, 17):
+        for first, joining in ((range(half), range(half, len(sources))),
+                               (range(half, len(sources)), range(half))):
+            order = [*first, *joining]
+            got = run_joined(engine, [sources[i] for i in first],
+                             [sources[i] for i in joining], options, at_step)
+            assert {order[k]: key(r) for k, r in got.items()} == dict(enumerate(alone)), \
+                (case, at_step)
+
+
+def test_joining_streams_and_leaves(engine: Engine, sources: list[list[int]]) -> None:
+    """A source that joins mid-batch streams from its first step; finished rows leave
+    at once (rows never exceed the live sources' K rows), cancelled ones too."""
+    options = engine.resolve(DecodingOptions(beam_size=1, max_length=MAX_NEW))
+    batch = engine.start_batch(1)
+    batch.admit([engine.request(i, s, options) for i, s in enumerate(sources[:4])])
+    for _ in range(2):
+        batch.step()
+    seen: list[int] = []
+    stop = {"now": False}
+    batch.admit([engine.request("late", sources[4], options, on_token=seen.append),
+                 engine.request("gone", sources[5], options, cancelled=lambda: stop["now"])])
+    outcome = batch.step()
+    assert len(seen) == 1 and outcome.stats is not None and outcome.stats.rows == 6
+    stop["now"] = True
+    outcome = batch.step()
+    assert ("gone", Result(cancelled=True)) in outcome.finished
+    assert [r.cancelled for k, r in outcome.finished if k == "gone"] == [True]
+    results = dict(outcome.finished)
+    while batch.rows:
+        outcome = batch.step()
+        assert outcome.stats is not None and outcome.stats.rows == outcome.stats.sources
+        results.update(outcome.finished)
+    alone = engine.generate([sources[4]], options)[0]
+    assert results["late"][0].token_ids == alone[0].token_ids
+    assert seen[:len(alone[0].token_ids)] == alone[0].token_ids
+
+
+def test_decode_state_concatenate_and_filter(engine: Engine, sources: list[list[int]]) -> None:
+    options = engine.resolve(DecodingOptions(beam_size=3, max_length=MAX_NEW))
+    search = engine.strategy(3)
+    a = search.start([engine.request(i, s, options) for i, s in enumerate(sources[:2])])
+    b = search.start([engine.request(i, s, options) for i, s in enumerate(sources[2:5], 2)])
+    both = a.concatenate(b)
+    assert both.sources == 5 and both.rows == 15
+    assert both.beam is not None and both.beam.running.shape == (5, 3)
+    back = both.filter(np.array([2, 3, 4]))
+    assert [r.key for r in back.requests] == [r.key for r in b.requests]
+    assert np.array_equal(back.tokens, b.tokens) and np.array_equal(back.max_new, b.max_new)
+    with pytest.raises(ValueError, match="beam"):
+        a.concatenate(engine.strategy(1).start([engine.request(0, sources[0], options)]))

@@ -132,10 +132,10 @@ def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
     assert not [n for n in graph.node if n.op_type == "Split"]
     concats = [n for n in graph.node if n.op_type == "Concat"
                and any(i.startswith("self_") for i in n.input)]
-    assert len(concats) == 0  # the cache is gathered by beam first, then appended to
-    appends = [n for n in graph.node if n.op_type == "Concat"
-               and any(o.startswith("new_self_") for o in n.output)]
-    assert len(appends) == 2 * layers
+    assert len(concats) == 0  # the cache is gathered by beam first, then each row's slot written
+    writes = [n for n in graph.node if n.op_type == "ScatterElements"
+              and any(o.startswith("new_self_") for o in n.output)]
+    assert len(writes) == 2 * layers
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])

@@ -7,11 +7,11 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from seq2serve.server.engine import GenerateStats, Generation, StepStats
 from seq2serve.server.errors import NotFound
 from seq2serve.server.metrics import Metrics
 from seq2serve.server.options import InvalidOptions
@@ -20,6 +20,7 @@ from seq2serve.server.scheduler import (
     Cancelled,
     Draining,
     QueueFull,
+    Running,
     Scheduler,
     WorkItem,
 )
@@ -45,14 +46,24 @@ class Box:
         return self.values[0]
 
 
-def item(length: int, beam: int = 1, first: int = 1, **kw: Any) -> WorkItem:
+@dataclass(frozen=True)
+class Opts:
+    beam_size: int = 1
+    max_length: int = 64
+
+    def max_new_tokens(self, source_length: int) -> int:
+        return self.max_length
+
+
+def item(length: int, beam: int = 1, first: int = 1, max_length: int = 64,
+         **kw: Any) -> WorkItem:
     return WorkItem(source=list(range(first, first + length)),
-                    options=SimpleNamespace(beam_size=beam), deliver=Box(), **kw)
+                    options=Opts(beam, max_length), deliver=Box(), **kw)
 
 
 def sched(size: int = 32, tokens: int = 8192, delay: float = LONG,
-          queue: int = 1024) -> Scheduler:
-    return Scheduler(BatchLimits(size, tokens, delay, queue))
+          queue: int = 1024, rows: int = 0, cache: int = 131072) -> Scheduler:
+    return Scheduler(BatchLimits(size, tokens, delay, queue, rows, cache))
 
 
 def lengths(batch: Any) -> list[int]:
@@ -244,6 +255,63 @@ def test_deliver_is_called_once() -> None:
     assert i.deliver.values == ["first"]
 
 
+# -- joining a running batch (iteration-level) ---------------------------------------------
+
+def test_joining_takes_fifo_items_of_the_running_shape_within_the_budgets() -> None:
+    s = sched(size=32, rows=10, cache=10 * 64)
+    items = [item(4), item(5), item(6, beam=2), item(3)]
+    for i in items:
+        s.submit(i)
+    joined = s.joining(Running(shape=1, sources=7, rows=7, reach=32))
+    assert joined is not None and joined.items == (items[0], items[1]) and joined.reason == "join"
+    # A beam-2 item leads now: nothing joins a beam-1 batch.
+    assert s.joining(Running(shape=1, sources=0, rows=0, reach=0)) is None
+    joined = s.joining(Running(shape=2, sources=4, rows=8, reach=32))
+    assert joined is not None and joined.items == (items[2],)
+    assert s.joining(Running(shape=1, sources=10, rows=10, reach=32)) is None  # rows full
+    assert s.depth == 1
+    texts_full = sched(size=4, rows=100)
+    texts_full.submit(item(3))
+    assert texts_full.joining(Running(shape=1, sources=4, rows=4, reach=16)) is None
+    joined = texts_full.joining(Running(shape=1, sources=3, rows=3, reach=16))
+    assert joined is not None and len(joined) == 1
+
+
+def test_joining_respects_the_cache_budget_and_stops_at_the_first_misfit() -> None:
+    s = sched(rows=100, cache=1000)
+    long, short = item(3, max_length=200), item(3, max_length=10)
+    s.submit(long)
+    s.submit(short)
+    # 5 rows reaching 200 slots fit 1000; 6 would not, though the short one is short.
+    joined = s.joining(Running(shape=1, sources=4, rows=4, reach=10))
+    assert joined is not None and joined.items == (long,)
+    s2 = sched(rows=100, cache=1000)
+    s2.submit(item(3, max_length=200))
+    s2.submit(item(3, max_length=10))
+    # FIFO: the short item does not skip ahead of the long one that does not fit.
+    assert s2.joining(Running(shape=1, sources=5, rows=5, reach=10)) is None
+
+
+def test_joining_is_off_for_request_level_and_reports_drops() -> None:
+    s = sched(rows=0)
+    s.submit(item(3))
+    assert s.joining(Running(shape=1, sources=1, rows=1, reach=16)) is None
+    s = sched(rows=8)
+    gone = item(3, deadline=time.monotonic() - 1)
+    s.submit(gone)
+    joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16))
+    assert joined is not None and joined.items == () and joined.dropped[0].reason == "deadline"
+    assert isinstance(gone.deliver.get(), Cancelled)
+
+
+def test_first_batch_respects_the_rows_budget() -> None:
+    s = sched(size=32, delay=0.0, rows=8)
+    for _ in range(5):
+        s.submit(item(3, beam=2))
+    batch = s.next_batch(timeout=1)
+    assert batch is not None and len(batch) == 4  # 4 texts x beam 2 = 8 rows
+
+
 # -- the worker ---------------------------------------------------------------------------
 
 @dataclass
@@ -265,7 +333,6 @@ class FakeEngine:
     gate: threading.Event | None = None
     hook: Any = None  # called first in every generate()
     calls: list[int] = field(default_factory=list)
-    last_stats: Any = None
 
     def generate(self, sources, options, *, cancelled=None, on_token=None):
         self.calls.append(len(sources))
@@ -286,9 +353,8 @@ class FakeEngine:
                 for t in reversed(src):
                     on_token[i](t)
             out.append(Result([Hyp(list(reversed(src)), -float(len(src)))]))
-        self.last_stats = SimpleNamespace(
-            encode_seconds=0.002, steps=[SimpleNamespace(ort_seconds=0.001, host_seconds=0.0)])
-        return out
+        return Generation(out, GenerateStats([StepStats(0, len(out), len(out), 16, 0.001, 0.0)],
+                                             encode_seconds=0.002))
 
 
 def served(engine: FakeEngine, **limits: Any) -> tuple[Scheduler, ModelWorker, Metrics]:
@@ -504,3 +570,43 @@ def test_many_metrics_objects_and_the_http_endpoint() -> None:
         server.stop()
     assert 'seq2serve_input_tokens_total{model="x"} 5.0' in body
     assert b"seq2serve_input_tokens_total{" not in first.render()
+
+
+def test_iteration_level_worker_joins_work_mid_batch(marian_package: Any) -> None:
+    """Texts queued while a batch runs join it at the next step (one batch in all),
+    stream at once, and decode exactly as they do alone."""
+    from seq2serve.server.engine import Engine
+    from seq2serve.server.options import DecodingOptions
+    from seq2serve.server.runner import RunnerConfig
+
+    engine = Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    options = engine.resolve(DecodingOptions(beam_size=1, max_length=40))
+    sources = [[5 + (i * 7 + j) % 90 for j in range(4 + 3 * i)] + [engine.eos_id]
+               for i in range(6)]
+    s = sched(size=8, delay=0.0, rows=64)
+    m = Metrics()
+    late: list[WorkItem] = []
+    streamed: list[int] = []
+
+    def make(i: int, on_token: Any = None) -> WorkItem:
+        return WorkItem(source=sources[i], options=options, deliver=Box(), on_token=on_token)
+
+    def first_token(token: int) -> None:  # runs on the worker thread, inside a step
+        if not late:
+            late.extend([make(3, streamed.append), make(4), make(5)])
+            s.submit_many(late)
+
+    first = [make(0, first_token), make(1), make(2)]
+    w = ModelWorker("m", engine, s, m, poll_s=0.02)
+    s.submit_many(first)
+    w.start()
+    results = [i.deliver.get(timeout=60) for i in first]
+    results += [i.deliver.get(timeout=60) for i in late]
+    assert w.stop(timeout=10)
+    assert w.batches == 2  # one batch started, the late texts joined it
+    alone = [engine.generate([src], options)[0] for src in sources]
+    assert [[h.token_ids for h in r] for r in results] == [[h.token_ids for h in r]
+                                                          for r in alone]
+    assert [h.score for r in results for h in r] == [h.score for r in alone for h in r]
+    assert streamed[:len(alone[3][0].token_ids)] == alone[3][0].token_ids
+    assert sample(m, "seq2serve_time_to_first_token_seconds_count", model="m") == 6
