@@ -125,10 +125,26 @@ def choose_provider(requested: str, available: list[str] | None = None) -> str:
             raise RuntimeError("provider 'cuda' requested but this onnxruntime has no "
                                f"{CUDA} (available: {', '.join(available)}); install "
                                "onnxruntime-gpu or use provider 'cpu'")
+        _load_cuda_libraries()
         return CUDA
     chosen = CUDA if CUDA in available else CPU
+    if chosen == CUDA:
+        _load_cuda_libraries()
     log.info("provider auto: using %s (available: %s)", chosen, ", ".join(available))
     return chosen
+
+
+def _load_cuda_libraries() -> None:
+    """CUDA and cuDNN installed as NVIDIA's PyPI wheels (`onnxruntime-gpu[cuda,cudnn]`,
+    the `gpu` extra) are not on the loader's path; onnxruntime >= 1.21 finds and
+    loads them. Libraries from a CUDA base image or the system are found anyway."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as e:  # noqa: BLE001 - the system's libraries may still do
+            log.warning("onnxruntime.preload_dlls failed (%s); relying on the system's "
+                        "CUDA libraries", e)
 
 
 @dataclass(frozen=True)
