@@ -29,7 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("cpu", "gpu")
-GPU_EXTRAS = "cuda,cudnn"
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -71,10 +70,8 @@ def runtime_requirements(wheel: Path, variant: str) -> list[str]:
     if len(gpu) != 1:
         raise ValueError(f"{wheel.name}: the 'gpu' extra must require onnxruntime-gpu once, "
                          f"got {extras.get('gpu')}")
-    name = _NAME.match(gpu[0])
-    assert name is not None
-    with_extras = f"{name.group(1)}[{GPU_EXTRAS}]{gpu[0][name.end():].lstrip()}"
-    return [r for r in base if requirement_name(r) != "onnxruntime"] + [with_extras]
+    # The extra names NVIDIA's CUDA/cuDNN wheels itself (pyproject: onnxruntime-gpu[cuda,cudnn]).
+    return [r for r in base if requirement_name(r) != "onnxruntime"] + gpu
 
 
 def manylinux_platforms(machine: str, glibc: str) -> list[str]:

@@ -22,10 +22,8 @@ import gzip
 import hashlib
 import json
 import lzma
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -245,25 +243,13 @@ def write_corpus(corpus: Corpus, directory: Path, sources: list[dict[str, object
 def write_output(out: Path, corpora: list[Corpus], indexes: list[IndexFile], force: bool) -> None:
     """Write everything into a temp dir beside `out`, then move it into place,
     so an interrupted run never leaves a half-written corpus under `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    def fill(tmp: Path) -> None:
         sources = [f.describe() for f in indexes]
         for corpus in corpora:
             write_corpus(corpus, tmp / corpus.name, sources)
         (tmp / "DATA_CARD.md").write_text(data_card(corpora, indexes), encoding="utf-8")
-        if out.exists():
-            if any(out.iterdir()) and not force:
-                raise FileExistsError(f"{out} is not empty (use --force)")
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+
+    messages_data.write_atomically(out, force, fill)
 
 
 # --------------------------------------------------------------------------- CLI

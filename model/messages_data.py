@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, langs: list[str], no_update: bool) -> int:
     seconds = time.monotonic() - started
     meta = {"packages": len(selection.debs), "download_bytes": downloaded,
             "seconds": round(seconds, 1)}
-    _write_atomically(out, args.force, lambda tmp: write(tmp, corpora, selection, meta))
+    write_atomically(out, args.force, lambda tmp: write(tmp, corpora, selection, meta))
     for corpus in corpora:
         counts = {s: len(rows) for s, rows in corpus.splits.items()}
         print(f"messages {corpus.name}: {counts} from {len(corpus.packages)} source packages, "
@@ -197,7 +197,7 @@ def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool) -> l
             (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n",
                                                 encoding="utf-8")
 
-    _write_atomically(out, force, fill)
+    write_atomically(out, force, fill)
     return names
 
 
@@ -207,7 +207,7 @@ def _read_rows(corpus: Path, split: str) -> list[tuple[str, str, str]]:
     return list(zip(*read, strict=True))
 
 
-def _write_atomically(out: Path, force: bool, fill: Callable[[Path], None]) -> None:
+def write_atomically(out: Path, force: bool, fill: Callable[[Path], None]) -> None:
     """Fill a temp dir beside `out`, then swap it in: an interrupted run never
     leaves a half-written corpus."""
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -111,3 +111,11 @@ def marian_package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("packages") / "marian-fp32"
     export(marian_dir, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A models folder serving the tiny Marian package as `tiny-en-de`."""
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(marian_package, root / "tiny-en-de")
+    return root

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +22,6 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.service import TranslatorService
 
 TWO_SENTENCES = f"{CORPUS[0]} {CORPUS[1]}"
-
-
-@pytest.fixture(scope="module")
-def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    shutil.copytree(marian_package, root / "tiny-en-de")
-    return root
 
 
 @pytest.fixture(scope="module")

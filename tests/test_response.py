@@ -4,7 +4,6 @@ ListModels reports (the ones the server really applies)."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,13 +19,6 @@ from seq2serve.server.client import Seq2ServeClient
 EOS, LENGTH = pb.FINISH_REASON_EOS, pb.FINISH_REASON_LENGTH
 SHORT = CORPUS[4]  # the tiny model says "Tools." and ends
 LONG = CORPUS[0]  # 23 tokens, then EOS
-
-
-@pytest.fixture(scope="module")
-def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    shutil.copytree(marian_package, root / "tiny-en-de")
-    return root
 
 
 @pytest.fixture(scope="module")

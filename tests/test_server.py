@@ -26,13 +26,6 @@ from seq2serve.server.client import Seq2ServeClient
 
 
 @pytest.fixture(scope="module")
-def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    shutil.copytree(marian_package, root / "tiny-en-de")
-    return root
-
-
-@pytest.fixture(scope="module")
 def server(models_dir: Path) -> Iterator[RunningServer]:
     running = RunningServer(server_config(models_dir, max_texts_per_request=8,
                                           max_text_chars=500, max_length_cap=64,

@@ -21,13 +21,6 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 MODEL = "opus-mt-en-de"
 
 
-@pytest.fixture(scope="module")
-def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    shutil.copytree(marian_package, root / "tiny-en-de")
-    return root
-
-
 @pytest.fixture
 def processes() -> Iterator[list[ServeProcess]]:
     """Every server a test starts; killed at the end if still running."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +76,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     other_cert, other_key, _ = _issue(out, "other-ca", None, ca=True)
     _, _, stranger = _issue(out, "stranger", (other_cert, other_key))
     return Certificates(ca, server, client, stranger)
-
-
-@pytest.fixture(scope="module")
-def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    shutil.copytree(marian_package, root / "tiny-en-de")
-    return root
 
 
 def translate(channel: grpc.Channel) -> pb.TranslateResponse:
