@@ -82,6 +82,12 @@ def _with_dtypes(spec: Spec, dtypes: dict[str, str]):
             for entry in signature(spec)]
 
 
+def _readable_like_a_new_dir(path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+
+
 def _exporter_version() -> str:
     try:
         return metadata.version("seq2serve")
@@ -216,6 +222,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
         load_package(tmp)  # the loader the server uses must accept what we wrote
+        _readable_like_a_new_dir(tmp)  # mkdtemp made it 0700; a package is shared data
         os.rename(tmp, output_dir)
         steps.update()
     except BaseException:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 from deploy_helpers import (
     ROOT,
@@ -114,6 +115,15 @@ def _wait_health(container: Container, want: str, timeout: float) -> None:
         time.sleep(0.5)
 
 
+def _wait_serving(client: Seq2ServeClient, container: Container) -> None:
+    """Until SERVING; a container that never gets there fails with its own log."""
+    try:
+        client.wait_until_serving(120)
+    except (TimeoutError, grpc.RpcError) as e:
+        raise AssertionError(f"not SERVING ({e}); container log:\n"
+                             f"{container.logs()[-3000:]}") from None
+
+
 def test_image_metadata(docker: Docker, image: str) -> None:
     config = _inspect(docker, image)["Config"]
     defaults = ServerConfig()
@@ -143,7 +153,7 @@ def test_runs_healthy_non_root_read_only_and_translates(docker: Docker, run_cont
     start = time.monotonic()
     container = run_container()
     with Seq2ServeClient(container.target, timeout=30) as client:
-        client.wait_until_serving(120)
+        _wait_serving(client, container)
         record("container start to SERVING s", round(time.monotonic() - start, 1))
         models = {m.name: m for m in client.list_models()}
         assert set(models) == {p.name for p in SHIPPED.iterdir() if (p / "manifest.json").is_file()}
@@ -178,7 +188,7 @@ def test_mounted_models_dir_replaces_the_shipped_one(run_container, tmp_path: Pa
     shutil.copytree(SHIPPED / "summarize-en", mounted / "summarize-en")
     container = run_container("--volume", f"{mounted}:/models:ro")
     with Seq2ServeClient(container.target, timeout=30) as client:
-        client.wait_until_serving(120)
+        _wait_serving(client, container)
         assert [m.name for m in client.list_models()] == ["summarize-en"]
 
 
@@ -192,7 +202,7 @@ def test_docker_stop_drains_an_in_flight_call_and_exits_0(docker: Docker, run_co
     options = {"beam_size": 4, "min_length": 200, "max_length": 200, "max_length_ratio": 100.0}
     with Seq2ServeClient(container.target, timeout=120) as client, \
             ThreadPoolExecutor(1) as pool:
-        client.wait_until_serving(120)
+        _wait_serving(client, container)
         call = pool.submit(client.translate, texts, "en-de", **options)
         deadline = time.monotonic() + 30
         while b"seq2serve_in_flight_requests{model=\"en-de\"} 1.0" not in _metrics(container):

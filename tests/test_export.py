@@ -306,3 +306,14 @@ def test_greedy_flip_fails_export_only_past_the_tolerance(
     else:
         report = export(marian_dir, tmp_path / "pkg", progress=False)
         assert report.fp32_deviation["argmax_flips"] == 1
+
+
+def test_package_directory_is_readable_by_others(marian_package: Path) -> None:
+    """A container's non-root user reads the shipped models: mkdtemp's 0700 must not stay."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = stat.S_IMODE(marian_package.stat().st_mode)
+    assert mode == 0o777 & ~umask
