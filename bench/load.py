@@ -1,12 +1,44 @@
-"""Load test: throughput and latency of a running seq2serve server under N
-concurrent clients, with dynamic batching on and off.
+"""Load test: batching off, request-level and iteration-level side by side in one run.
 
-    python -m seq2serve.bench.load --models-dir models --texts data/ddtp/en-de/test.src \
-        --concurrency 1,8,32,64 --unbatched 32 --requests 256 --json load.json
+    python -m seq2serve.bench.load --texts data/ddtp/en-de/test.src \
+        --modes iteration,request,off --beams 1,4 --concurrency 8,32,64 \
+        --rates auto --requests 256 --json load.json
 
-Starts `seq2serve serve` itself (once with the configured batching, once with
---max-batch-size 1 for the unbatched levels) on loopback, sends one text per
-request from an asyncio gRPC client, and prints a Markdown table.
+Each mode is a fresh `seq2serve serve` on loopback (bench/serving.py), with a
+metrics port:
+
+- `off`: SEQ2SERVE_MAX_BATCH_SIZE=1, one text at a time;
+- `request`: SEQ2SERVE_MAX_RUNNING_ROWS=0, a batch runs to its end before the next;
+- `iteration`: the defaults, new work joins the running batch at step boundaries.
+
+Workloads, for each decoding in `--beams` (1 is greedy):
+
+- closed loop: N clients, each sends its next request when its last one is answered;
+- open loop: Poisson arrivals at R requests/s (exponential inter-arrival times
+  from a numpy Generator seeded by `--seed`), each arrival its own task whether
+  or not earlier ones were answered. `--rates auto` takes `--fractions` (0.3, 0.5,
+  0.7, 0.9) of the saturation throughput: the requests/s of `iteration` mode's
+  closed loop at the highest concurrency, per decoding. The same absolute rates
+  are offered to every mode, so `auto` runs `iteration` first.
+
+Every level is bounded: at most `--requests` requests, none sent after
+`--level-seconds`, and what is still unanswered `--drain-seconds` later is
+cancelled and reported as `unfinished` (an overloaded mode shows up there, not
+as an endless run). Throughput counts answered requests over the time from the
+first send to the last answer.
+
+Every request is one text (texts cycle through `--texts`, shuffled by `--seed`
+so that lengths mix) sent with TranslateStream. Latency is the time to the
+final chunk. Time to first token (TTFT) is the time to the first chunk with a
+non-empty `text_delta`, or to the final chunk if that comes first: with greedy
+decoding that is the first generated token; beam search streams per finished
+sentence, so for beam it is the time to the first finished sentence of the text
+(the whole answer for a one-sentence text). Tokens are the best hypothesis's
+token ids (EOS not counted). Decoder rows per step (occupancy) is the mean of the
+server's `seq2serve_decoder_rows` histogram over the level: /metrics scraped
+before and after it, (sum after - sum before) / (count after - count before).
+
+Prints one Markdown table; `--json` writes the records.
 """
 
 from __future__ import annotations
@@ -15,91 +47,351 @@ import argparse
 import asyncio
 import itertools
 import json
-import statistics
 import sys
 import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
-from .serving import served
+from .serving import free_port, served
+
+MODES: dict[str, dict[str, str]] = {
+    "off": {"max_batch_size": "1"},
+    "request": {"max_running_rows": "0"},
+    "iteration": {},
+}
+ROWS_METRIC = "seq2serve_decoder_rows"
+WARMUP_REQUESTS = 4  # per server and decoding, before anything is measured
 
 
-async def run_level(target: str, model: str, texts: list[str], concurrency: int,
-                    requests: int, options: pb.DecodingOptions) -> dict[str, float]:
-    async with grpc.aio.insecure_channel(target) as channel:
+@dataclass
+class Outcome:
+    """What the client saw of one request."""
+
+    latency_s: float
+    ttft_s: float
+    tokens: int
+
+
+@dataclass
+class Record:
+    mode: str
+    beam: int
+    workload: str  # "closed" or "poisson"
+    level: float  # clients (closed) or offered requests/s (poisson)
+    sent: int
+    completed: int
+    unfinished: int  # cancelled at the level's time limit
+    errors: int
+    wall_s: float
+    requests_per_second: float
+    tokens_per_second: float
+    p50_ms: float
+    p99_ms: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    rows_per_step: float  # mean decoder rows per step during the level (nan: no step)
+
+    @property
+    def decoding(self) -> str:
+        return "greedy" if self.beam == 1 else f"beam {self.beam}"
+
+
+# -- pure parts (unit-tested) -------------------------------------------------------------
+
+def arrival_times(rate: float, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Seconds from the start at which each of `count` Poisson arrivals at `rate`/s
+    comes: the running sum of exponential gaps with mean 1/rate, strictly increasing."""
+    if rate <= 0 or count < 0:
+        raise ValueError(f"rate must be > 0 and count >= 0, got {rate} and {count}")
+    gaps = rng.exponential(1.0 / rate, count)
+    # A zero gap (probability 2**-53 per draw) would make two arrivals one.
+    return np.cumsum(np.maximum(gaps, np.finfo(np.float64).tiny))
+
+
+def histogram_totals(exposition: str, name: str) -> tuple[float, float]:
+    """(sum, count) of histogram `name` over all its label sets in /metrics text."""
+    total = count = 0.0
+    for family in text_string_to_metric_families(exposition):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_sum":
+                total += sample.value
+            elif sample.name == f"{name}_count":
+                count += sample.value
+    return total, count
+
+
+def mean_between(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The mean of the observations made between two (sum, count) readings."""
+    observations = after[1] - before[1]
+    return (after[0] - before[0]) / observations if observations > 0 else float("nan")
+
+
+def auto_rates(saturation: float, fractions: Sequence[float]) -> list[float]:
+    return [round(saturation * f, 3) for f in fractions if saturation * f > 0]
+
+
+def summarize(mode: str, beam: int, workload: str, level: float, sent: int,
+              outcomes: Sequence[Outcome], unfinished: int, errors: int, wall_s: float,
+              rows_per_step: float) -> Record:
+    latency = np.array([o.latency_s for o in outcomes]) * 1000
+    ttft = np.array([o.ttft_s for o in outcomes]) * 1000
+
+    def pct(values: np.ndarray, q: float) -> float:
+        return float(np.percentile(values, q)) if len(values) else float("nan")
+
+    wall = max(wall_s, 1e-9)
+    return Record(mode, beam, workload, level, sent, len(outcomes), unfinished, errors, wall_s,
+                  len(outcomes) / wall, sum(o.tokens for o in outcomes) / wall,
+                  pct(latency, 50), pct(latency, 99), pct(ttft, 50), pct(ttft, 99),
+                  rows_per_step)
+
+
+def table(records: Sequence[Record]) -> str:
+    """Markdown, the modes of one decoding and workload level next to each other."""
+    order = {m: i for i, m in enumerate(MODES)}
+    rows = sorted(records, key=lambda r: (r.beam, r.workload, r.level, order[r.mode]))
+    lines = ["| decoding | workload | mode | done/sent | requests/s | tokens/s | p50 ms "
+             "| p99 ms | TTFT p50 ms | TTFT p99 ms | rows/step |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        workload = (f"closed {r.level:g} clients" if r.workload == "closed"
+                    else f"Poisson {r.level:g}/s")
+        lines.append(
+            f"| {r.decoding} | {workload} | {r.mode} | {r.completed}/{r.sent} "
+            f"| {r.requests_per_second:.2f} | {r.tokens_per_second:.1f} | {r.p50_ms:.0f} "
+            f"| {r.p99_ms:.0f} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} "
+            f"| {r.rows_per_step:.1f} |")
+    return "\n".join(lines)
+
+
+# -- talking to a server ------------------------------------------------------------------
+
+@dataclass
+class Target:
+    """What every request of a level asks for."""
+
+    model: str
+    texts: list[str]
+    options: pb.DecodingOptions
+
+
+async def one_request(stub: pb_grpc.TranslatorStub, target: Target, text: str,
+                      timeout_s: float) -> Outcome:
+    start = time.perf_counter()
+    first: float | None = None
+    tokens = 0
+    call = stub.TranslateStream(pb.TranslateRequest(model=target.model, texts=[text],
+                                                    options=target.options),
+                                timeout=timeout_s)
+    async for chunk in call:
+        if first is None and (chunk.text_delta or chunk.final):
+            first = time.perf_counter() - start
+        if chunk.final:
+            tokens = len(chunk.translation.hypotheses[0].token_ids)
+    latency = time.perf_counter() - start
+    return Outcome(latency, latency if first is None else first, tokens)
+
+
+def scrape(url: str) -> tuple[float, float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return histogram_totals(response.read().decode(), ROWS_METRIC)
+
+
+async def closed_loop(stub: pb_grpc.TranslatorStub, target: Target, clients: int,
+                      requests: int, level_s: float, drain_s: float
+                      ) -> tuple[list[Outcome], int, int, int, float]:
+    """(outcomes, sent, unfinished, errors, wall seconds)."""
+    counter = itertools.count()
+    outcomes: list[Outcome] = []
+    errors = 0
+    sent = 0
+    start = time.perf_counter()
+    last = start
+
+    async def client() -> None:
+        nonlocal errors, sent, last
+        while (i := next(counter)) < requests and time.perf_counter() - start < level_s:
+            sent += 1
+            try:
+                text = target.texts[i % len(target.texts)]
+                outcomes.append(await one_request(stub, target, text, level_s + drain_s))
+                last = time.perf_counter()
+            except grpc.RpcError:
+                errors += 1
+
+    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    _, pending = await asyncio.wait(tasks, timeout=level_s + drain_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    unfinished = sent - len(outcomes) - errors
+    return outcomes, sent, unfinished, errors, last - start
+
+
+async def open_loop(stub: pb_grpc.TranslatorStub, target: Target, rate: float,
+                    requests: int, level_s: float, drain_s: float, rng: np.random.Generator
+                    ) -> tuple[list[Outcome], int, int, int, float]:
+    """(outcomes, sent, unfinished, errors, wall seconds)."""
+    outcomes: list[Outcome] = []
+    errors = 0
+    start = time.perf_counter()
+    last = start
+
+    async def arrival(text: str) -> None:
+        nonlocal errors, last
+        try:
+            outcomes.append(await one_request(stub, target, text, level_s + drain_s))
+            last = time.perf_counter()
+        except grpc.RpcError:
+            errors += 1
+
+    tasks = []
+    for i, at in enumerate(arrival_times(rate, requests, rng)):
+        if at > level_s:
+            break
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        tasks.append(asyncio.create_task(arrival(target.texts[i % len(target.texts)])))
+    if tasks:
+        remaining = start + level_s + drain_s - time.perf_counter()
+        _, pending = await asyncio.wait(tasks, timeout=max(remaining, 0.0))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    unfinished = len(tasks) - len(outcomes) - errors
+    return outcomes, len(tasks), unfinished, errors, last - start
+
+
+@dataclass
+class Plan:
+    beams: list[int]
+    concurrency: list[int]
+    rates: list[float] | None  # None: auto, from iteration's saturation
+    fractions: list[float]
+    requests: int
+    level_s: float
+    drain_s: float
+    seed: int
+    max_length: int
+
+
+async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
+                   texts: list[str], plan: Plan, saturation: dict[int, float]
+                   ) -> list[Record]:
+    """Every (decoding, workload, level) on one server. Fills `saturation` in
+    iteration mode and reads it in the others when rates are auto."""
+    records = []
+    async with grpc.aio.insecure_channel(grpc_target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
-        for text in texts[:concurrency]:  # warm-up, also fills the connection
-            await stub.Translate(pb.TranslateRequest(model=model, texts=[text],
-                                                     options=options))
-        counter = itertools.count()
-        latencies: list[float] = []
-        tokens = 0
+        for beam in plan.beams:
+            target = Target(model, texts, pb.DecodingOptions(
+                beam_size=beam, max_length=plan.max_length, return_token_ids=True))
+            for text in texts[:WARMUP_REQUESTS]:
+                await one_request(stub, target, text, plan.level_s + plan.drain_s)
+            for clients in plan.concurrency:
+                before = scrape(metrics_url)
+                outcomes, sent, unfinished, errors, wall = await closed_loop(
+                    stub, target, clients, plan.requests, plan.level_s, plan.drain_s)
+                record = summarize(mode, beam, "closed", clients, sent, outcomes, unfinished,
+                                   errors, wall, mean_between(before, scrape(metrics_url)))
+                _progress(record)
+                records.append(record)
+            if mode == "iteration" and records:
+                top = [r for r in records if r.beam == beam and r.workload == "closed"]
+                if top:
+                    saturation[beam] = max(top, key=lambda r: r.level).requests_per_second
+            rates = plan.rates
+            if rates is None:
+                rates = auto_rates(saturation.get(beam, 0.0), plan.fractions)
+            for k, rate in enumerate(rates):
+                # Same seed per (decoding, rate) in every mode: the same arrival schedule.
+                rng = np.random.default_rng([plan.seed, beam, k])
+                before = scrape(metrics_url)
+                outcomes, sent, unfinished, errors, wall = await open_loop(
+                    stub, target, rate, plan.requests, plan.level_s, plan.drain_s, rng)
+                record = summarize(mode, beam, "poisson", rate, sent, outcomes, unfinished,
+                                   errors, wall, mean_between(before, scrape(metrics_url)))
+                _progress(record)
+                records.append(record)
+    return records
 
-        async def client() -> None:
-            nonlocal tokens
-            while (i := next(counter)) < requests:
-                start = time.perf_counter()
-                reply = await stub.Translate(pb.TranslateRequest(
-                    model=model, texts=[texts[i % len(texts)]], options=options))
-                latencies.append(time.perf_counter() - start)
-                tokens += len(reply.translations[0].hypotheses[0].token_ids) + 1  # + EOS
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    ms = np.array(latencies) * 1000
-    return {"requests_per_second": requests / wall, "tokens_per_second": tokens / wall,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": statistics.fmean(ms)}
+def _progress(record: Record) -> None:
+    print(json.dumps(asdict(record)), file=sys.stderr, flush=True)
 
 
-def main() -> int:
+def _numbers(text: str, kind: type) -> list:
+    return [kind(v) for v in text.split(",") if v.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models-dir", type=Path, help="default: the shipped models/")
     parser.add_argument("--model", default="", help="model name (default: the only "
                         "translation model)")
     parser.add_argument("--texts", type=Path, required=True, help="one source text per line")
-    parser.add_argument("--concurrency", default="1,8,32,64")
-    parser.add_argument("--unbatched", default="32",
-                        help="concurrency levels to repeat with --max-batch-size 1")
-    parser.add_argument("--requests", type=int, default=256, help="requests per level")
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--modes", default="iteration,request,off",
+                        help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--beams", default="1,4", help="beam widths (1: greedy)")
+    parser.add_argument("--concurrency", default="8,32,64", help="closed-loop client counts")
+    parser.add_argument("--rates", default="auto",
+                        help="Poisson arrival rates in requests/s, or 'auto' (fractions of "
+                        "iteration mode's closed-loop throughput at the highest concurrency), "
+                        "or '' for none")
+    parser.add_argument("--fractions", default="0.3,0.5,0.7,0.9", help="for --rates auto")
+    parser.add_argument("--requests", type=int, default=256, help="at most, per level")
+    parser.add_argument("--level-seconds", type=float, default=120.0,
+                        help="no request is sent later than this into a level")
+    parser.add_argument("--drain-seconds", type=float, default=60.0,
+                        help="then unanswered requests get this long before they are cancelled")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--provider", default="cpu")
-    parser.add_argument("--port", type=int, default=50151)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the records here")
+    args = parser.parse_args(argv)
 
-    texts = [t for t in args.texts.read_text(encoding="utf-8").splitlines() if t.strip()]
-    options = pb.DecodingOptions(beam_size=args.beam, max_length=args.max_length,
-                                 return_token_ids=True)
-    plans = [(args.max_batch_size, [int(c) for c in args.concurrency.split(",") if c]),
-             (1, [int(c) for c in args.unbatched.split(",") if c])]
-    records = []
-    for max_batch, levels in plans:
-        if not levels:
-            continue
-        with served(args.models_dir, args.port,
-                    {"max_batch_size": str(max_batch), "provider": args.provider}) as (_, target):
-            for level in levels:
-                result = asyncio.run(run_level(target, args.model, texts, level, args.requests,
-                                               options))
-                record = {"concurrency": level, "max_batch_size": max_batch, **result}
-                records.append(record)
-                print(json.dumps(record), file=sys.stderr)
-    print("| concurrency | max batch | requests/s | tokens/s | p50 ms | p99 ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in records:
-        print(f"| {r['concurrency']} | {r['max_batch_size']} | {r['requests_per_second']:.2f} "
-              f"| {r['tokens_per_second']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"--modes must be some of {', '.join(MODES)}, got {args.modes!r}")
+    auto = args.rates.strip() == "auto"
+    if auto and "iteration" not in modes:
+        parser.error("--rates auto needs the iteration mode (its saturation sets the rates)")
+    if auto:  # the rates come from iteration's closed loop
+        modes = ["iteration"] + [m for m in modes if m != "iteration"]
+    plan = Plan(beams=_numbers(args.beams, int), concurrency=_numbers(args.concurrency, int),
+                rates=None if auto else _numbers(args.rates, float),
+                fractions=_numbers(args.fractions, float), requests=args.requests,
+                level_s=args.level_seconds, drain_s=args.drain_seconds, seed=args.seed,
+                max_length=args.max_length)
+    if auto and not plan.concurrency:
+        parser.error("--rates auto needs a closed-loop level (--concurrency)")
+    lines = [t for t in args.texts.read_text(encoding="utf-8").splitlines() if t.strip()]
+    if not lines:
+        parser.error(f"{args.texts} holds no text")
+    texts = [lines[i] for i in np.random.default_rng(args.seed).permutation(len(lines))]
+
+    records: list[Record] = []
+    saturation: dict[int, float] = {}
+    for mode in modes:
+        metrics_port = free_port()
+        settings = {**MODES[mode], "metrics_port": str(metrics_port)}
+        with served(args.models_dir, settings=settings) as (_, target):
+            records += asyncio.run(run_mode(
+                mode, target, f"http://127.0.0.1:{metrics_port}/metrics", args.model, texts,
+                plan, saturation))
+    print(table(records))
     if args.json:
-        args.json.write_text(json.dumps(records, indent=2) + "\n")
+        args.json.write_text(json.dumps([asdict(r) for r in records], indent=2) + "\n")
     return 0
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from seq2serve.export.package import Manifest
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.options import LENGTH_PENALTY_RANGE, DecodingOptions
+from seq2serve.server.pieces import Joined
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
 # sizes and 0.0 temperatures are values a client can mean), so HasField decides.
@@ -89,6 +90,39 @@ def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | 
     if options.return_alignment and alignment is not None:
         hypothesis.alignment.extend(int(a) for a in alignment)
     return hypothesis
+
+
+def translation_to_pb(joined: Sequence[Joined], options: pb.DecodingOptions) -> pb.Translation:
+    """One text's n-best, each with the extras the request's `options` asked for."""
+    return pb.Translation(hypotheses=[
+        hypothesis_to_pb(j.text, j.score, j.token_ids, j.alignment, options,
+                         finish_reason=j.finish_reason) for j in joined])
+
+
+def translate_response_to_pb(model: str,
+                             translations: Sequence[pb.Translation]) -> pb.TranslateResponse:
+    return pb.TranslateResponse(model=model, translations=translations)
+
+
+def chunk_to_pb(text_delta: str, translation: pb.Translation | None = None) -> pb.TranslateChunk:
+    """A TranslateStream chunk; the one carrying the whole translation is the final one."""
+    if translation is None:
+        return pb.TranslateChunk(text_delta=text_delta)
+    return pb.TranslateChunk(text_delta=text_delta, final=True, translation=translation)
+
+
+def summary_to_pb(hypotheses: Sequence[Joined], truncated: bool,
+                  options: pb.DecodingOptions) -> pb.Summary:
+    return pb.Summary(hypotheses=translation_to_pb(hypotheses, options).hypotheses,
+                      truncated=truncated)
+
+
+def summarize_response_to_pb(model: str, summaries: Sequence[pb.Summary]) -> pb.SummarizeResponse:
+    return pb.SummarizeResponse(model=model, summaries=summaries)
+
+
+def list_models_to_pb(models: Sequence[pb.ModelInfo]) -> pb.ListModelsResponse:
+    return pb.ListModelsResponse(models=models)
 
 
 def model_info_to_pb(manifest: Manifest, provider: str,

@@ -42,6 +42,9 @@ ENCODER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                 0.25, 0.5, 1.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# Decoder rows (the graph's batch N) per step: a beam-4 request is 4 rows; the
+# default --max-running-rows is 256.
+DECODER_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 # How often the /metrics thread checks for stop(): the bound on how long stopping
 # it takes (the standard library's 0.5 s delayed every shutdown by that much).
@@ -84,6 +87,10 @@ class Metrics:
         self.decoder_step_duration = Histogram(
             f"{NAMESPACE}_decoder_step_duration_seconds", "one decoder step of a batch "
             "(ONNX Runtime and host work)", ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.decoder_rows = Histogram(
+            f"{NAMESPACE}_decoder_rows", "rows per decoder step (occupancy: sources x "
+            "beam width of the running batch)", ["model"], buckets=DECODER_ROWS_BUCKETS,
+            registry=r)
         self.generated_tokens = Counter(
             f"{NAMESPACE}_generated_tokens", "tokens of the best hypothesis of each "
             "finished text", ["model"], registry=r)

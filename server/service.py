@@ -1,7 +1,8 @@
 """The gRPC handlers: validate, tokenize, queue, await, answer. Nothing else.
 
 One work item per sentence-sized piece goes to the model's scheduler; the
-handler awaits every piece and reassembles the answer in input order. Errors
+handler awaits every piece and reassembles the answer in input order (the
+pure parts of that in pieces.py, every message built by convert.py). Errors
 are raised as ServiceError/InvalidOptions and mapped to status codes by the
 interceptor in errors.py.
 """
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -23,6 +22,7 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 from . import convert
 from .config import ServerConfig
+from .engine import Hypothesis, Result
 from .errors import (
     Cancelled,
     DeadlineExceeded,
@@ -33,20 +33,12 @@ from .errors import (
 from .metrics import Metrics
 from .models import ModelHandle, ModelRegistry
 from .options import DecodingOptions
+from .pieces import Joined, Plan, join, plan, stream_text, whole
 from .scheduler import Cancelled as SchedulerCancelled
 from .scheduler import Draining, QueueFull, WorkItem
-from .segment import reassemble, segment, split_long
 from .worker import deliver_to_future
 
 T = TypeVar("T")
-
-
-@dataclass
-class Piece:
-    """One unit of work: a sentence-sized source segment."""
-
-    text: str
-    source_ids: list[int]
 
 
 class RequestContext:
@@ -103,7 +95,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                                       f"characters, got {len(text)}")
         return list(texts)
 
-    def _options(self, request_options: pb.DecodingOptions, handle: Any) -> DecodingOptions:
+    def _options(self, request_options: pb.DecodingOptions,
+                 handle: ModelHandle) -> DecodingOptions:
         # The engine's resolve adds what this model allows (position cap, alignment).
         return handle.engine.resolve(convert.options_from_pb(request_options))
 
@@ -133,7 +126,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             raise Unavailable("the server is shutting down; retry on another replica") from None
         return futures
 
-    async def _gather(self, futures: list[asyncio.Future], rpc: RequestContext) -> list[Any]:
+    async def _gather(self, futures: list[asyncio.Future],
+                      rpc: RequestContext) -> list[Result]:
         try:
             return await asyncio.gather(*futures)
         except asyncio.CancelledError:
@@ -157,17 +151,17 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
             # which must keep answering health checks and other calls meanwhile.
             plans = await _off_loop(lambda: [self._plan_translation(handle, t) for t in texts])
-            futures = self._queue(handle, [p.source_ids for _, ps in plans for p in ps],
+            futures = self._queue(handle, [p.source_ids for pl in plans for p in pl.pieces],
                                   options, rpc)
             results = await self._gather(futures, rpc)
 
             def answer() -> pb.TranslateResponse:
                 it = iter(results)
                 translations = [
-                    self._translation(handle, segmented, pieces, [next(it) for _ in pieces],
-                                      request.options, options.num_hypotheses)
-                    for segmented, pieces in plans]
-                return pb.TranslateResponse(model=handle.name, translations=translations)
+                    _translation(handle, pl, [next(it) for _ in pl.pieces], request.options,
+                                 options.num_hypotheses)
+                    for pl in plans]
+                return convert.translate_response_to_pb(handle.name, translations)
 
             response = self._within_limit(await _off_loop(answer))
             track.ok()
@@ -195,10 +189,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 summaries = []
                 for want, cut in zip(wanted, truncated, strict=True):
                     hyps = _enough(next(it), count) if want else [_EMPTY] * count
-                    summaries.append(pb.Summary(
-                        hypotheses=[self._hypothesis(handle, h, request.options)
-                                    for h in hyps[:count]], truncated=cut))
-                return pb.SummarizeResponse(model=handle.name, summaries=summaries)
+                    summaries.append(convert.summary_to_pb(
+                        [whole(h, handle.tokenizer.decode) for h in hyps[:count]], cut,
+                        request.options))
+                return convert.summarize_response_to_pb(handle.name, summaries)
 
             response = self._within_limit(await _off_loop(answer))
             track.ok()
@@ -233,7 +227,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             options = self._options(request.options, handle)
             rpc = RequestContext(context)
             track.deadline = rpc.deadline
-            segmented, pieces = await _off_loop(lambda: self._plan_translation(handle, texts[0]))
+            planned = await _off_loop(lambda: self._plan_translation(handle, texts[0]))
+            pieces = planned.pieces
             stream_tokens = options.decoding != "beam"
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
@@ -248,7 +243,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                                   callbacks)
             # Pieces are emitted in order: a later piece's tokens wait for the earlier ones.
             emitted = ""
-            done_pieces: dict[int, list[Any]] = {}
+            done_pieces: dict[int, list[int]] = {}  # a finished piece's best token ids
             partial: dict[int, list[int]] = {i: [] for i in range(len(pieces))}
             waiter = asyncio.ensure_future(asyncio.gather(*futures))
             # Cancelled or failed, the gather's exception must count as seen, or asyncio
@@ -265,10 +260,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                         getter.cancel()
                     for i, f in enumerate(futures):
                         if f.done() and i not in done_pieces:
-                            done_pieces[i] = f.result()
-                    text = self._stream_text(handle, segmented, pieces, done_pieces, partial)
+                            done_pieces[i] = f.result()[0].token_ids
+                    text = stream_text(planned, done_pieces, partial, handle.tokenizer.decode)
                     if len(text) > len(emitted) and text.startswith(emitted):
-                        yield self._within_limit(pb.TranslateChunk(text_delta=text[len(emitted):]))
+                        yield self._within_limit(convert.chunk_to_pb(text[len(emitted):]))
                         emitted = text
                     if waiter.done() and queue.empty():
                         break
@@ -279,18 +274,18 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 if not waiter.done():
                     rpc.cancel()
                     waiter.cancel()
-            translation = self._translation(handle, segmented, pieces, nbests, request.options,
-                                            options.num_hypotheses)
+            translation = _translation(handle, planned, nbests, request.options,
+                                       options.num_hypotheses)
             final_text = translation.hypotheses[0].text
-            yield self._within_limit(pb.TranslateChunk(
-                text_delta=final_text[len(emitted):] if final_text.startswith(emitted) else "",
-                final=True, translation=translation))
+            yield self._within_limit(convert.chunk_to_pb(
+                final_text[len(emitted):] if final_text.startswith(emitted) else "",
+                translation))
             track.ok()
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
         with self.metrics.track("ListModels") as track:
-            response = pb.ListModelsResponse(models=[
+            response = convert.list_models_to_pb([
                 self._model_info(h) for h in self.registry.handles()])
             track.ok()
             return response
@@ -308,50 +303,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             max_text_chars=self.config.max_text_chars)
         return convert.model_info_to_pb(handle.manifest, handle.provider, defaults, limits)
 
-    # -- assembling answers ----------------------------------------------------
+    # -- pieces and answers ------------------------------------------------------
 
-    def _plan_translation(self, handle: Any, text: str) -> tuple[Any, list[Piece]]:
-        limit = handle.manifest.max_source_length
-        segmented = split_long(segment(text, handle.manifest.source_language),
-                               lambda t: len(handle.tokenizer.encode(t)), limit)
-        pieces = [Piece(t, handle.tokenizer.encode(t)[:limit]) for t in segmented.pieces]
-        return segmented, pieces
-
-    def _hypothesis(self, handle: Any, hyp: Any, options: pb.DecodingOptions) -> pb.Hypothesis:
-        return convert.hypothesis_to_pb(handle.tokenizer.decode(hyp.token_ids), hyp.score,
-                                        hyp.token_ids, hyp.alignment, options,
-                                        finish_reason=hyp.finish_reason)
-
-    def _translation(self, handle: Any, segmented: Any, pieces: list[Piece],
-                     nbests: list[list[Any]], options: pb.DecodingOptions,
-                     count: int) -> pb.Translation:
-        """`count` hypotheses of a segmented text: the i-th joins every piece's i-th best,
-        scores summed over pieces."""
-        if not pieces:
-            empty = convert.hypothesis_to_pb(segmented.original, None, None, None, options,
-                                             finish_reason="eos")
-            return pb.Translation(hypotheses=[empty] * count)
-        nbests = [_enough(n, count) for n in nbests]
-        if len(pieces) == 1:
-            hyps = [self._hypothesis(handle, h, options) for h in nbests[0][:count]]
-            for h in hyps:
-                h.text = reassemble(segmented, [h.text])
-            return pb.Translation(hypotheses=hyps)
-        # Alignment positions count through the pieces' source token ids in order.
-        offsets = list(itertools.accumulate([len(p.source_ids) for p in pieces[:-1]], initial=0))
-        out = []
-        for i in range(count):
-            chosen = [n[i] for n in nbests]
-            text = reassemble(segmented, [handle.tokenizer.decode(h.token_ids) for h in chosen])
-            ids = [t for h in chosen for t in h.token_ids]
-            scores = [h.score for h in chosen]
-            score = None if None in scores else sum(scores)
-            alignment = [a + offset for h, offset in zip(chosen, offsets, strict=True)
-                         for a in (h.alignment or [])]
-            cut = any(h.finish_reason == "length" for h in chosen)
-            out.append(convert.hypothesis_to_pb(text, score, ids, alignment, options,
-                                                finish_reason="length" if cut else "eos"))
-        return pb.Translation(hypotheses=out)
+    def _plan_translation(self, handle: ModelHandle, text: str) -> Plan:
+        return plan(text, handle.manifest.source_language, handle.tokenizer.encode,
+                    handle.manifest.max_source_length)
 
     def _within_limit(self, message: Any) -> Any:
         """Refuse an answer gRPC would refuse to send, with a message saying why."""
@@ -364,17 +320,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 "hypotheses, token ids or alignments")
         return message
 
-    def _stream_text(self, handle: Any, segmented: Any, pieces: list[Piece],
-                     done: dict[int, list[Any]], partial: dict[int, list[int]]) -> str:
-        """The text so far: finished pieces in order, then the growing one."""
-        texts: list[str] = []
-        for i in range(len(pieces)):
-            if i in done:
-                texts.append(handle.tokenizer.decode(done[i][0].token_ids))
-            else:
-                texts.append(handle.tokenizer.decode(partial[i]))
-                break
-        return reassemble(segmented, texts, partial=True)
+
+def _translation(handle: ModelHandle, planned: Plan, nbests: Sequence[Sequence[Hypothesis]],
+                 options: pb.DecodingOptions, count: int) -> pb.Translation:
+    """`count` hypotheses of a planned text, extras as the request's `options` ask."""
+    joined: list[Joined] = join(planned, [_enough(n, count) for n in nbests], count,
+                                handle.tokenizer.decode)
+    return convert.translation_to_pb(joined, options)
 
 
 async def _off_loop(work: Callable[[], T]) -> T:
@@ -387,7 +339,7 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _enough(nbest: Sequence[Any], count: int) -> Sequence[Any]:
+def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:
     """An OK answer holds every hypothesis asked for; fewer is a bug here, not the
     client's fault (length_penalty's range exists so that beam search finds them all)."""
     if len(nbest) < count:
@@ -396,14 +348,5 @@ def _enough(nbest: Sequence[Any], count: int) -> Sequence[Any]:
     return nbest
 
 
-@dataclass
-class _Empty:
-    token_ids: list[int] = field(default_factory=list)
-    score: float = 0.0
-    alignment: list[int] | None = None
-    finish_reason: str = "eos"
-
-
-_EMPTY = _Empty()
-
-
+# The answer to a blank text, which is never sent to the engine.
+_EMPTY = Hypothesis(token_ids=[], score=0.0, finish_reason="eos")

@@ -275,8 +275,10 @@ class ModelWorker:
         if self.metrics is None:
             return
         step_hist = self.metrics.decoder_step_duration.labels(self.name)
+        rows_hist = self.metrics.decoder_rows.labels(self.name)
         for step in steps:
             step_hist.observe(step.ort_seconds + step.host_seconds)
+            rows_hist.observe(step.rows)
 
     def _count_cancel(self, reason: str) -> None:
         if self.metrics is not None:

@@ -10,6 +10,7 @@ from seq2serve.export.package import Manifest
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server import convert
 from seq2serve.server.options import DecodingOptions
+from seq2serve.server.pieces import Joined
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,31 @@ def test_numpy_ids_convert() -> None:
                                                           return_token_ids=True),
                                        finish_reason="eos")
     assert list(message.token_ids) == [3, 4] and message.score == -0.5
+
+
+def test_translation_carries_each_joined_hypothesis_with_the_requested_extras() -> None:
+    joined = [Joined("a b", -1.5, [3, 4], [0, 2], "length"), Joined("a", None, [3], None, "eos")]
+    translation = convert.translation_to_pb(
+        joined, pb.DecodingOptions(return_scores=True, return_alignment=True))
+    assert translation == pb.Translation(hypotheses=[
+        pb.Hypothesis(text="a b", score=-1.5, alignment=[0, 2],
+                      finish_reason=pb.FINISH_REASON_LENGTH),
+        pb.Hypothesis(text="a", finish_reason=pb.FINISH_REASON_EOS)])
+    response = convert.translate_response_to_pb("m", [translation])
+    assert response.model == "m" and list(response.translations) == [translation]
+    summary = convert.summary_to_pb(joined[:1], True, pb.DecodingOptions(return_token_ids=True))
+    assert summary == pb.Summary(truncated=True, hypotheses=[pb.Hypothesis(
+        text="a b", token_ids=[3, 4], finish_reason=pb.FINISH_REASON_LENGTH)])
+    assert convert.summarize_response_to_pb("m", [summary]).summaries[0] == summary
+
+
+def test_only_the_chunk_with_the_translation_is_final() -> None:
+    growing = convert.chunk_to_pb("Hal")
+    assert growing.text_delta == "Hal" and not growing.final
+    assert not growing.HasField("translation")
+    translation = pb.Translation(hypotheses=[pb.Hypothesis(text="Hallo")])
+    last = convert.chunk_to_pb("lo", translation)
+    assert last.final and last.text_delta == "lo" and last.translation == translation
 
 
 def test_model_info() -> None:
