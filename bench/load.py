@@ -9,7 +9,8 @@ metrics port:
 
 - `off`: SEQ2SERVE_MAX_BATCH_SIZE=1, one text at a time;
 - `request`: SEQ2SERVE_MAX_RUNNING_ROWS=0, a batch runs to its end before the next;
-- `iteration`: the defaults, new work joins the running batch at step boundaries.
+- `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256, new work joins the running batch at
+  step boundaries.
 
 Workloads, for each decoding in `--beams` (1 is greedy):
 
@@ -66,7 +67,7 @@ from .serving import free_port, served
 MODES: dict[str, dict[str, str]] = {
     "off": {"max_batch_size": "1"},
     "request": {"max_running_rows": "0"},
-    "iteration": {},
+    "iteration": {"max_running_rows": "256"},
 }
 ROWS_METRIC = "seq2serve_decoder_rows"
 WARMUP_REQUESTS = 4  # per server and decoding, before anything is measured

@@ -119,10 +119,13 @@ class ServerConfig:
         "most padded source tokens x beam width in one batch", "N"))
     max_queue_delay_ms: float = field(default=5.0, metadata=_meta(
         "longest wait for more work after the oldest queued text arrived", "MS"))
-    max_running_rows: int = field(default=256, metadata=_meta(
+    # Off by default: measured on 2 CPU cores (docs/benchmarks.md), the running
+    # batch's per-step compactions of the cross K/V cost more than joining gains at
+    # saturation (0.5-0.6x request-level throughput), though greedy TTFT is 3-7x lower.
+    max_running_rows: int = field(default=0, metadata=_meta(
         "iteration-level batching: most decoder rows (texts x beam width) in the running "
-        "batch, which queued texts join at every decoder step while they fit; 0 turns it "
-        "off (request-level batches, each run to its end)", "N"))
+        "batch, which queued texts join at every decoder step while they fit (e.g. 256); "
+        "0 = request-level batches, each run to its end", "N"))
     max_cache_tokens: int = field(default=131072, metadata=_meta(
         "iteration-level batching: most self-attention cache slots the running batch may "
         "reach (rows x the longest output limit among them)", "N"))
