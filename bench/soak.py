@@ -195,11 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
+                        help="a server setting (repeatable), e.g. max_running_rows=256 "
+                        "for iteration-level batching")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.set)
     texts = read_texts(args.texts, 96 if args.quick else args.count)
     report = run(texts, models_dir=args.models_dir, model=args.model,
-                 concurrency=args.concurrency, max_length=args.max_length, seed=args.seed)
+                 concurrency=args.concurrency, max_length=args.max_length, seed=args.seed,
+                 settings=settings)
     print("| texts | concurrency | lost | mixed | batch-dependent | p50 ms | p99 ms | "
           "RSS start / peak / end MiB |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
