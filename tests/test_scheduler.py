@@ -518,7 +518,8 @@ def test_metric_names_render() -> None:
                  "seq2serve_encoder_duration_seconds", "seq2serve_decoder_step_duration_seconds",
                  "seq2serve_generated_tokens_total", "seq2serve_input_tokens_total",
                  "seq2serve_queue_depth", "seq2serve_in_flight_requests",
-                 "seq2serve_cancelled_total", "seq2serve_model_info"):
+                 "seq2serve_cancelled_total", "seq2serve_model_info",
+                 "seq2serve_decoder_rows"):
         assert f"# TYPE {name.removesuffix('_bucket').removesuffix('_total')}" in text, name
     assert 'seq2serve_queue_depth{model="en-de"} 3.0' in text
     assert ('seq2serve_model_info{model="en-de",precision="fp32",'
@@ -553,6 +554,7 @@ def test_worker_observes_engine_timings_and_batches() -> None:
     assert w.stop(timeout=5)
     assert sample(m, "seq2serve_encoder_duration_seconds_count", model="m") == 1
     assert sample(m, "seq2serve_decoder_step_duration_seconds_count", model="m") == 1
+    assert sample(m, "seq2serve_decoder_rows_count", model="m") == 1
     assert sample(m, "seq2serve_time_to_first_token_seconds_count", model="m") == 1
     assert sample(m, "seq2serve_batches_total", model="m", reason="delay") == 1
     assert sample(m, "seq2serve_batch_tokens_sum", model="m") == 3
