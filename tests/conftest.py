@@ -119,3 +119,14 @@ def models_dir(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -
     root = tmp_path_factory.mktemp("models")
     shutil.copytree(marian_package, root / "tiny-en-de")
     return root
+
+
+@pytest.fixture
+def stub(server):  # noqa: ANN001, ANN201 - `server`: the requesting module's RunningServer
+    """A Translator stub on the module's `server` fixture."""
+    import grpc
+
+    from seq2serve.protos import translator_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.TranslatorStub(channel)

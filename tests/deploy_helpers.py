@@ -29,6 +29,18 @@ BIN = Path(sys.executable).parent  # the venv's console scripts (hadolint, grpcu
 TEST_BASE_IMAGE = "seq2serve-test-base:bookworm"
 
 
+def stop_process(process: subprocess.Popen, timeout: float,
+                 sig: signal.Signals = signal.SIGTERM) -> int:
+    """Ask a process to stop with `sig`; kill it if it is still there after `timeout`."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(10)
+
+
 def tool(name: str, why: str) -> str:
     """The path of a command-line tool, or skip naming it (`.ci/run` installs them)."""
     path = shutil.which(name) or shutil.which(name, path=str(BIN))
@@ -78,12 +90,7 @@ class Replica:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 60.0) -> int:
-        self.terminate()
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(10)
+        return stop_process(self.process, timeout)
 
 
 def start_replica(tmp: Path, models: Path, **settings: str | int | float) -> Replica:
@@ -186,12 +193,7 @@ def docker_engine(tmp: Path) -> Iterator[Docker]:
             time.sleep(0.5)
         yield Docker(env)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process, 60)
         log.close()
         # dockerd leaves its default network namespace mounted under exec-root.
         netns = tmp / "exec" / "netns" / "default"

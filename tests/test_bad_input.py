@@ -32,12 +32,6 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture
-def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.TranslatorStub(channel)
-
-
 def requests_total(server: RunningServer, method: str, code: str, model: str = "(none)") -> float:
     value = server.server.metrics.registry.get_sample_value(
         "seq2serve_requests_total", {"model": model, "method": method, "code": code})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, tool
+from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process, tool
 from prometheus_client.parser import text_string_to_metric_families
 
 from seq2serve.server.client import Seq2ServeClient
@@ -84,12 +84,7 @@ def nginx_front(tmp_path: Path) -> Iterator[tuple[str, list[Replica], Path]]:
                 client.wait_until_serving(30)
             yield f"127.0.0.1:{port}", members, tmp_path / "access.log"
         finally:
-            process.send_signal(signal.SIGQUIT)  # graceful stop
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            stop_process(process, 30, signal.SIGQUIT)  # nginx's graceful stop
 
 
 def ok_calls(replica: Replica) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, tool
+from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process, tool
 
 from seq2serve.server.client import Seq2ServeClient
 
@@ -203,12 +203,7 @@ def prometheus_process(tmp: Path, config: Path) -> Iterator[Prometheus]:
                 time.sleep(0.5)
         yield prometheus
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process, 30)
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,6 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture
-def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.TranslatorStub(channel)
-
-
 def translate(stub: pb_grpc.TranslatorStub, text: str, **options: object) -> pb.Translation:
     request = pb.TranslateRequest(texts=[text], options=pb.DecodingOptions(
         return_token_ids=True, **options))
