@@ -135,6 +135,7 @@ class DecodeState:
     alignment: np.ndarray | None  # (N, g)
     scores: np.ndarray  # (N,) greedy/sampling: sum of processed log-probs
     max_new: np.ndarray  # (B,)
+    streaming: np.ndarray  # (B,) bool: the source has an on_token callback
     processing: Processing  # per source (B,)
     sampler: Sampler | None  # K = 1 states
     beam: BeamState | None  # K > 1 states
@@ -165,7 +166,7 @@ class DecodeState:
             history=self.history[rows],
             alignment=None if self.alignment is None else self.alignment[rows],
             scores=self.scores[rows], max_new=self.max_new[keep],
-            processing=self.processing.rows(keep),
+            streaming=self.streaming[keep], processing=self.processing.rows(keep),
             sampler=None if self.sampler is None else self.sampler.sources(keep),
             beam=None if self.beam is None else self.beam.sources(keep),
             beam_params=None if self.beam_params is None else self.beam_params.sources(keep))
@@ -193,6 +194,7 @@ class DecodeState:
             self, requests=self.requests + other.requests, tokens=cat(self.tokens, other.tokens),
             history=cat(self.history, other.history), alignment=alignment,
             scores=cat(self.scores, other.scores), max_new=cat(self.max_new, other.max_new),
+            streaming=cat(self.streaming, other.streaming),
             processing=replace(
                 self.processing,
                 min_length=cat(self.processing.min_length, other.processing.min_length),

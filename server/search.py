@@ -65,6 +65,7 @@ class SearchStrategy:
             alignment=np.zeros((rows, 0), dtype=np.int64) if aligned else None,
             scores=np.zeros(rows, dtype=np.float64),
             max_new=np.array([o.max_new for o in opts], dtype=np.int64),
+            streaming=np.array([r.on_token is not None for r in requests], dtype=bool),
             processing=Processing(
                 self.special.eos, self.special.suppress,
                 np.array([o.min_length for o in opts], dtype=np.int64),
@@ -132,9 +133,8 @@ class GreedySearch(SearchStrategy):
         scores = state.scores + log_probs[np.arange(state.rows), tokens]
         generated = state.generated + 1
         done = stops(self.rules, tokens, generated, state.max_new)
-        for request, token in zip(state.requests, tokens, strict=True):
-            if request.on_token is not None:
-                request.on_token(int(token))
+        for source in np.flatnonzero(state.streaming):  # the streaming sources only
+            state.requests[source].on_token(int(tokens[source]))  # type: ignore[misc]
         return replace(state, generated=generated, tokens=tokens,
                        origin=np.arange(state.rows, dtype=np.int64),
                        history=np.concatenate([state.history, tokens[:, None]], axis=1),
