@@ -10,14 +10,16 @@ Two ways in:
 
 A running batch has one beam width K (the decoder graph groups the K rows of
 a source for cross-attention). It holds one DecodeState per admission step,
-the shared self-attention cache and the cross K/V of every live source. Rows
+the shared self-attention cache and the cross K/V of every live source, one
+slot per source. Rows
 of different states are at different steps; the decoder graph (package
 format 3) writes each row's step at its own cache slot and masks the rest,
 so a row's floats do not depend on the step it joined at or its neighbours.
 
 A source leaves as soon as its result is fixed (EOS, length limit, the beam
 early-stop rule, or cancellation): its rows vanish from the next call's
-beam_origin and its cross K/V are dropped, so it costs nothing further.
+beam_origin and its cross K/V slot becomes a hole for the next newcomer
+(source_slots.py), so leaving copies nothing.
 
 An Engine runs one batch at a time (the runner reuses its buffers between
 steps); the model's worker thread is its caller.
@@ -51,15 +53,9 @@ from .decode_state import (
 )
 from .decoding import EosStop, LengthStop, StopRule
 from .options import DecodingOptions, InvalidOptions, OptionLimits
-from .runner import (
-    CACHE_BLOCK,
-    DecoderCache,
-    EncoderState,
-    Runner,
-    RunnerConfig,
-    padded_width,
-)
+from .runner import CACHE_BLOCK, DecoderCache, Runner, RunnerConfig, padded_width
 from .search import BeamSearch, GreedySearch, Hypothesis, SearchStrategy, Special
+from .source_slots import SourceSlots
 
 __all__ = ["Engine", "Generation", "GenerateStats", "Hypothesis", "Request", "Result",
            "RunningBatch", "SourceOptions", "StepOutcome", "StepStats"]
@@ -211,19 +207,33 @@ class Engine:
         return Generation(results, stats)
 
 
+@dataclass(frozen=True)
+class _Placed:
+    """A decode state and where its sources' rows are: `slots` in the next
+    decoder call, `prev` in the last one (None before its first call; they
+    differ only after a compaction)."""
+
+    state: DecodeState
+    slots: np.ndarray  # (B,)
+    prev: np.ndarray | None
+
+    def only(self, keep: np.ndarray) -> _Placed:
+        state = self.state.filter(keep) if keep.size < self.state.sources else self.state
+        return _Placed(state, self.slots[keep], None if self.prev is None else self.prev[keep])
+
+
 class RunningBatch:
-    """Live sources of one beam width, at possibly different steps. Sources are
-    laid out state after state; each source owns K consecutive rows."""
+    """Live sources of one beam width, at possibly different steps. Each source
+    owns a slot of the cross K/V (source_slots.py) and the K decoder rows
+    slot*K .. slot*K+K-1; rows of holes run idle until a newcomer fills them."""
 
     def __init__(self, engine: Engine, beams: int):
         self.engine = engine
         self.runner = engine.runner
         self.beams = beams
         self.search = engine.strategy(beams)
-        self.states: list[DecodeState] = []
-        # Per state, where its rows were in the previous decoder call (None: new).
-        self._offsets: list[int | None] = []
-        self.enc: EncoderState | None = None
+        self.placed: list[_Placed] = []  # one per admission step
+        self.slots = SourceSlots(self.runner.to_device)
         self.cache: DecoderCache | None = None
         self.steps = 0
 
@@ -231,24 +241,24 @@ class RunningBatch:
 
     @property
     def sources(self) -> int:
-        return sum(s.sources for s in self.states)
+        return sum(p.state.sources for p in self.placed)
 
     @property
     def rows(self) -> int:
-        return sum(s.rows for s in self.states)
+        return sum(p.state.rows for p in self.placed)
 
     @property
     def longest_reach(self) -> int:
         """The cache length the live rows may reach (their limits, in whole blocks)."""
-        reach = [int(s.max_new.max()) for s in self.states if s.sources]
+        reach = [int(p.state.max_new.max()) for p in self.placed if p.state.sources]
         return padded_width(max(reach), CACHE_BLOCK) if reach else 0
 
     # -- admission ---------------------------------------------------------------------
 
     def admit(self, requests: Sequence[Request]) -> float:
         """Encode the requests (checked by Engine.request, beam width equal to
-        this batch's) once and append their rows; they run from the next step.
-        Returns the encoder's seconds. On an error nothing was admitted."""
+        this batch's) once and write them into free slots; they run from the
+        next step. Returns the encoder's seconds. On an error nothing was admitted."""
         if not requests:
             return 0.0
         for r in requests:
@@ -264,16 +274,14 @@ class RunningBatch:
             src_ids[i, : lengths[i]] = r.source
             src_mask[i, : lengths[i]] = 1
         enc = self.runner.encode(src_ids, src_mask)
-        joined = enc if self.enc is None or not self.sources else \
-            self.runner.join_sources(self.enc, enc)
         state = self.search.start(requests)
-        if self.states and self._offsets[-1] is None:  # admitted twice before a step
-            state = self.states[-1].concatenate(state)
-            self.states[-1] = state
+        slots = self.slots.place(enc)
+        if self.placed and self.placed[-1].prev is None:  # admitted twice before a step
+            last = self.placed[-1]
+            self.placed[-1] = _Placed(last.state.concatenate(state),
+                                      np.concatenate([last.slots, slots]), None)
         else:
-            self.states.append(state)
-            self._offsets.append(None)
-        self.enc = joined
+            self.placed.append(_Placed(state, slots, None))
         return time.perf_counter() - start
 
     # -- one step ----------------------------------------------------------------------
@@ -281,80 +289,88 @@ class RunningBatch:
     def step(self) -> StepOutcome:
         finished: list[tuple[Hashable, Result]] = []
         self._drop_cancelled(finished)
-        rows = self.rows
-        if rows == 0 or self.enc is None:
+        if not self.placed:
             self._reset()
             return StepOutcome(finished, None)
+        if self.slots.should_compact():
+            moved = self.slots.compact()
+            self.placed = [_Placed(p.state, moved[p.slots], p.prev) for p in self.placed]
         t0 = time.perf_counter()
-        tokens = np.concatenate([s.tokens for s in self.states])
-        positions = np.concatenate([np.full(s.rows, s.generated, dtype=np.int64)
-                                    for s in self.states])
-        # A new state continues row 0 of any cache: its position is 0, and the
-        # graph masks every slot after a row's position.
-        origin = np.concatenate([
-            np.zeros(s.rows, dtype=np.int64) if s.origin is None or off is None
-            else s.origin + off for s, off in zip(self.states, self._offsets, strict=True)])
+        beams = self.beams
+        rows = self.slots.used * beams
+        # Holes' rows are idle: any token, position 0, continuing any row.
+        tokens = np.full(rows, self.engine.pad_id, dtype=np.int64)
+        positions = np.zeros(rows, dtype=np.int64)
+        origin = np.zeros(rows, dtype=np.int64)
+        where = []
+        for p in self.placed:
+            at = _rows(p.slots, beams)
+            tokens[at] = p.state.tokens
+            positions[at] = p.state.generated
+            if p.prev is not None and p.state.origin is not None:
+                # A row continues a row of its own source (beam search reorders
+                # within a source), which sat in the source's previous slot.
+                origin[at] = np.repeat(p.prev, beams) * beams + p.state.origin % beams
+            where.append(at)
         cache = self.cache if self.cache is not None else self.runner.empty_cache(1)
         log_probs, self.cache, aligned = self.runner.step(tokens, positions, origin, cache,
-                                                          self.enc)
+                                                          self.slots.encoder_state())
         t1 = time.perf_counter()
         length = self.cache.length
         sources = self.sources
-        states: list[DecodeState] = []
-        offsets: list[int | None] = []
-        keep_sources: list[np.ndarray] = []
-        row = source = 0
-        for state in self.states:
-            n = state.rows
-            state, done = self.search.step(state, log_probs[row:row + n], aligned[row:row + n])
+        placed: list[_Placed] = []
+        left: list[np.ndarray] = []
+        for p, at in zip(self.placed, where, strict=True):
+            state, done = self.search.step(p.state, log_probs[at], aligned[at])
             for i in np.flatnonzero(done):
                 finished.append((state.requests[i].key,
                                  Result(self.search.finish(state, int(i)))))
+            left.append(p.slots[done])
             keep = np.flatnonzero(~done)
             if keep.size:
-                states.append(state.filter(keep) if keep.size < state.sources else state)
-                offsets.append(row)
-                keep_sources.append(source + keep)
-            row += n
-            source += state.sources
-        self._commit(states, offsets, keep_sources, sources)
+                placed.append(_Placed(state, p.slots, p.slots).only(keep))
+        self._adopt(placed, left)
         stats = StepStats(self.steps, sources, rows, length, t1 - t0, time.perf_counter() - t1)
         self.steps += 1
         return StepOutcome(finished, stats)
 
     def _drop_cancelled(self, finished: list[tuple[Hashable, Result]]) -> None:
         """Cancellation is checked at step boundaries, where a source leaves for free."""
-        states: list[DecodeState] = []
-        offsets: list[int | None] = []
-        keep_sources: list[np.ndarray] = []
-        source = 0
-        changed = False
-        for state, off in zip(self.states, self._offsets, strict=True):
+        placed: list[_Placed] = []
+        left: list[np.ndarray] = []
+        for p in self.placed:
             gone = np.array([r.cancelled is not None and bool(r.cancelled())
-                             for r in state.requests], dtype=bool)
+                             for r in p.state.requests], dtype=bool)
+            if not gone.any():
+                placed.append(p)
+                continue
             for i in np.flatnonzero(gone):
-                finished.append((state.requests[i].key, Result(cancelled=True)))
+                finished.append((p.state.requests[i].key, Result(cancelled=True)))
+            left.append(p.slots[gone])
             keep = np.flatnonzero(~gone)
-            changed |= bool(gone.any())
             if keep.size:
-                states.append(state.filter(keep) if gone.any() else state)
-                offsets.append(off)
-                keep_sources.append(source + keep)
-            source += state.sources
-        if changed:
-            self._commit(states, offsets, keep_sources, source)
+                placed.append(p.only(keep))
+        if left:
+            self._adopt(placed, left)
 
-    def _commit(self, states: list[DecodeState], offsets: list[int | None],
-                keep_sources: list[np.ndarray], before: int) -> None:
-        """Adopt the surviving states; the cross K/V follow when sources left."""
-        self.states, self._offsets = states, offsets
-        kept = np.concatenate(keep_sources) if keep_sources else np.zeros(0, dtype=np.int64)
-        if kept.size == 0:
+    def _adopt(self, placed: list[_Placed], left: list[np.ndarray]) -> None:
+        self.placed = placed
+        if not placed:
             self._reset()
-        elif kept.size < before and self.enc is not None:
-            self.enc = self.runner.select_sources(self.enc, kept)
+        elif left:
+            self.slots.release(np.concatenate(left))
 
     def _reset(self) -> None:
-        """Nothing live: the next admission starts a fresh cache and encoder state."""
-        self.states, self._offsets = [], []
-        self.enc, self.cache = None, None
+        """Nothing live: the next admission starts a fresh cache and fresh slots."""
+        self.placed = []
+        self.slots.reset()
+        self.cache = None
+
+
+def _rows(slots: np.ndarray, beams: int) -> slice | np.ndarray:
+    """The decoder rows of sources in these slots: a slice (a view of the
+    log-probs, no copy) when the slots are consecutive, as they mostly are."""
+    first, count = int(slots[0]), int(slots.size)
+    if int(slots[-1]) - first == count - 1 and (count < 3 or bool(np.all(np.diff(slots) == 1))):
+        return slice(first * beams, (first + count) * beams)
+    return (slots[:, None] * beams + np.arange(beams)).reshape(-1)

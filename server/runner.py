@@ -16,17 +16,17 @@ slot after the row's position, so rows at different steps share one call.
 Per step the graph copies the cache twice: the Gather by beam_origin and the
 ScatterElements that writes each row's new slot (format 2 had the same two
 copies, with a Concat in place of the scatter; format 1's stacked layers cost
-two more, measured in docs/benchmarks.md). The runner grows Tc on the host in
-whole blocks of CACHE_BLOCK slots when a row's position reaches it, a copy
-every CACHE_BLOCK steps; a row that joins later simply continues any row
-(beam_origin) and its stale slots stay masked.
+two more, measured in docs/benchmarks.md). The runner resizes Tc on the host in
+whole blocks of CACHE_BLOCK slots: it grows when a row's position reaches it
+(a copy every CACHE_BLOCK steps) and shrinks once a whole block lies past every
+live row's position (a running batch's longest row left). A row that joins
+later simply continues any row (beam_origin) and its stale slots stay masked.
 
 Finished sources leave the batch: the cache needs nothing (the next step's
 beam_origin simply omits their rows, and the graph's gather drops them); the
-cross K/V are gathered once per shrink, trimmed to the longest remaining
-source, and padded once when newcomers join. On CUDA those go through the
-host (events per admission or departure, not per step), as the server has no
-device array library to index with.
+cross K/V keep one slot per source (source_slots.py), written when a source
+is admitted. On CUDA those go through the host (an upload per admission, not
+per step), as the server has no device array library to index with.
 """
 
 from __future__ import annotations
@@ -100,9 +100,12 @@ class RunnerConfig:
     graph_optimization: str = "all"
     device_id: int = 0
     warmup: bool = True
-    # ORT's idle threads spin for a while after each run, competing with the
-    # engine's numpy work between steps when cores are few.
-    allow_spinning: bool = True
+    # Off: ORT's idle intra-op threads spin after each run, and with two sessions
+    # (encoder, decoder) plus the engine's numpy and the gRPC loop on few cores,
+    # the spinning pools take cores from the thread that has work. Measured on
+    # 2 cores (shipped en-de, greedy, 32 live sources, engine loop): 1.75x the
+    # tokens/s iteration-level, 1.2x request-level with spinning off.
+    allow_spinning: bool = False
 
     def validate(self) -> RunnerConfig:
         if self.provider not in PROVIDERS:
@@ -220,8 +223,8 @@ class Runner:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = OPTIMIZATION_LEVELS[self.config.graph_optimization]
         opts.log_severity_level = 3
-        if not self.config.allow_spinning:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.intra_op.allow_spinning",
+                                      "1" if self.config.allow_spinning else "0")
         providers: list[Any] = [CPU]
         if self.provider == CUDA:
             providers = [(CUDA, {"device_id": self.device_id}), CPU]
@@ -246,24 +249,26 @@ class Runner:
 
     # -- tensors -----------------------------------------------------------------------
 
-    def _to_device(self, array: np.ndarray) -> ort.OrtValue:
+    def to_device(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device,
                                                 self.device_id)
 
     def empty_cache(self, rows: int, length: int = 0) -> DecoderCache:
-        empty = self._to_device(np.zeros((rows, self.heads, length, self.head_dim),
+        empty = self.to_device(np.zeros((rows, self.heads, length, self.head_dim),
                                          dtype=self.cache_dtype))
         return DecoderCache((empty,) * self.layers, (empty,) * self.layers)
 
-    def grow_cache(self, cache: DecoderCache, length: int) -> DecoderCache:
-        """The cache with slots up to `length`, zero-filled (a host copy)."""
-        def grow(value: ort.OrtValue) -> ort.OrtValue:
+    def resize_cache(self, cache: DecoderCache, length: int) -> DecoderCache:
+        """The cache with `length` slots: new slots zero-filled, or the slots past
+        `length` dropped (a host copy either way)."""
+        def resize(value: ort.OrtValue) -> ort.OrtValue:
             old = value.numpy()  # (N, H, Tc, Dh)
             new = np.zeros((*old.shape[:2], length, old.shape[3]), dtype=old.dtype)
-            new[:, :, :old.shape[2]] = old
-            return self._to_device(new)
+            kept = min(length, old.shape[2])
+            new[:, :, :kept] = old[:, :, :kept]
+            return self.to_device(new)
 
-        return DecoderCache(tuple(map(grow, cache.self_k)), tuple(map(grow, cache.self_v)))
+        return DecoderCache(tuple(map(resize, cache.self_k)), tuple(map(resize, cache.self_v)))
 
     # -- the graphs --------------------------------------------------------------------
 
@@ -277,7 +282,7 @@ class Runner:
         self.encoder.run_with_iobinding(binding)
         cross = tuple(binding.get_outputs())
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
-        return EncoderState(cross[:self.layers], cross[self.layers:], self._to_device(mask),
+        return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
                             mask.sum(axis=1).astype(np.int64))
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, beam_origin: np.ndarray,
@@ -296,8 +301,11 @@ class Runner:
         """
         rows = int(tokens.shape[0])
         needed = padded_width(int(positions.max()) + 1, CACHE_BLOCK) if rows else 0
-        if cache.length < needed:
-            cache = self.grow_cache(cache, needed)
+        # Shrink too, once a whole block is past every row: in a running batch the
+        # longest row leaves and newer rows are far behind it, and every slot
+        # costs each row a Gather and ScatterElements copy and attention.
+        if cache.length < needed or cache.length >= needed + CACHE_BLOCK:
+            cache = self.resize_cache(cache, needed)
         size = rows * self.vocab_size
         if self._log_probs.size < size:
             self._log_probs = np.empty(size, dtype=np.float32)
@@ -322,40 +330,3 @@ class Runner:
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
-
-    def join_sources(self, first: EncoderState, second: EncoderState) -> EncoderState:
-        """Both batches' encoder states, second's sources after first's, the
-        narrower one's source axis zero-padded (masked) to the wider width."""
-        width = max(first.width, second.width)
-
-        def pad(value: ort.OrtValue) -> np.ndarray:
-            array = value.numpy()
-            extra = width - array.shape[-2 if array.ndim == 4 else -1]
-            if extra == 0:
-                return array
-            spec = [(0, 0)] * array.ndim
-            spec[2 if array.ndim == 4 else 1] = (0, extra)
-            return np.pad(array, spec)
-
-        def join(a: tuple[ort.OrtValue, ...], b: tuple[ort.OrtValue, ...]
-                 ) -> tuple[ort.OrtValue, ...]:
-            return tuple(self._to_device(np.concatenate([pad(x), pad(y)]))
-                         for x, y in zip(a, b, strict=True))
-
-        mask = np.concatenate([pad(first.src_mask), pad(second.src_mask)])
-        return EncoderState(join(first.cross_k, second.cross_k),
-                            join(first.cross_v, second.cross_v), self._to_device(mask),
-                            np.concatenate([first.lengths, second.lengths]))
-
-    def select_sources(self, enc: EncoderState, keep: np.ndarray) -> EncoderState:
-        """The encoder state of the kept sources (indices into enc), source axis
-        trimmed to the longest of them."""
-        lengths = enc.lengths[keep]
-        width = padded_width(int(lengths.max())) if lengths.size else 0
-        def select(values: tuple[ort.OrtValue, ...]) -> tuple[ort.OrtValue, ...]:
-            # per layer (B, H, S, Dh) -> (B', H, S', Dh)
-            return tuple(self._to_device(v.numpy()[keep, :, :width]) for v in values)
-
-        mask = enc.src_mask.numpy()[keep, :width]
-        return EncoderState(select(enc.cross_k), select(enc.cross_v), self._to_device(mask),
-                            lengths)

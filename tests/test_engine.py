@@ -22,7 +22,8 @@ from conftest import CORPUS
 
 from seq2serve.server.engine import Engine, Result
 from seq2serve.server.options import DecodingOptions, InvalidOptions
-from seq2serve.server.runner import RunnerConfig, physical_cores
+from seq2serve.server.runner import EncoderState, RunnerConfig, padded_width, physical_cores
+from seq2serve.server.source_slots import COMPACT_WHEN, SourceSlots
 
 MAX_NEW = 40
 TEXTS = CORPUS[:6] + ["unseen wörds: ☃ zebra", "Open"]
@@ -144,7 +145,11 @@ def test_finished_sources_leave_the_batch(engine: Engine, sources: list[list[int
     assert rows[0] == 4 * len(sources)  # K rows per source from the first step, as HF
     assert all(a >= b for a, b in zip(rows[:-1], rows[1:], strict=True))  # N never grows
     assert rows[-1] < rows[0]  # and shrinks as sources finish
-    assert all(s.rows == 4 * s.sources for s in steps)
+    # Finished sources leave holes that run idle until a quarter of the rows are idle,
+    # then the batch compacts.
+    assert all(4 * s.sources <= s.rows and (s.rows - 4 * s.sources) * COMPACT_WHEN <= s.rows
+               for s in steps)
+    assert any(s.rows > 4 * s.sources for s in steps)  # holes did run
     assert all(s.cache_length % 16 == 0 and s.cache_length > s.step for s in steps)
     assert stats.ort_seconds > 0 and stats.host_seconds > 0
 
@@ -185,10 +190,11 @@ def test_cancellation_drops_the_source(engine: Engine, sources: list[list[int]])
     reference = engine.generate(sources, options)
     results = engine.generate(sources, options,
                               cancelled=[None, cancel_after_three] + [None] * (len(sources) - 2))
-    rows = [s.rows for s in results.stats.steps]
+    steps = results.stats.steps
     assert isinstance(results[1], Result) and results[1].cancelled and list(results[1]) == []
     assert calls["n"] == 4  # never asked again once it was gone
-    assert rows[3] == 4 * (len(sources) - 1)  # gone from step 3 on
+    assert steps[2].sources == len(sources)
+    assert steps[3].sources == len(sources) - 1  # gone from step 3 on
     for i in (0, *range(2, len(sources))):
         assert not results[i].cancelled
         assert [h.token_ids for h in results[i]] == [h.token_ids for h in reference[i]]
@@ -334,8 +340,8 @@ def test_joining_mid_batch_equals_alone_and_hf(case: str, engine: Engine, hf: tu
 
 
 def test_joining_streams_and_leaves(engine: Engine, sources: list[list[int]]) -> None:
-    """A source that joins mid-batch streams from its first step; finished rows leave
-    at once (rows never exceed the live sources' K rows), cancelled ones too."""
+    """A source that joins mid-batch streams from its first step; finished and
+    cancelled sources leave at once, their holes idle at most a quarter of the rows."""
     options = engine.resolve(DecodingOptions(beam_size=1, max_length=MAX_NEW))
     batch = engine.start_batch(1)
     batch.admit([engine.request(i, s, options) for i, s in enumerate(sources[:4])])
@@ -354,7 +360,9 @@ def test_joining_streams_and_leaves(engine: Engine, sources: list[list[int]]) ->
     results = dict(outcome.finished)
     while batch.rows:
         outcome = batch.step()
-        assert outcome.stats is not None and outcome.stats.rows == outcome.stats.sources
+        stats = outcome.stats
+        assert stats is not None and stats.rows >= stats.sources
+        assert (stats.rows - stats.sources) * COMPACT_WHEN <= stats.rows
         results.update(outcome.finished)
     alone = engine.generate([sources[4]], options)[0]
     assert results["late"][0].token_ids == alone[0].token_ids
@@ -374,3 +382,45 @@ def test_decode_state_concatenate_and_filter(engine: Engine, sources: list[list[
     assert np.array_equal(back.tokens, b.tokens) and np.array_equal(back.max_new, b.max_new)
     with pytest.raises(ValueError, match="beam"):
         a.concatenate(engine.strategy(1).start([engine.request(0, sources[0], options)]))
+
+
+def test_source_slots_fill_holes_and_compact(engine: Engine, sources: list[list[int]]) -> None:
+    """A newcomer's cross K/V go into a hole; compaction moves the live sources down
+    and trims the source axis; the decoder reads exactly the encoder's values."""
+    runner = engine.runner
+
+    def encoded(batch: list[list[int]]) -> EncoderState:
+        width = padded_width(max(map(len, batch)))
+        ids = np.full((len(batch), width), engine.pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, s in enumerate(batch):
+            ids[i, :len(s)], mask[i, :len(s)] = s, 1
+        return runner.encode(ids, mask)
+
+    def values(enc: EncoderState, source: int) -> tuple[np.ndarray, np.ndarray]:
+        length = int(enc.lengths[source])
+        return (np.stack([k.numpy()[source, :, :length] for k in enc.cross_k]),
+                enc.src_mask.numpy()[source])
+
+    first, second = encoded(sources[:4]), encoded([max(sources, key=len)])
+    slots = SourceSlots(runner.to_device)
+    assert slots.place(first).tolist() == [0, 1, 2, 3]
+    slots.release(np.array([1]))
+    assert (slots.used, slots.holes) == (4, 1)
+    assert slots.place(second).tolist() == [1]  # the hole, not a new slot
+    view = slots.encoder_state()
+    assert view.sources == 4 and view.width == max(first.width, second.width)
+    got, want = values(view, 1), values(second, 0)
+    assert np.array_equal(got[0], want[0])
+    assert np.array_equal(got[1][:second.width], want[1]) and not got[1][second.width:].any()
+    for source in (0, 2, 3):  # widened in place, values kept
+        assert np.array_equal(values(view, source)[0], values(first, source)[0])
+    slots.release(np.array([1, 2]))
+    assert (slots.used, slots.holes) == (4, 2) and slots.should_compact()
+    moved = slots.compact()
+    assert moved.tolist() == [0, -1, -1, 1] and (slots.used, slots.holes) == (2, 0)
+    view = slots.encoder_state()
+    assert view.width == padded_width(max(len(sources[0]), len(sources[3])))
+    assert np.array_equal(values(view, 1)[0], values(first, 3)[0])
+    slots.release(np.array([1]))
+    assert slots.used == 1  # a trailing hole leaves the call at once
