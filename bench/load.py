@@ -9,7 +9,7 @@ metrics port:
 
 - `off`: SEQ2SERVE_MAX_BATCH_SIZE=1, one text at a time;
 - `request`: SEQ2SERVE_MAX_RUNNING_ROWS=0, a batch runs to its end before the next;
-- `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256, new work joins the running batch at
+- `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256 (`--iteration-rows`), new work joins the running batch at
   step boundaries.
 
 Workloads, for each decoding in `--beams` (1 is greedy):
@@ -357,8 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="then unanswered requests get this long before they are cancelled")
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iteration-rows", type=int, default=256,
+                        help="max_running_rows of the iteration mode")
+    parser.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
+                        help="a server setting for every mode (repeatable), e.g. threads=1; "
+                        "the modes' own settings win")
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)
+    extra = dict(item.split("=", 1) for item in args.set)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -385,7 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     saturation: dict[int, float] = {}
     for mode in modes:
         metrics_port = free_port()
-        settings = {**MODES[mode], "metrics_port": str(metrics_port)}
+        own = MODES[mode]
+        if mode == "iteration":
+            own = {"max_running_rows": str(args.iteration_rows)}
+        settings = {**extra, **own, "metrics_port": str(metrics_port)}
         with served(args.models_dir, settings=settings) as (_, target):
             records += asyncio.run(run_mode(
                 mode, target, f"http://127.0.0.1:{metrics_port}/metrics", args.model, texts,
