@@ -1,12 +1,13 @@
 """The engine loop of one model: a daemon thread that takes the scheduler's
 work, runs it on the engine and delivers each text's result.
 
-Iteration-level batching (the default, `max_running_rows` > 0): the worker
-keeps one RunningBatch; at every step boundary it asks the scheduler which
-queued texts join (plain data), admits them (encoded once, their rows
-appended), runs one decoder step and delivers every text that finished,
-was cancelled or passed its deadline at once. With `max_running_rows` 0 it
-runs request-level batches: each scheduler batch to its end.
+Iteration-level batching (`max_running_rows` > 0, opt-in; docs/benchmarks.md
+says why): the worker keeps one RunningBatch; at every step boundary it asks
+the scheduler which queued texts join (plain data), admits them (encoded
+once, written into free cross K/V slots), runs one decoder step and delivers
+every text that finished, was cancelled or passed its deadline at once. With
+`max_running_rows` 0 (the default) it runs request-level batches: each
+scheduler batch to its end.
 
 ONNX Runtime releases the GIL while it computes, so a plain thread keeps the
 asyncio gRPC loop responsive; one thread per model because an Engine is not
