@@ -24,12 +24,15 @@ from .package import (
     ENCODER_FILE,
     ENCODER_INPUTS,
     MANIFEST,
+    REORDER_FILE,
     Manifest,
     Spec,
     decoder_inputs,
     decoder_outputs,
     encoder_outputs,
     load_package,
+    reorder_inputs,
+    reorder_outputs,
     sha256_file,
     signature,
 )
@@ -101,9 +104,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     import onnx
     import torch
 
-    from .onnx_graphs import export_graphs, tie_output_projection
+    from .onnx_graphs import export_graphs, tie_output_projection, write_reorder_graph
     from .quantize import quantize_int8
-    from .verify import compare
+    from .verify import check_reorder, compare
 
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     problems: list[str] = []
@@ -133,7 +136,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         steps.update()
 
         steps.set_postfix_str("checking graphs")
-        for graph in (ENCODER_FILE, DECODER_FILE):
+        for graph in (ENCODER_FILE, DECODER_FILE, REORDER_FILE):
             onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
         (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
                                         encoding="utf-8")
@@ -169,6 +172,13 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                 quantize_int8(fp32_dir / graph, tmp / graph)
             else:
                 _convert_fp16(fp32_dir / graph, tmp / graph)
+        # The reorder graph moves the decoder's cache as it is: fp16 caches in fp16.
+        cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
+        write_reorder_graph(tmp / REORDER_FILE, model.cfg.decoder_layers, cache_dtype, opset)
+        try:
+            check_reorder(tmp / REORDER_FILE, tmp / DECODER_FILE)
+        except ValueError as e:
+            raise ExportError(f"verification failed: {e}") from None
         deviation = fp32
         if precision == "int8":
             deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
@@ -186,7 +196,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         shutil.copyfile(source.target_spm, tmp / "target.spm")
         cfg = model.cfg
         layers = cfg.decoder_layers
-        dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE)}
+        dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE),
+                  **_graph_dtypes(tmp / REORDER_FILE)}
         suppress = sorted({cfg.pad_id, cfg.decoder_start_id} - {cfg.eos_id})
         manifest = Manifest(
             name=name or source.name,
@@ -214,6 +225,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                 "decoder": {"file": DECODER_FILE, "opset": opset,
                             "inputs": _with_dtypes(decoder_inputs(layers), dtypes),
                             "outputs": _with_dtypes(decoder_outputs(layers), dtypes)},
+                "reorder": {"file": REORDER_FILE, "opset": opset,
+                            "inputs": _with_dtypes(reorder_inputs(layers), dtypes),
+                            "outputs": _with_dtypes(reorder_outputs(layers), dtypes)},
             },
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),

@@ -1,4 +1,5 @@
-"""Trace `encode()` and `decode_step()` into the package's two ONNX graphs."""
+"""Trace `encode()` and `decode_step()` into the package's encoder and decoder
+graphs; write the reorder graph (one Gather per cache tensor) directly."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from .package import (
     DECODER_FILE,
     ENCODER_FILE,
     ENCODER_INPUTS,
+    REORDER_FILE,
     Spec,
     decoder_inputs,
     decoder_outputs,
     encoder_outputs,
+    reorder_inputs,
+    reorder_outputs,
 )
 
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one op
@@ -44,11 +48,11 @@ class _DecoderStep(nn.Module):
     def forward(self, *args: torch.Tensor):
         """The graph's flat inputs (decoder_inputs order) regrouped per layer."""
         layers = len(self.model.decoder_layers)
-        tokens, positions, *caches, src_mask, beam_origin = args
+        tokens, positions, *caches, src_mask = args
         self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
                                             for i in range(4))
         log_probs, new_k, new_v, alignment = self.model.decode_step(
-            tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, beam_origin)
+            tokens, positions, self_k, self_v, cross_k, cross_v, src_mask)
         return log_probs, *new_k, *new_v, alignment
 
 
@@ -86,7 +90,6 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
         *cross_k,
         *cross_v,
         src_mask,
-        torch.randperm(n, generator=gen),
     )
     return (src_ids, src_mask), step
 
@@ -118,6 +121,28 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
             output_names=[n for n, _, _ in dec_outputs],
             dynamic_axes={**_dynamic_axes(dec_inputs), **_dynamic_axes(dec_outputs)},
         )
+    write_reorder_graph(out_dir, layers, opset=opset)
+
+
+def write_reorder_graph(path: Path, layers: int, cache_dtype: str = "float32",
+                        opset: int = DEFAULT_OPSET) -> None:
+    """reorder.onnx (`path`, or REORDER_FILE in the directory `path`):
+    Seq2SeqTransformer.reorder_cache, one Gather along the rows per cache
+    tensor, for caches of `cache_dtype` ("float32" or "float16")."""
+    elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16}[cache_dtype]
+
+    def info(spec: Spec) -> list[onnx.ValueInfoProto]:
+        return [helper.make_tensor_value_info(name, onnx.TensorProto.INT64 if dtype == "int64"
+                                              else elem, shape) for name, dtype, shape in spec]
+
+    inputs, outputs = reorder_inputs(layers), reorder_outputs(layers)
+    nodes = [helper.make_node("Gather", [src, "beam_origin"], [dst], axis=0)
+             for (src, _, _), (dst, _, _) in zip(inputs[:-1], outputs, strict=True)]
+    graph = helper.make_graph(nodes, "reorder_cache", info(inputs), info(outputs))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="seq2serve")
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path / REORDER_FILE) if path.is_dir() else str(path))
 
 
 def tie_output_projection(path: Path) -> bool:

@@ -1,7 +1,7 @@
 """The model package: what `export` writes and what `serve` loads.
 
-One directory per model: `manifest.json`, `encoder.onnx`, `decoder.onnx` and
-the tokenizer files. The manifest records the sha256 of every other file;
+One directory per model: `manifest.json`, `encoder.onnx`, `decoder.onnx`,
+`reorder.onnx` and the tokenizer files. The manifest records the sha256 of every other file;
 `load_package` refuses a package whose files do not match, naming the file.
 This module needs neither torch nor onnxruntime.
 """
@@ -19,12 +19,18 @@ from typing import Any
 # cache per step).
 # 3: the decoder writes each row's new key/value at the row's own position and
 # masks the cache slots after it, so rows at different steps share one call
-# (iteration-level batching). The server reads format 3 only: re-export older
-# packages (`seq2serve export` reads every checkpoint format it read before).
-FORMAT_VERSION = 3
+# (iteration-level batching).
+# 4: the decoder no longer gathers the cache by beam_origin: row r continues
+# cache row r, and a separate reorder graph moves rows only when beams moved or
+# rows joined, so a step copies no cache (its ScatterElements output is bound to
+# its input's buffer) unless rows moved; format 3 copied the whole cache twice
+# per step. The server reads format 4 only: re-export older packages
+# (`seq2serve export` reads every checkpoint format it read before).
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
+REORDER_FILE = "reorder.onnx"
 
 Spec = list[tuple[str, str, list[str]]]
 
@@ -52,8 +58,7 @@ def decoder_inputs(layers: int) -> Spec:
             *per_layer("self_v", "float", ["N", "H", "T", "Dh"], layers),
             *per_layer("cross_k", "float", ["B", "H", "S", "Dh"], layers),
             *per_layer("cross_v", "float", ["B", "H", "S", "Dh"], layers),
-            ("src_mask", "int64", ["B", "S"]),
-            ("beam_origin", "int64", ["N"])]
+            ("src_mask", "int64", ["B", "S"])]
 
 
 def decoder_outputs(layers: int) -> Spec:
@@ -61,6 +66,18 @@ def decoder_outputs(layers: int) -> Spec:
             *per_layer("new_self_k", "float", ["N", "H", "T", "Dh"], layers),
             *per_layer("new_self_v", "float", ["N", "H", "T", "Dh"], layers),
             ("alignment", "int64", ["N"])]
+
+
+def reorder_inputs(layers: int) -> Spec:
+    """In the order of Seq2SeqTransformer.reorder_cache's arguments; M rows before."""
+    return [*per_layer("self_k", "float", ["M", "H", "T", "Dh"], layers),
+            *per_layer("self_v", "float", ["M", "H", "T", "Dh"], layers),
+            ("beam_origin", "int64", ["N"])]
+
+
+def reorder_outputs(layers: int) -> Spec:
+    return [*per_layer("reordered_self_k", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("reordered_self_v", "float", ["N", "H", "T", "Dh"], layers)]
 
 
 class PackageError(ValueError):
@@ -127,6 +144,10 @@ class ModelPackage:
     def decoder_path(self) -> Path:
         return self.path / DECODER_FILE
 
+    @property
+    def reorder_path(self) -> Path:
+        return self.path / REORDER_FILE
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -160,7 +181,7 @@ def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
             tokenizer_files.append(data["tokenizer"][key])
         else:
             problems.append(f"{MANIFEST}: tokenizer.{key} must name a file")
-    for required in (ENCODER_FILE, DECODER_FILE, *tokenizer_files):
+    for required in (ENCODER_FILE, DECODER_FILE, REORDER_FILE, *tokenizer_files):
         if required not in files:
             problems.append(f"{MANIFEST}: 'files' does not list {required}")
     for name, expected in sorted(files.items()):

@@ -73,11 +73,10 @@ def _decode(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
     cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
     cache_outputs = [o.name for o in decoder.get_outputs() if o.name.startswith("new_self_")]
     tokens: np.ndarray | None = np.full(b, start_id, dtype=np.int64)
-    rows = np.arange(b, dtype=np.int64)
     for step in range(steps):
         log_probs, *new_cache, _ = decoder.run(None, {
             "tokens": tokens, "positions": np.full(b, step, dtype=np.int64),
-            **cache, **cross_kv, "src_mask": src_mask, "beam_origin": rows,
+            **cache, **cross_kv, "src_mask": src_mask,
         })
         cache = {name.removeprefix("new_"): v
                  for name, v in zip(cache_outputs, new_cache, strict=True)}
@@ -166,10 +165,10 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     log_probs, *new_cache, alignment = decoder.run(None, feed(decoder, dec_feed))
     with torch.no_grad():
         ref_memory, ref_cross_k, ref_cross_v = model.encode(*enc_args)
-        tokens, positions, *caches, src_mask, beam_origin = dec_args
+        tokens, positions, *caches, src_mask = dec_args
         per_layer = [caches[i * layers:(i + 1) * layers] for i in range(4)]
         ref_log_probs, ref_new_k, ref_new_v, ref_alignment = model.decode_step(
-            tokens, positions, *per_layer, src_mask, beam_origin)
+            tokens, positions, *per_layer, src_mask)
 
     cfg = model.cfg
     width = max(len(s) for s in sentences)
@@ -205,6 +204,25 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
                     and np.isfinite(path_lp).all()),
         provider=provider,
     )
+
+
+def check_reorder(reorder_path: Path, decoder_path: Path) -> None:
+    """The reorder graph must take and give the decoder's cache tensors (names,
+    dtype) and pick rows exactly: rows moved, repeated and dropped, against numpy."""
+    reorder, decoder = cpu_session(reorder_path), cpu_session(decoder_path)
+    cache = {i.name: i.type for i in decoder.get_inputs() if i.name.startswith("self_")}
+    inputs = {i.name: i.type for i in reorder.get_inputs()}
+    wrong = {n: (t, inputs.get(n)) for n, t in cache.items() if inputs.get(n) != t}
+    if wrong or len(inputs) != len(cache) + 1:
+        raise ValueError(f"reorder graph does not match the decoder's cache inputs: {wrong}")
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal((5, 2, 3, 4)).astype(_NP_TYPES[t])
+              for n, t in cache.items()}
+    origin = np.array([3, 3, 0, 4], dtype=np.int64)
+    outputs = reorder.run(None, {**values, "beam_origin": origin})
+    for out, name in zip(outputs, [o.name for o in reorder.get_outputs()], strict=True):
+        if not np.array_equal(out, values[name.removeprefix("reordered_")][origin]):
+            raise ValueError(f"reorder graph output {name} does not pick the rows")
 
 
 def check_fp16(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,

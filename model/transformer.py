@@ -1,7 +1,7 @@
 """The encoder-decoder transformer of "Attention Is All You Need", from the paper.
 
-`encode()` and `decode_step()` have exactly the signatures of the exported ONNX
-graphs (see export/): the encoder also returns every decoder layer's
+`encode()`, `decode_step()` and `reorder_cache()` have exactly the signatures
+of the exported ONNX graphs (see export/): the encoder also returns every decoder layer's
 cross-attention keys and values, so they are computed once per source, and the
 decoder step groups hypotheses by source so cross K/V are never copied per
 beam. `forward()` is the full-sequence pass used for training.
@@ -308,9 +308,9 @@ class Seq2SeqTransformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, positions: Tensor, self_k: Sequence[Tensor],
                     self_v: Sequence[Tensor], cross_k: Sequence[Tensor],
-                    cross_v: Sequence[Tensor], src_mask: Tensor, beam_origin: Tensor
+                    cross_v: Sequence[Tensor], src_mask: Tensor
                     ) -> tuple[Tensor, list[Tensor], list[Tensor], Tensor]:
-        """Decoder step graph (package format 3: rows may be at different steps).
+        """Decoder step graph (package format 4: rows may be at different steps).
 
         tokens (N,) the last token of each hypothesis; positions (N,) its position,
         which is also its slot in the cache; self_k/self_v: per layer,
@@ -318,9 +318,11 @@ class Seq2SeqTransformer(nn.Module):
         0..positions[r]-1 and anything (masked) after; the graph needs
         Tc > max(positions) (the runner grows it in whole blocks; an eager call
         with a shorter cache, e.g. an empty one, gets it grown here);
-        cross_k/cross_v: per layer, (B, H, S, Dh) from encode(); src_mask (B, S);
-        beam_origin (N,) the cache row each hypothesis continues (beam
-        reordering, applied here so the cache never travels through the host).
+        cross_k/cross_v: per layer, (B, H, S, Dh) from encode(); src_mask (B, S).
+        Row r continues cache row r: beams that moved are reordered before the
+        call (`reorder_cache`), so a step whose rows did not move copies no
+        cache, and the new cache differs from the old one only in each row's
+        slot (the server binds it to the old cache's buffer).
         Returns log_probs (N, V), the new cache, per layer (N, H, Tc, Dh), twice,
         and alignment (N,): the source position the last decoder layer's
         cross-attention weighs most (averaged over heads) for this step's token.
@@ -340,9 +342,7 @@ class Seq2SeqTransformer(nn.Module):
         new_k, new_v = [], []
         cross_weights = x.new_zeros(0)
         for i, layer in enumerate(self.decoder_layers):
-            past_k = self_k[i].index_select(0, beam_origin)  # (N, H, Tc, Dh)
-            past_v = self_v[i].index_select(0, beam_origin)
-            x, k, v, cross_weights = layer(x, past_k, past_v, self_mask, cross_k[i],
+            x, k, v, cross_weights = layer(x, self_k[i], self_v[i], self_mask, cross_k[i],
                                            cross_v[i], cross_mask, positions)
             new_k.append(k)
             new_v.append(v)
@@ -355,6 +355,15 @@ class Seq2SeqTransformer(nn.Module):
         averaged = cross_weights.mean(dim=1).reshape(tokens.shape[0], -1)
         alignment = averaged.argmax(dim=-1)  # (N,)
         return logits.log_softmax(dim=-1), new_k, new_v, alignment
+
+    @staticmethod
+    def reorder_cache(self_k: Sequence[Tensor], self_v: Sequence[Tensor], beam_origin: Tensor
+                      ) -> tuple[list[Tensor], list[Tensor]]:
+        """Reorder graph: the cache rows (N', H, Tc, Dh) per layer picked by
+        beam_origin (N,), the row each hypothesis continues (beam search moving
+        hypotheses, rows joining or leaving)."""
+        return ([k.index_select(0, beam_origin) for k in self_k],
+                [v.index_select(0, beam_origin) for v in self_v])
 
     def empty_cache(self, rows: int, device: torch.device | None = None,
                     dtype: torch.dtype = torch.float32) -> tuple[list[Tensor], list[Tensor]]:
@@ -393,13 +402,12 @@ class Seq2SeqTransformer(nn.Module):
         _, cross_k, cross_v = self.encode(src_ids, src_mask)
         self_k, self_v = self.empty_cache(b, src_ids.device, cross_k[0].dtype)
         tokens = torch.full((b,), cfg.decoder_start_id, dtype=torch.long, device=src_ids.device)
-        rows = torch.arange(b, device=src_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
         out = []
         for step in range(max_len):
             positions = torch.full_like(tokens, step)
             log_probs, self_k, self_v, _ = self.decode_step(
-                tokens, positions, self_k, self_v, cross_k, cross_v, src_mask, rows)
+                tokens, positions, self_k, self_v, cross_k, cross_v, src_mask)
             tokens = log_probs.argmax(-1).masked_fill(done, cfg.pad_id)
             out.append(tokens)
             done |= tokens == cfg.eos_id

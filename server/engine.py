@@ -17,9 +17,10 @@ format 3) writes each row's step at its own cache slot and masks the rest,
 so a row's floats do not depend on the step it joined at or its neighbours.
 
 A source leaves as soon as its result is fixed (EOS, length limit, the beam
-early-stop rule, or cancellation): its rows vanish from the next call's
-beam_origin and its cross K/V slot becomes a hole for the next newcomer
-(source_slots.py), so leaving copies nothing.
+early-stop rule, or cancellation): its cross K/V slot and its rows become a
+hole for the next newcomer (source_slots.py), so leaving copies nothing. The
+cache is reordered (one copy) only when rows moved: beam search every step,
+greedy and sampling only when the batch grows past its rows or compacts.
 
 An Engine runs one batch at a time (the runner reuses its buffers between
 steps); the model's worker thread is its caller.
@@ -298,10 +299,14 @@ class RunningBatch:
         t0 = time.perf_counter()
         beams = self.beams
         rows = self.slots.used * beams
-        # Holes' rows are idle: any token, position 0, continuing any row.
+        before = self.cache.rows if self.cache is not None else 0
+        # Holes' rows are idle: any token, position 0. A row that does not
+        # continue one (new, idle) stays where it is when the cache has that row:
+        # its slots are masked, so whatever they hold is never read.
         tokens = np.full(rows, self.engine.pad_id, dtype=np.int64)
         positions = np.zeros(rows, dtype=np.int64)
-        origin = np.zeros(rows, dtype=np.int64)
+        origin = np.arange(rows, dtype=np.int64)
+        origin[before:] = 0
         where = []
         for p in self.placed:
             at = _rows(p.slots, beams)
@@ -312,8 +317,13 @@ class RunningBatch:
                 # within a source), which sat in the source's previous slot.
                 origin[at] = np.repeat(p.prev, beams) * beams + p.state.origin % beams
             where.append(at)
-        cache = self.cache if self.cache is not None else self.runner.empty_cache(1)
-        log_probs, self.cache, aligned = self.runner.step(tokens, positions, origin, cache,
+        if self.cache is None:
+            cache = self.runner.empty_cache(rows)
+        elif before == rows and bool(np.all(origin == np.arange(rows))):
+            cache = self.cache  # nothing moved: the step writes in place
+        else:
+            cache = self.runner.reorder_cache(self.cache, origin)
+        log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache,
                                                           self.slots.encoder_state())
         t1 = time.perf_counter()
         length = self.cache.length

@@ -10,23 +10,28 @@ the next step's inputs, so on CUDA they never leave the device; only the
 (N, V) log-probs are copied to the host each step, into one reused buffer.
 Tokens, positions and beam origins are small host arrays copied per step.
 
-The self-attention cache (package format 3): one (N, H, Tc, Dh) tensor per
+The self-attention cache (package format 4): one (N, H, Tc, Dh) tensor per
 layer and per K/V; row r keeps step t in slot t, and the graph masks every
 slot after the row's position, so rows at different steps share one call.
-Per step the graph copies the cache twice: the Gather by beam_origin and the
-ScatterElements that writes each row's new slot (format 2 had the same two
-copies, with a Concat in place of the scatter; format 1's stacked layers cost
-two more, measured in docs/benchmarks.md). The runner resizes Tc on the host in
-whole blocks of CACHE_BLOCK slots: it grows when a row's position reaches it
-(a copy every CACHE_BLOCK steps) and shrinks once a whole block lies past every
-live row's position (a running batch's longest row left). A row that joins
-later simply continues any row (beam_origin) and its stale slots stay masked.
+Row r of a call continues cache row r: the decoder graph writes each row's
+new slot with a ScatterElements whose output the runner binds to the input's
+own buffer on CPU, so a step copies no cache. When rows moved (beam search
+reordering hypotheses, rows joining past the cache's rows, a compaction) the
+reorder graph gathers the rows first, one copy; format 3 gathered and
+scattered into a fresh tensor, two copies of the whole cache every step. On
+CUDA the outputs are fresh device tensors (one copy; ONNX Runtime does not
+promise in-place writes, and this was only measured on CPU). The runner
+resizes Tc on the host in whole blocks of CACHE_BLOCK slots: it grows when a
+row's position reaches it (a copy every CACHE_BLOCK steps) and shrinks once a
+whole block lies past every live row's position (a running batch's longest
+row left). A row that joins later continues whatever row it is placed on and
+its stale slots stay masked.
 
-Finished sources leave the batch: the cache needs nothing (the next step's
-beam_origin simply omits their rows, and the graph's gather drops them); the
-cross K/V keep one slot per source (source_slots.py), written when a source
-is admitted. On CUDA those go through the host (an upload per admission, not
-per step), as the server has no device array library to index with.
+Finished sources leave the batch: their rows idle (engine.py) until a
+newcomer takes them or the batch compacts; the cross K/V keep one slot per
+source (source_slots.py), written when a source is admitted. On CUDA those go
+through the host (an upload per admission, not per step), as the server has
+no device array library to index with.
 """
 
 from __future__ import annotations
@@ -196,6 +201,7 @@ class Runner:
         self.threads = self.config.intra_op_threads or physical_cores()
         self.encoder = self._session(str(package.encoder_path))
         self.decoder = self._session(str(package.decoder_path))
+        self.reorder = self._session(str(package.reorder_path))
         cfg = package.manifest.config
         self.layers = int(cfg["decoder_layers"])
         self.heads = int(cfg["decoder_heads"])
@@ -206,6 +212,8 @@ class Runner:
         self.cache_dtype = _NP_TYPES[types["self_k.0"]]
         self.output_names = [o.name for o in self.decoder.get_outputs()]
         self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
+        # On CPU the new cache is written into the old one's buffers.
+        self.in_place = self.device == "cpu"
         # Per layer: the (self_k, self_v, cross_k, cross_v) input names, built once.
         self._layer_inputs = [(f"self_k.{i}", f"self_v.{i}", f"cross_k.{i}", f"cross_v.{i}")
                               for i in range(self.layers)]
@@ -240,11 +248,10 @@ class Runner:
         ids = np.array([[cfg["eos_id"], cfg["eos_id"]]], dtype=np.int64)
         enc = self.encode(ids, np.ones_like(ids))
         cache = self.empty_cache(1)
-        origin = np.zeros(1, dtype=np.int64)
         for step in range(2):
             tokens = np.full(1, cfg["decoder_start_id"], dtype=np.int64)
-            _, cache, _ = self.step(tokens, np.full(1, step, dtype=np.int64), origin, cache,
-                                    enc)
+            _, cache, _ = self.step(tokens, np.full(1, step, dtype=np.int64), cache, enc)
+        self.reorder_cache(cache, np.zeros(2, dtype=np.int64))
         return time.perf_counter() - start
 
     # -- tensors -----------------------------------------------------------------------
@@ -254,9 +261,13 @@ class Runner:
                                                 self.device_id)
 
     def empty_cache(self, rows: int, length: int = 0) -> DecoderCache:
-        empty = self.to_device(np.zeros((rows, self.heads, length, self.head_dim),
-                                         dtype=self.cache_dtype))
-        return DecoderCache((empty,) * self.layers, (empty,) * self.layers)
+        """Zeros; every tensor its own buffer (steps write into them in place)."""
+        def empty() -> ort.OrtValue:
+            return self.to_device(np.zeros((rows, self.heads, length, self.head_dim),
+                                           dtype=self.cache_dtype))
+
+        return DecoderCache(tuple(empty() for _ in range(self.layers)),
+                            tuple(empty() for _ in range(self.layers)))
 
     def resize_cache(self, cache: DecoderCache, length: int) -> DecoderCache:
         """The cache with `length` slots: new slots zero-filled, or the slots past
@@ -285,21 +296,37 @@ class Runner:
         return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
                             mask.sum(axis=1).astype(np.int64))
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, beam_origin: np.ndarray,
-             cache: DecoderCache, enc: EncoderState
-             ) -> tuple[np.ndarray, DecoderCache, np.ndarray]:
-        """One decoder step for N = len(tokens) rows (a multiple of enc.sources).
+    def reorder_cache(self, cache: DecoderCache, beam_origin: np.ndarray) -> DecoderCache:
+        """The cache rows picked by beam_origin (N,), the row each new row
+        continues (a row at position 0 may continue any row: its slots are
+        masked). One copy of the picked rows, on the provider's device."""
+        binding = self.reorder.io_binding()
+        for i in range(self.layers):
+            binding.bind_ortvalue_input(f"self_k.{i}", cache.self_k[i])
+            binding.bind_ortvalue_input(f"self_v.{i}", cache.self_v[i])
+        binding.bind_cpu_input("beam_origin", np.ascontiguousarray(beam_origin, dtype=np.int64))
+        for output in self.reorder.get_outputs():
+            binding.bind_output(output.name, self.device, self.device_id)
+        self.reorder.run_with_iobinding(binding)
+        moved = binding.get_outputs()  # reordered_self_k.*, reordered_self_v.*
+        return DecoderCache(tuple(moved[:self.layers]), tuple(moved[self.layers:]))
 
-        beam_origin (N,) picks, for each new row, the cache row it continues, so
-        reordering beams and dropping finished rows happen inside the graph (a
-        row at position 0 may continue any row: its slots are masked).
-        positions (N,) are the rows' steps; the cache grows to hold them.
+    def step(self, tokens: np.ndarray, positions: np.ndarray, cache: DecoderCache,
+             enc: EncoderState) -> tuple[np.ndarray, DecoderCache, np.ndarray]:
+        """One decoder step for N = len(tokens) rows (a multiple of enc.sources);
+        row r continues cache row r (`reorder_cache` first when rows moved).
+
+        positions (N,) are the rows' steps; the cache grows to hold them. On CPU
+        the returned cache is `cache` itself (or its resized copy), written in
+        place: the caller must not keep using the old one as it was.
         Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
         until the next call, and free for the caller to modify in place), the new
         cache, and alignment (N,) int64 on the host: per row, the source position
         the last layer's cross-attention weighed most for this step's token.
         """
         rows = int(tokens.shape[0])
+        if cache.rows != rows:
+            raise ValueError(f"a step of {rows} rows got a cache of {cache.rows} rows")
         needed = padded_width(int(positions.max()) + 1, CACHE_BLOCK) if rows else 0
         # Shrink too, once a whole block is past every row: in a running batch the
         # longest row leaves and newer rows are far behind it, and every slot
@@ -319,12 +346,15 @@ class Runner:
             binding.bind_ortvalue_input(ck, enc.cross_k[i])
             binding.bind_ortvalue_input(cv, enc.cross_v[i])
         binding.bind_ortvalue_input("src_mask", enc.src_mask)
-        binding.bind_cpu_input("beam_origin", np.ascontiguousarray(beam_origin, dtype=np.int64))
         # Written straight into our host buffer: no per-step allocation or extra copy.
         binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
                             log_probs.ctypes.data)
-        for name in self.cache_outputs:  # new_self_k.*, new_self_v.*
-            binding.bind_output(name, self.device, self.device_id)
+        old = (*cache.self_k, *cache.self_v)
+        for name, value in zip(self.cache_outputs, old, strict=True):  # new_self_k.*, v.*
+            if self.in_place:
+                binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_output(name, self.device, self.device_id)
         binding.bind_output("alignment", "cpu")
         self.decoder.run_with_iobinding(binding)
         _, *new_cache, alignment = binding.get_outputs()  # in binding order

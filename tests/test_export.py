@@ -19,7 +19,7 @@ from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
 from seq2serve.export.tokenizer import PackageTokenizer
-from seq2serve.export.verify import cpu_session, ort_greedy
+from seq2serve.export.verify import check_reorder, cpu_session, ort_greedy
 
 MAX_NEW = 24
 
@@ -130,12 +130,26 @@ def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
             f"{kind}.{i}" for i in range(layers)]
     graph = onnx.load(str(marian_package / "decoder.onnx")).graph
     assert not [n for n in graph.node if n.op_type == "Split"]
-    concats = [n for n in graph.node if n.op_type == "Concat"
-               and any(i.startswith("self_") for i in n.input)]
-    assert len(concats) == 0  # the cache is gathered by beam first, then each row's slot written
-    writes = [n for n in graph.node if n.op_type == "ScatterElements"
-              and any(o.startswith("new_self_") for o in n.output)]
-    assert len(writes) == 2 * layers
+    # Format 4: each cache input is read by exactly one node, the ScatterElements
+    # that writes the row's slot and is the new cache; so the runner may bind the
+    # output to the input's buffer (in place) without another node seeing the write.
+    caches = [n for n in inputs if n.startswith(("self_k.", "self_v."))]
+    for name in caches:
+        [reader] = [n for n in graph.node if name in n.input]
+        assert reader.op_type == "ScatterElements" and reader.input[0] == name
+        assert reader.output[0] == "new_" + name
+    assert not [n for n in graph.node if n.op_type in ("Gather", "Concat")
+                and any(i in caches for i in n.input)]
+
+
+def test_reorder_graph_picks_cache_rows(marian_package: Path) -> None:
+    """The reorder graph moves rows of the decoder's own cache tensors (names and
+    dtypes), repeated and dropped rows included, exactly."""
+    check_reorder(marian_package / "reorder.onnx", marian_package / "decoder.onnx")
+    manifest = load_package(marian_package).manifest
+    cache = [i for i in manifest.graphs["decoder"]["inputs"] if i["name"].startswith("self_")]
+    assert manifest.graphs["reorder"]["inputs"][:-1] == [{**i, "shape": ["M", *i["shape"][1:]]}
+                                                         for i in cache]
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
@@ -149,14 +163,16 @@ def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision:
     assert report.fp32_deviation["log_probs"] <= 1e-4
     decoder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["decoder"]["inputs"]}
     assert decoder_inputs["self_k.0"] == ("float16" if precision == "fp16" else "float32")
+    reorder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["reorder"]["inputs"]}
+    assert reorder_inputs["self_k.0"] == decoder_inputs["self_k.0"]
     tokens, _ = package_greedy(report.package, CORPUS[:3])
     assert all(tokens)
 
 
 def test_package_manifest_and_hashes(marian_package: Path) -> None:
     manifest = json.loads((marian_package / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "source.spm",
-                                      "target.spm", "vocab.json"}
+    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "reorder.onnx",
+                                      "source.spm", "target.spm", "vocab.json"}
     assert manifest["graphs"]["decoder"]["inputs"][0]["name"] == "tokens"
     assert manifest["exporter"]["fp32_deviation"]["greedy_equal"] is True
     assert manifest["exporter"]["fp32_deviation"]["alignment_equal"] is True

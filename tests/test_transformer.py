@@ -52,12 +52,11 @@ def stepwise(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, tgt: Tensor) 
     _, cross_k, cross_v = model.encode(src, mask)
     b, t = tgt.shape
     self_k, self_v = model.empty_cache(b)
-    rows = torch.arange(b)
     out = []
     for step in range(t):
         positions = torch.full((b,), step)
         log_probs, self_k, self_v, _ = model.decode_step(tgt[:, step], positions, self_k, self_v,
-                                                      cross_k, cross_v, mask, rows)
+                                                      cross_k, cross_v, mask)
         out.append(log_probs)
     return torch.stack(out, dim=1)
 
@@ -92,8 +91,7 @@ def test_shapes() -> None:
     assert all(kv.shape == (n, cfg.decoder_heads, 0, dh) for kv in [*self_k, *self_v])
     tokens = torch.full((n,), START)
     log_probs, new_k, new_v, alignment = model.decode_step(
-        tokens, torch.zeros(n, dtype=torch.long), self_k, self_v, cross_k, cross_v, mask,
-        torch.arange(n))
+        tokens, torch.zeros(n, dtype=torch.long), self_k, self_v, cross_k, cross_v, mask)
     assert log_probs.shape == (n, cfg.tgt_vocab_size)
     assert alignment.shape == (n,) and alignment.dtype == torch.int64
     assert len(new_k) == len(new_v) == cfg.decoder_layers
@@ -152,7 +150,7 @@ def test_cached_decoding_equals_full_sequence(name: str) -> None:
 
 
 @torch.no_grad()
-def test_beam_origin_reorders_the_cache() -> None:
+def test_reorder_cache_then_step_is_the_reordered_history() -> None:
     cfg = tiny()
     model = build(cfg)
     b, k, t = 2, 3, 4
@@ -162,21 +160,18 @@ def test_beam_origin_reorders_the_cache() -> None:
     prefixes = torch.randint(4, cfg.tgt_vocab_size, (b * k, t), generator=g)
     prefixes[:, 0] = START
     self_k, self_v = model.empty_cache(b * k)
-    rows = torch.arange(b * k)
     for step in range(t):
         _, self_k, self_v, _ = model.decode_step(prefixes[:, step], torch.full((b * k,), step),
-                                                 self_k, self_v, cross_k, cross_v, mask, rows)
+                                                 self_k, self_v, cross_k, cross_v, mask)
     # Beam search keeps hypotheses within their source's group, possibly duplicated.
     origin = torch.tensor([2, 2, 0, 4, 5, 3])
+    moved_k, moved_v = model.reorder_cache(self_k, self_v, origin)
+    for before, after in zip([*self_k, *self_v], [*moved_k, *moved_v], strict=True):
+        assert torch.equal(after, before[origin])
     nxt = torch.randint(4, cfg.tgt_vocab_size, (b * k,), generator=g)
     positions = torch.full((b * k,), t)
-    log_probs, new_k, _, _ = model.decode_step(nxt, positions, self_k, self_v, cross_k,
-                                               cross_v, mask, origin)
-    by_hand, hand_k, _, _ = model.decode_step(nxt, positions, [k_[origin] for k_ in self_k],
-                                           [v[origin] for v in self_v], cross_k, cross_v, mask,
-                                           rows)
-    torch.testing.assert_close(log_probs, by_hand, rtol=0, atol=0)
-    torch.testing.assert_close(new_k, hand_k, rtol=0, atol=0)
+    log_probs, _, _, _ = model.decode_step(nxt, positions, moved_k, moved_v, cross_k,
+                                           cross_v, mask)
     # And it is what a full pass over the reordered histories computes.
     tgt = torch.cat([prefixes[origin], nxt[:, None]], dim=1)
     full = model(src.repeat_interleave(k, 0), mask.repeat_interleave(k, 0), tgt)
@@ -196,12 +191,12 @@ def test_grouped_cross_attention_equals_expanded() -> None:
     shape = (n, cfg.decoder_heads, 3, cfg.d_model // cfg.decoder_heads)
     self_k = [torch.randn(shape, generator=g) for _ in range(cfg.decoder_layers)]
     self_v = [torch.randn(shape, generator=g) for _ in range(cfg.decoder_layers)]
-    positions, rows = torch.full((n,), 3), torch.arange(n)
-    grouped = model.decode_step(tokens, positions, self_k, self_v, cross_k, cross_v, mask, rows)
+    positions = torch.full((n,), 3)
+    grouped = model.decode_step(tokens, positions, self_k, self_v, cross_k, cross_v, mask)
     expanded = model.decode_step(tokens, positions, self_k, self_v,
                                  [c.repeat_interleave(k, 0) for c in cross_k],
                                  [c.repeat_interleave(k, 0) for c in cross_v],
-                                 mask.repeat_interleave(k, 0), rows)
+                                 mask.repeat_interleave(k, 0))
     for a, e in zip(grouped, expanded, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-6)
 
