@@ -9,8 +9,8 @@ metrics port:
 
 - `off`: SEQ2SERVE_MAX_BATCH_SIZE=1, one text at a time;
 - `request`: SEQ2SERVE_MAX_RUNNING_ROWS=0, a batch runs to its end before the next;
-- `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256 (`--iteration-rows`), new work joins the running batch at
-  step boundaries.
+- `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256 (`--iteration-rows`), new work joins
+  the running batch at step boundaries.
 
 Workloads, for each decoding in `--beams` (1 is greedy):
 
