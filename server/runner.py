@@ -358,5 +358,9 @@ class Runner:
         binding.bind_output("alignment", "cpu")
         self.decoder.run_with_iobinding(binding)
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
+        if self.in_place:
+            # The bound buffers now hold the new cache. (The binding's own
+            # output values do not outlive it; ours do.)
+            return log_probs, cache, alignment.numpy()
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())

@@ -424,3 +424,28 @@ def test_source_slots_fill_holes_and_compact(engine: Engine, sources: list[list[
     assert np.array_equal(values(view, 1)[0], values(first, 3)[0])
     slots.release(np.array([1]))
     assert slots.used == 1  # a trailing hole leaves the call at once
+
+
+def test_cache_is_written_in_place_on_cpu(engine: Engine, sources: list[list[int]]) -> None:
+    """A step whose rows did not move writes the new slot into the cache's own
+    buffers, and decoding gives exactly what fresh output buffers give."""
+    runner = engine.runner
+    assert runner.in_place
+    enc = engine.start_batch(1)
+    enc.admit([engine.request(0, sources[0], engine.resolve(DecodingOptions(beam_size=1)))])
+    cache = runner.empty_cache(1, 16)
+    pointers = [v.data_ptr() for v in (*cache.self_k, *cache.self_v)]
+    tokens, positions = np.array([engine.special.start]), np.array([0])
+    _, new, _ = runner.step(tokens, positions, cache, enc.slots.encoder_state())
+    assert [v.data_ptr() for v in (*new.self_k, *new.self_v)] == pointers
+    assert np.abs(new.self_k[0].numpy()[:, :, 0]).sum() > 0  # slot 0 was written
+    for beams in (1, 4):
+        options = DecodingOptions(beam_size=beams, num_hypotheses=beams, max_length=MAX_NEW)
+        in_place = engine.generate(sources, options)
+        runner.in_place = False
+        try:
+            fresh = engine.generate(sources, options)
+        finally:
+            runner.in_place = True
+        assert [[(h.token_ids, h.score) for h in r] for r in in_place] == \
+            [[(h.token_ids, h.score) for h in r] for r in fresh]
