@@ -22,11 +22,12 @@ from typing import Any
 # (iteration-level batching).
 # 4: the decoder no longer gathers the cache by beam_origin: row r continues
 # cache row r, and a separate reorder graph moves rows only when beams moved or
-# rows joined, so a step copies no cache (its ScatterElements output is bound to
-# its input's buffer) unless rows moved; format 3 copied the whole cache twice
-# per step. The server reads format 4 only: re-export older packages
-# (`seq2serve export` reads every checkpoint format it read before).
-FORMAT_VERSION = 4
+# rows joined; format 3 copied the whole cache twice per step.
+# 5: the new slot is written with a ScatterND (ScatterElements in format 4),
+# which ONNX Runtime runs in place without copying the cache when its output
+# is bound to its input's buffer. The server reads format 5 only: re-export
+# older packages (`seq2serve export` reads every checkpoint format it read before).
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"

@@ -202,10 +202,15 @@ class DecoderLayer(nn.Module):
             q, k, v = self.self_attn.queries_keys_values(h)  # (N, H, T, Dh)
             if past_k is not None and past_v is not None and write_at is not None:
                 # A row's keys sit at slots 0..position whatever the cache's length,
-                # so rows at different steps share one cache (format 3).
-                index = write_at.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[3])
-                k = past_k.scatter(2, index, k)  # (N, H, Tc, Dh)
-                v = past_v.scatter(2, index, v)
+                # so rows at different steps share one cache (format 3). index_put
+                # is a ScatterND in the graph: with its output bound to its input's
+                # buffer ONNX Runtime writes the N x H slots and copies nothing
+                # (ScatterElements copied the whole cache first, even in place).
+                rows = torch.arange(k.shape[0], device=k.device).unsqueeze(1)  # (N, 1)
+                heads = torch.arange(k.shape[1], device=k.device).unsqueeze(0)  # (1, H)
+                slots = (rows, heads, write_at.unsqueeze(1))
+                k = torch.index_put(past_k, slots, k[:, :, 0])  # (N, H, Tc, Dh)
+                v = torch.index_put(past_v, slots, v[:, :, 0])
             new_kv.extend((k, v))
             return self.self_attn.attend(q, k, v, self_mask)
 
@@ -310,7 +315,7 @@ class Seq2SeqTransformer(nn.Module):
                     self_v: Sequence[Tensor], cross_k: Sequence[Tensor],
                     cross_v: Sequence[Tensor], src_mask: Tensor
                     ) -> tuple[Tensor, list[Tensor], list[Tensor], Tensor]:
-        """Decoder step graph (package format 4: rows may be at different steps).
+        """Decoder step graph (package format 5: rows may be at different steps).
 
         tokens (N,) the last token of each hypothesis; positions (N,) its position,
         which is also its slot in the cache; self_k/self_v: per layer,

@@ -10,15 +10,17 @@ the next step's inputs, so on CUDA they never leave the device; only the
 (N, V) log-probs are copied to the host each step, into one reused buffer.
 Tokens, positions and beam origins are small host arrays copied per step.
 
-The self-attention cache (package format 4): one (N, H, Tc, Dh) tensor per
+The self-attention cache (package format 5): one (N, H, Tc, Dh) tensor per
 layer and per K/V; row r keeps step t in slot t, and the graph masks every
 slot after the row's position, so rows at different steps share one call.
 Row r of a call continues cache row r: the decoder graph writes each row's
-new slot with a ScatterElements whose output the runner binds to the input's
-own buffer on CPU, so a step copies no cache. When rows moved (beam search
-reordering hypotheses, rows joining past the cache's rows, a compaction) the
-reorder graph gathers the rows first, one copy; format 3 gathered and
-scattered into a fresh tensor, two copies of the whole cache every step. On
+new slot with a ScatterND whose output the runner binds to the input's own
+buffer on CPU, so a step copies no cache (ONNX Runtime's ScatterND skips its
+copy when output and input are one buffer; ScatterElements does not). When
+rows moved (beam search reordering hypotheses, rows joining past the cache's
+rows, a compaction) the reorder graph gathers the rows first, one copy;
+format 3 gathered and scattered into a fresh tensor, two copies of the whole
+cache every step. On
 CUDA the outputs are fresh device tensors (one copy; ONNX Runtime does not
 promise in-place writes, and this was only measured on CPU). The runner
 resizes Tc on the host in whole blocks of CACHE_BLOCK slots: it grows when a
@@ -330,7 +332,7 @@ class Runner:
         needed = padded_width(int(positions.max()) + 1, CACHE_BLOCK) if rows else 0
         # Shrink too, once a whole block is past every row: in a running batch the
         # longest row leaves and newer rows are far behind it, and every slot
-        # costs each row a Gather and ScatterElements copy and attention.
+        # costs each row attention, and each resize or reorder a copy.
         if cache.length < needed or cache.length >= needed + CACHE_BLOCK:
             cache = self.resize_cache(cache, needed)
         size = rows * self.vocab_size

@@ -130,14 +130,14 @@ def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
             f"{kind}.{i}" for i in range(layers)]
     graph = onnx.load(str(marian_package / "decoder.onnx")).graph
     assert not [n for n in graph.node if n.op_type == "Split"]
-    # Format 4: each cache input's data is read by exactly one node, the
-    # ScatterElements that writes the row's slot and is the new cache; so the runner
+    # Format 5: each cache input's data is read by exactly one node, the
+    # ScatterND that writes the row's slot and is the new cache; so the runner
     # may bind the output to the input's buffer (in place) without another node
     # seeing the write (a Shape reads no data).
     caches = [n for n in inputs if n.startswith(("self_k.", "self_v."))]
     for name in caches:
         [reader] = [n for n in graph.node if name in n.input and n.op_type != "Shape"]
-        assert reader.op_type == "ScatterElements" and reader.input[0] == name
+        assert reader.op_type == "ScatterND" and reader.input[0] == name
         assert reader.output[0] == "new_" + name
     assert not [n for n in graph.node if n.op_type in ("Gather", "Concat")
                 and any(i in caches for i in n.input)]
