@@ -164,14 +164,16 @@ class Models:
 
 
 def exporter_key() -> str:
-    """A digest of the exporter's source: a changed exporter (new graphs) must not
-    be benchmarked through packages cached by an older one."""
+    """A digest of the source the graphs come from (the exporter, and the model
+    it traces): a change there (new graphs) must not be benchmarked through
+    packages cached by an older one."""
     import hashlib
 
     import seq2serve.export as exporter
+    import seq2serve.model.transformer as traced
 
     digest = hashlib.sha256()
-    for file in sorted(Path(exporter.__file__).parent.glob("*.py")):
+    for file in [*sorted(Path(exporter.__file__).parent.glob("*.py")), Path(traced.__file__)]:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:10]
 
