@@ -164,16 +164,19 @@ class Models:
 
 
 def exporter_key() -> str:
-    """A digest of the source the graphs come from (the exporter, and the model
-    it traces): a change there (new graphs) must not be benchmarked through
-    packages cached by an older one."""
+    """A digest of the source the graphs come from (the exporter, the model it
+    traces and the Marian conversion that fills it): a change there (new graphs)
+    must not be benchmarked through packages cached by an older one."""
     import hashlib
 
     import seq2serve.export as exporter
+    import seq2serve.model.marian as converted
     import seq2serve.model.transformer as traced
 
     digest = hashlib.sha256()
-    for file in [*sorted(Path(exporter.__file__).parent.glob("*.py")), Path(traced.__file__)]:
+    sources = [*sorted(Path(exporter.__file__).parent.glob("*.py")), Path(traced.__file__),
+               Path(converted.__file__)]
+    for file in sources:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:10]
 

@@ -13,7 +13,8 @@ Exactness notes (checked against transformers 5.23 `modeling_marian.py`):
   at position 0 for both encoder and decoder; the stored `embed_positions`
   tables are recomputed by our model, so they are only checked here.
 - Token embeddings are scaled by sqrt(d_model) iff `scale_embedding`.
-- Logits get `final_logits_bias` (a (1, V) buffer, zeros when absent).
+- Logits get `final_logits_bias` (a (1, V) buffer, zeros when absent); an
+  all-zero one (OPUS-MT's) is dropped rather than added every step.
 - Ties: in transformers 5 `tie_word_embeddings=false` unties *everything*,
   including the encoder/decoder embeddings that `share_encoder_decoder_embeddings`
   would otherwise tie. We therefore take each matrix from the tensor that module
@@ -414,15 +415,18 @@ def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     cfg = dataclasses.replace(
         cfg, share_embeddings=_same(enc, dec) and cfg.src_vocab_size == cfg.tgt_vocab_size,
         tie_output=_same(out, dec))
-    expected = _expected_shapes(cfg)
     sd: dict[str, Tensor | None] = {"src_embed.weight": enc, "tgt_embed.weight": dec,
                                     "output.weight": out}
     bias = take("final_logits_bias")
-    if bias is None:  # transformers loads a missing bias as zeros
-        bias = torch.zeros(cfg.tgt_vocab_size)
-    elif bias.dim() == 2 and bias.shape[0] == 1:
+    if bias is not None and bias.dim() == 2 and bias.shape[0] == 1:
         bias = bias[0]  # stored (1, V)
-    sd["final_logits_bias"] = bias
+    # transformers loads a missing bias as zeros, and OPUS-MT's are all zeros: adding
+    # them is a pass over (N, V) logits every decoder step that changes nothing.
+    if bias is None or (bias.is_floating_point() and not bool(bias.any())):
+        cfg = dataclasses.replace(cfg, final_logits_bias=False)
+    else:
+        sd["final_logits_bias"] = bias
+    expected = _expected_shapes(cfg)
     tied_name = " = ".join(present or group)  # names the tie group in messages
     hf_names = {"src_embed.weight": tied_name if share_cfg and tie_cfg else enc_name,
                 "tgt_embed.weight": tied_name if tie_cfg else dec_name,

@@ -105,6 +105,19 @@ def test_safetensors_parity(case: str, tmp_path: Path) -> None:
     assert cfg.tgt_vocab_size == hf.config.decoder_vocab_size
 
 
+def test_all_zero_final_logits_bias_is_dropped(tmp_path: Path) -> None:
+    """OPUS-MT's final_logits_bias is all zeros: the model gets none (no pass over the
+    logits every step) and its logits still match transformers'."""
+    hf = hf_model(seed=5)
+    with torch.no_grad():
+        hf.final_logits_bias.zero_()
+    hf.save_pretrained(tmp_path)
+    assert_parity(hf, tmp_path)
+    cfg, state = convert_marian(tmp_path)
+    assert not cfg.final_logits_bias and "final_logits_bias" not in state
+    assert load_marian(tmp_path).final_logits_bias is None
+
+
 def test_ties_follow_the_stored_tensors(tmp_path: Path) -> None:
     hf = hf_model(**CASES["separate_vocab_gelu"])
     hf.save_pretrained(tmp_path)
