@@ -23,14 +23,21 @@ from .package import (
     DECODER_FILE,
     ENCODER_FILE,
     ENCODER_INPUTS,
+    GRAPH_FILES,
     MANIFEST,
+    MOVE_FILE,
     REORDER_FILE,
+    SELECT_FILE,
+    SELECT_INPUTS,
+    SELECT_OUTPUTS,
     Manifest,
     Spec,
     decoder_inputs,
     decoder_outputs,
     encoder_outputs,
     load_package,
+    move_inputs,
+    move_outputs,
     reorder_inputs,
     reorder_outputs,
     sha256_file,
@@ -104,9 +111,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     import onnx
     import torch
 
-    from .onnx_graphs import export_graphs, tie_output_projection, write_reorder_graph
+    from .onnx_graphs import export_graphs, tie_output_projection, write_cache_graphs
     from .quantize import quantize_int8
-    from .verify import check_reorder, compare
+    from .verify import check_cache_graphs, compare
 
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     problems: list[str] = []
@@ -136,7 +143,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         steps.update()
 
         steps.set_postfix_str("checking graphs")
-        for graph in (ENCODER_FILE, DECODER_FILE, REORDER_FILE):
+        for graph in GRAPH_FILES:
             onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
         (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
                                         encoding="utf-8")
@@ -172,11 +179,11 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                 quantize_int8(fp32_dir / graph, tmp / graph)
             else:
                 _convert_fp16(fp32_dir / graph, tmp / graph)
-        # The reorder graph moves the decoder's cache as it is: fp16 caches in fp16.
+        # The reorder and move graphs take the decoder's cache as it is: fp16 in fp16.
         cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
-        write_reorder_graph(tmp / REORDER_FILE, model.cfg.decoder_layers, cache_dtype, opset)
+        write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset)
         try:
-            check_reorder(tmp / REORDER_FILE, tmp / DECODER_FILE)
+            check_cache_graphs(tmp)
         except ValueError as e:
             raise ExportError(f"verification failed: {e}") from None
         deviation = fp32
@@ -197,7 +204,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         cfg = model.cfg
         layers = cfg.decoder_layers
         dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE),
-                  **_graph_dtypes(tmp / REORDER_FILE)}
+                  **_graph_dtypes(tmp / REORDER_FILE), **_graph_dtypes(tmp / MOVE_FILE),
+                  **_graph_dtypes(tmp / SELECT_FILE)}
         suppress = sorted({cfg.pad_id, cfg.decoder_start_id} - {cfg.eos_id})
         manifest = Manifest(
             name=name or source.name,
@@ -228,6 +236,12 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                 "reorder": {"file": REORDER_FILE, "opset": opset,
                             "inputs": _with_dtypes(reorder_inputs(layers), dtypes),
                             "outputs": _with_dtypes(reorder_outputs(layers), dtypes)},
+                "move": {"file": MOVE_FILE, "opset": opset,
+                         "inputs": _with_dtypes(move_inputs(layers), dtypes),
+                         "outputs": _with_dtypes(move_outputs(layers), dtypes)},
+                "select": {"file": SELECT_FILE, "opset": opset,
+                           "inputs": _with_dtypes(SELECT_INPUTS, dtypes),
+                           "outputs": _with_dtypes(SELECT_OUTPUTS, dtypes)},
             },
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),

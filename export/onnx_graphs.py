@@ -1,5 +1,6 @@
 """Trace `encode()` and `decode_step()` into the package's encoder and decoder
-graphs; write the reorder graph (one Gather per cache tensor) directly."""
+graphs; write the small cache and selection graphs (reorder, move, select)
+directly."""
 
 from __future__ import annotations
 
@@ -18,11 +19,17 @@ from .package import (
     DECODER_FILE,
     ENCODER_FILE,
     ENCODER_INPUTS,
+    MOVE_FILE,
     REORDER_FILE,
+    SELECT_FILE,
+    SELECT_INPUTS,
+    SELECT_OUTPUTS,
     Spec,
     decoder_inputs,
     decoder_outputs,
     encoder_outputs,
+    move_inputs,
+    move_outputs,
     reorder_inputs,
     reorder_outputs,
 )
@@ -121,28 +128,53 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
             output_names=[n for n, _, _ in dec_outputs],
             dynamic_axes={**_dynamic_axes(dec_inputs), **_dynamic_axes(dec_outputs)},
         )
-    write_reorder_graph(out_dir, layers, opset=opset)
+    write_cache_graphs(out_dir, layers, opset=opset)
 
 
-def write_reorder_graph(path: Path, layers: int, cache_dtype: str = "float32",
-                        opset: int = DEFAULT_OPSET) -> None:
-    """reorder.onnx (`path`, or REORDER_FILE in the directory `path`):
-    Seq2SeqTransformer.reorder_cache, one Gather along the rows per cache
-    tensor, for caches of `cache_dtype` ("float32" or "float16")."""
+def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
+                       opset: int = DEFAULT_OPSET) -> None:
+    """reorder.onnx, move.onnx and select.onnx into the directory `path`, for
+    caches of `cache_dtype` ("float32" or "float16"):
+
+    - reorder: Seq2SeqTransformer.reorder_cache, one Gather along the rows per
+      cache tensor (any number of rows in and out: rows joining, leaving);
+    - move: the rows `moved_rows` of each cache tensor replaced by the rows
+      `moved_from` (a Gather of those rows, then a ScatterND into the cache),
+      which the runner binds to the cache's own buffers on CPU, so a beam
+      search step copies the rows that moved rather than the whole cache;
+    - select: TopK along the vocabulary, each row's best k log-probs and ids,
+      sorted, ties to the lower id.
+    """
     elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16}[cache_dtype]
+    types = {"int64": onnx.TensorProto.INT64, "float32": onnx.TensorProto.FLOAT}
 
     def info(spec: Spec) -> list[onnx.ValueInfoProto]:
-        return [helper.make_tensor_value_info(name, onnx.TensorProto.INT64 if dtype == "int64"
-                                              else elem, shape) for name, dtype, shape in spec]
+        return [helper.make_tensor_value_info(name, types.get(dtype, elem), shape)
+                for name, dtype, shape in spec]
+
+    def save(nodes: list[onnx.NodeProto], name: str, inputs: Spec, outputs: Spec,
+             file: str) -> None:
+        graph = helper.make_graph(nodes, name, info(inputs), info(outputs))
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                                  producer_name="seq2serve")
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path / file))
 
     inputs, outputs = reorder_inputs(layers), reorder_outputs(layers)
-    nodes = [helper.make_node("Gather", [src, "beam_origin"], [dst], axis=0)
-             for (src, _, _), (dst, _, _) in zip(inputs[:-1], outputs, strict=True)]
-    graph = helper.make_graph(nodes, "reorder_cache", info(inputs), info(outputs))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="seq2serve")
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path / REORDER_FILE) if path.is_dir() else str(path))
+    save([helper.make_node("Gather", [src, "beam_origin"], [dst], axis=0)
+          for (src, _, _), (dst, _, _) in zip(inputs[:-1], outputs, strict=True)],
+         "reorder_cache", inputs, outputs, REORDER_FILE)
+
+    inputs, outputs = move_inputs(layers), move_outputs(layers)
+    nodes = []
+    for (src, _, _), (dst, _, _) in zip(inputs[:-2], outputs, strict=True):
+        nodes += [helper.make_node("Gather", [src, "moved_from"], [f"{dst}/rows"], axis=0),
+                  helper.make_node("ScatterND", [src, "moved_rows", f"{dst}/rows"], [dst])]
+    save(nodes, "move_cache_rows", inputs, outputs, MOVE_FILE)
+
+    save([helper.make_node("TopK", ["log_probs", "k"], ["top_log_probs", "top_ids"], axis=-1,
+                           largest=1, sorted=1)],
+         "select", SELECT_INPUTS, SELECT_OUTPUTS, SELECT_FILE)
 
 
 def tie_output_projection(path: Path) -> bool:

@@ -1,9 +1,9 @@
 """The model package: what `export` writes and what `serve` loads.
 
 One directory per model: `manifest.json`, `encoder.onnx`, `decoder.onnx`,
-`reorder.onnx` and the tokenizer files. The manifest records the sha256 of every other file;
-`load_package` refuses a package whose files do not match, naming the file.
-This module needs neither torch nor onnxruntime.
+`reorder.onnx`, `move.onnx`, `select.onnx` and the tokenizer files. The
+manifest records the sha256 of every other file; `load_package` refuses a
+package whose files do not match, naming the file. This module needs neither torch nor onnxruntime.
 """
 
 from __future__ import annotations
@@ -25,13 +25,20 @@ from typing import Any
 # rows joined; format 3 copied the whole cache twice per step.
 # 5: the new slot is written with a ScatterND (ScatterElements in format 4),
 # which ONNX Runtime runs in place without copying the cache when its output
-# is bound to its input's buffer. The server reads format 5 only: re-export
+# is bound to its input's buffer.
+# 6: a move graph rewrites only the cache rows that moved (beam search), in
+# place (a Gather of those rows, then a ScatterND into the cache), where the
+# reorder graph copied every row; and a select graph (TopK) picks each row's
+# best log-probs for beam search. The server reads format 6 only: re-export
 # older packages (`seq2serve export` reads every checkpoint format it read before).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 REORDER_FILE = "reorder.onnx"
+MOVE_FILE = "move.onnx"
+SELECT_FILE = "select.onnx"
+GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, MOVE_FILE, SELECT_FILE)
 
 Spec = list[tuple[str, str, list[str]]]
 
@@ -79,6 +86,24 @@ def reorder_inputs(layers: int) -> Spec:
 def reorder_outputs(layers: int) -> Spec:
     return [*per_layer("reordered_self_k", "float", ["N", "H", "T", "Dh"], layers),
             *per_layer("reordered_self_v", "float", ["N", "H", "T", "Dh"], layers)]
+
+
+def move_inputs(layers: int) -> Spec:
+    """The cache (N rows), the rows to rewrite (M, 1) and the row each copies (M,)."""
+    return [*per_layer("self_k", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("self_v", "float", ["N", "H", "T", "Dh"], layers),
+            ("moved_rows", "int64", ["M", 1]),
+            ("moved_from", "int64", ["M"])]
+
+
+def move_outputs(layers: int) -> Spec:
+    return [*per_layer("moved_self_k", "float", ["N", "H", "T", "Dh"], layers),
+            *per_layer("moved_self_v", "float", ["N", "H", "T", "Dh"], layers)]
+
+
+SELECT_INPUTS: Spec = [("log_probs", "float32", ["N", "V"]), ("k", "int64", [1])]
+SELECT_OUTPUTS: Spec = [("top_log_probs", "float32", ["N", "K"]),
+                        ("top_ids", "int64", ["N", "K"])]
 
 
 class PackageError(ValueError):
@@ -149,6 +174,14 @@ class ModelPackage:
     def reorder_path(self) -> Path:
         return self.path / REORDER_FILE
 
+    @property
+    def move_path(self) -> Path:
+        return self.path / MOVE_FILE
+
+    @property
+    def select_path(self) -> Path:
+        return self.path / SELECT_FILE
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -182,7 +215,7 @@ def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
             tokenizer_files.append(data["tokenizer"][key])
         else:
             problems.append(f"{MANIFEST}: tokenizer.{key} must name a file")
-    for required in (ENCODER_FILE, DECODER_FILE, REORDER_FILE, *tokenizer_files):
+    for required in (*GRAPH_FILES, *tokenizer_files):
         if required not in files:
             problems.append(f"{MANIFEST}: 'files' does not list {required}")
     for name, expected in sorted(files.items()):

@@ -13,7 +13,14 @@ import torch
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 from .onnx_graphs import sample_inputs
-from .package import ENCODER_INPUTS, decoder_inputs
+from .package import (
+    DECODER_FILE,
+    ENCODER_INPUTS,
+    MOVE_FILE,
+    REORDER_FILE,
+    SELECT_FILE,
+    decoder_inputs,
+)
 
 
 @dataclass
@@ -206,23 +213,41 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     )
 
 
-def check_reorder(reorder_path: Path, decoder_path: Path) -> None:
-    """The reorder graph must take and give the decoder's cache tensors (names,
-    dtype) and pick rows exactly: rows moved, repeated and dropped, against numpy."""
-    reorder, decoder = cpu_session(reorder_path), cpu_session(decoder_path)
+def check_cache_graphs(package_dir: Path) -> None:
+    """The reorder and move graphs must take and give the decoder's cache tensors
+    (names, dtype) and move rows exactly, against numpy: reorder picks rows (moved,
+    repeated, dropped); move rewrites the named rows and keeps the rest, a cycle
+    included (rows read before any is written). The select graph must give each
+    row's top k, as a sort does."""
+    decoder = cpu_session(package_dir / DECODER_FILE)
     cache = {i.name: i.type for i in decoder.get_inputs() if i.name.startswith("self_")}
-    inputs = {i.name: i.type for i in reorder.get_inputs()}
-    wrong = {n: (t, inputs.get(n)) for n, t in cache.items() if inputs.get(n) != t}
-    if wrong or len(inputs) != len(cache) + 1:
-        raise ValueError(f"reorder graph does not match the decoder's cache inputs: {wrong}")
     rng = np.random.default_rng(0)
     values = {n: rng.standard_normal((5, 2, 3, 4)).astype(_NP_TYPES[t])
               for n, t in cache.items()}
     origin = np.array([3, 3, 0, 4], dtype=np.int64)
-    outputs = reorder.run(None, {**values, "beam_origin": origin})
-    for out, name in zip(outputs, [o.name for o in reorder.get_outputs()], strict=True):
-        if not np.array_equal(out, values[name.removeprefix("reordered_")][origin]):
-            raise ValueError(f"reorder graph output {name} does not pick the rows")
+    moved = np.array([0, 1, 2], dtype=np.int64)
+    moved_from = np.array([2, 0, 1], dtype=np.int64)  # a cycle: 0 <- 2 <- 1 <- 0
+    for file, prefix, extra, expect in (
+            (REORDER_FILE, "reordered_", {"beam_origin": origin}, lambda v: v[origin]),
+            (MOVE_FILE, "moved_", {"moved_rows": moved[:, None], "moved_from": moved_from},
+             lambda v: np.concatenate([v[moved_from], v[3:]]))):
+        graph = cpu_session(package_dir / file)
+        inputs = {i.name: i.type for i in graph.get_inputs()}
+        wrong = {n: (t, inputs.get(n)) for n, t in cache.items() if inputs.get(n) != t}
+        if wrong or len(inputs) != len(cache) + len(extra):
+            raise ValueError(f"{file} does not match the decoder's cache inputs: {wrong}")
+        outputs = graph.run(None, {**values, **extra})
+        for out, name in zip(outputs, [o.name for o in graph.get_outputs()], strict=True):
+            if not np.array_equal(out, expect(values[name.removeprefix(prefix)])):
+                raise ValueError(f"{file} output {name} does not move the rows")
+    log_probs = rng.standard_normal((3, 50)).astype(np.float32)
+    log_probs[1, :5] = -np.inf
+    top, ids = cpu_session(package_dir / SELECT_FILE).run(
+        None, {"log_probs": log_probs, "k": np.array([7], dtype=np.int64)})
+    order = np.argsort(-log_probs, axis=1, kind="stable")[:, :7]
+    if not (np.array_equal(ids, order)
+            and np.array_equal(top, np.take_along_axis(log_probs, order, axis=1))):
+        raise ValueError(f"{SELECT_FILE} does not select each row's best log-probs")
 
 
 def check_fp16(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,

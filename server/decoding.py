@@ -33,7 +33,7 @@ Matching Hugging Face transformers (5.x, `generation/utils.py`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -190,6 +190,11 @@ def top_k(x: np.ndarray, k: int, group: int = 64) -> tuple[np.ndarray, np.ndarra
     return np.take_along_axis(vals, order, axis=1), np.take_along_axis(cols, order, axis=1)
 
 
+# Each row's k best values, sorted descending, and their columns: `top_k`, or the
+# runner's TopK graph.
+Select = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
 # -- greedy and sampling -----------------------------------------------------------------
 
 def greedy_tokens(log_probs: np.ndarray) -> np.ndarray:
@@ -344,7 +349,7 @@ class BeamStep:
 
 def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, generated: int,
               params: BeamParams, rules: Sequence[StopRule],
-              alignment: np.ndarray | None = None) -> BeamStep:
+              alignment: np.ndarray | None = None, select: Select = top_k) -> BeamStep:
     """One step of beam search for B sources at once.
 
     log_probs (B*K_in, V) processed; K_in is 1 on the first step (every beam of a
@@ -352,6 +357,7 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
     history (B*K_in, generated + 1). `generated` counts tokens before this step.
     alignment (B*K_in, generated + 1), optional: per row, the source position of
     each generated token, this step's included; finished hypotheses keep theirs.
+    `select` ranks the (N, V) log-probs (`top_k`'s contract).
     """
     sources, beams = state.running.shape
     rows, vocab = log_probs.shape
@@ -359,7 +365,7 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
     width = 2 * beams  # enough that K beams survive even if K candidates end
     # A source's best 2K candidates over K_in*V lie among each row's best 2K; adding
     # the row's running score after the per-row selection keeps the (N, V) work small.
-    row_vals, row_tokens = top_k(log_probs, width)  # (N, 2K)
+    row_vals, row_tokens = select(log_probs, width)  # (N, 2K)
     acc = (row_vals + state.running[:, :k_in].reshape(rows, 1)).reshape(sources, -1)
     values, flat = top_k(acc, width)  # (B, 2K) sorted descending
     beam = flat // row_vals.shape[1]  # (B, 2K) beam index within the source

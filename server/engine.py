@@ -159,7 +159,7 @@ class Engine:
     def strategy(self, beams: int) -> SearchStrategy:
         if beams == 1:
             return GreedySearch(self.special, self.stop_rules)
-        return BeamSearch(self.special, self.stop_rules, beams)
+        return BeamSearch(self.special, self.stop_rules, beams, select=self.runner.top_k)
 
     def start_batch(self, beams: int) -> RunningBatch:
         return RunningBatch(self, beams)

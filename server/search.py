@@ -19,12 +19,14 @@ from .decoding import (
     BeamParams,
     BeamState,
     Processing,
+    Select,
     StopRule,
     beam_step,
     greedy_tokens,
     process_log_probs,
     sample_tokens,
     stops,
+    top_k,
     warp_for_sampling,
 )
 
@@ -148,11 +150,14 @@ class GreedySearch(SearchStrategy):
 
 class BeamSearch(SearchStrategy):
     """K rows per source (beam_step in decoding.py); never streams, as a beam has
-    no stable prefix."""
+    no stable prefix. `select` ranks each row's log-probs (the runner's TopK
+    graph; numpy's `top_k` by default)."""
 
-    def __init__(self, special: Special, rules: Sequence[StopRule], beams: int):
+    def __init__(self, special: Special, rules: Sequence[StopRule], beams: int,
+                 select: Select = top_k):
         super().__init__(special, rules)
         self.beams = beams
+        self.select = select
 
     def start(self, requests: Sequence[Request]) -> DecodeState:
         state = super().start(requests)
@@ -169,7 +174,7 @@ class BeamSearch(SearchStrategy):
         assert state.beam is not None and state.beam_params is not None
         alignment = self._process(state, log_probs, aligned)
         result = beam_step(state.beam, log_probs, state.history, state.generated,
-                           state.beam_params, self.rules, alignment)
+                           state.beam_params, self.rules, alignment, self.select)
         origin = result.origin
         return replace(
             state, generated=state.generated + 1, tokens=result.tokens, origin=origin,

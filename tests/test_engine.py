@@ -20,9 +20,16 @@ import torch
 import transformers
 from conftest import CORPUS
 
+from seq2serve.server.decoding import top_k
 from seq2serve.server.engine import Engine, Result
 from seq2serve.server.options import DecodingOptions, InvalidOptions
-from seq2serve.server.runner import EncoderState, RunnerConfig, padded_width, physical_cores
+from seq2serve.server.runner import (
+    DecoderCache,
+    EncoderState,
+    RunnerConfig,
+    padded_width,
+    physical_cores,
+)
 from seq2serve.server.source_slots import COMPACT_WHEN, SourceSlots
 
 MAX_NEW = 40
@@ -449,3 +456,31 @@ def test_cache_is_written_in_place_on_cpu(engine: Engine, sources: list[list[int
             runner.in_place = True
         assert [[(h.token_ids, h.score) for h in r] for r in in_place] == \
             [[(h.token_ids, h.score) for h in r] for r in fresh]
+
+
+def test_moving_rows_in_place_equals_gathering_them(engine: Engine) -> None:
+    """Beam search's reorder with the same rows in and out rewrites only the rows
+    that moved, in the cache's own buffers (the move graph), and gives what a
+    gather of every row gives: repeated origins, a cycle, rows kept."""
+    runner = engine.runner
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((6, runner.heads, 16, runner.head_dim)).astype(np.float32)
+              for _ in range(2 * runner.layers)]
+    cache = DecoderCache(tuple(map(runner.to_device, arrays[:runner.layers])),
+                         tuple(map(runner.to_device, arrays[runner.layers:])))
+    pointers = [v.data_ptr() for v in (*cache.self_k, *cache.self_v)]
+    arrays = [a.copy() for a in arrays]  # on CPU the OrtValues share the arrays' memory
+    origin = np.array([2, 0, 1, 3, 3, 3])  # 0 <- 2 <- 1 <- 0, row 3 kept and copied twice
+    moved = runner.reorder_cache(cache, origin)
+    assert [v.data_ptr() for v in (*moved.self_k, *moved.self_v)] == pointers
+    for value, array in zip((*moved.self_k, *moved.self_v), arrays, strict=True):
+        assert np.array_equal(value.numpy(), array[origin])
+
+
+def test_select_graph_ranks_like_numpy(engine: Engine) -> None:
+    rng = np.random.default_rng(1)
+    log_probs = rng.standard_normal((5, engine.runner.vocab_size)).astype(np.float32)
+    log_probs[:, 3] = -np.inf  # suppressed tokens
+    values, ids = engine.runner.top_k(log_probs, 8)
+    ref_values, ref_ids = top_k(log_probs, 8)
+    assert np.array_equal(values, ref_values) and np.array_equal(ids, ref_ids)

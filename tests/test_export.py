@@ -19,7 +19,7 @@ from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
 from seq2serve.export.tokenizer import PackageTokenizer
-from seq2serve.export.verify import check_reorder, cpu_session, ort_greedy
+from seq2serve.export.verify import check_cache_graphs, cpu_session, ort_greedy
 
 MAX_NEW = 24
 
@@ -144,14 +144,33 @@ def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
                 and any(i in caches for i in n.input)]
 
 
-def test_reorder_graph_picks_cache_rows(marian_package: Path) -> None:
-    """The reorder graph moves rows of the decoder's own cache tensors (names and
-    dtypes), repeated and dropped rows included, exactly."""
-    check_reorder(marian_package / "reorder.onnx", marian_package / "decoder.onnx")
+def test_cache_graphs_move_cache_rows(marian_package: Path) -> None:
+    """The reorder and move graphs take the decoder's own cache tensors (names and
+    dtypes) and move rows exactly (repeated, dropped, a cycle in place); the select
+    graph ranks like a sort."""
+    check_cache_graphs(marian_package)
     manifest = load_package(marian_package).manifest
     cache = [i for i in manifest.graphs["decoder"]["inputs"] if i["name"].startswith("self_")]
     assert manifest.graphs["reorder"]["inputs"][:-1] == [{**i, "shape": ["M", *i["shape"][1:]]}
                                                          for i in cache]
+    assert manifest.graphs["move"]["inputs"][:-2] == cache
+    # Each cache tensor is read by one Gather (of the moved rows) and one ScatterND,
+    # whose output the runner binds to the input: the rest of the cache is not copied.
+    graph = onnx.load(str(marian_package / "move.onnx")).graph
+    for entry in cache:
+        readers = sorted(n.op_type for n in graph.node if entry["name"] in n.input)
+        assert readers == ["Gather", "ScatterND"]
+
+
+def test_cache_graph_check_finds_a_wrong_graph(marian_package: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "package"
+    shutil.copytree(marian_package, broken)
+    model = onnx.load(str(broken / "select.onnx"))
+    [topk] = model.graph.node
+    topk.attribute[[a.name for a in topk.attribute].index("largest")].i = 0
+    onnx.save(model, str(broken / "select.onnx"))
+    with pytest.raises(ValueError, match="select.onnx"):
+        check_cache_graphs(broken)
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
@@ -173,8 +192,8 @@ def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision:
 
 def test_package_manifest_and_hashes(marian_package: Path) -> None:
     manifest = json.loads((marian_package / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "reorder.onnx",
-                                      "source.spm", "target.spm", "vocab.json"}
+    assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "reorder.onnx", "move.onnx",
+                                      "select.onnx", "source.spm", "target.spm", "vocab.json"}
     assert manifest["graphs"]["decoder"]["inputs"][0]["name"] == "tokens"
     assert manifest["exporter"]["fp32_deviation"]["greedy_equal"] is True
     assert manifest["exporter"]["fp32_deviation"]["alignment_equal"] is True
