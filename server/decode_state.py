@@ -1,15 +1,17 @@
-"""The decode state: plain per-row and per-source arrays of sources that started together.
+"""The decode state: plain per-row and per-source arrays of a running batch's sources.
 
-A running batch (engine.py) holds a few of these, one per admission step, and
-runs all their rows in one decoder call; each keeps its own step count, so
-the history-based processors and beam search see exactly the arrays they
-would see if the state ran alone. `filter(keep)` drops sources (finished,
-cancelled), `concatenate(other)` merges two states at the same step (TGI's
-Batch.filter/concatenate). The cache and the cross K/V are the batch's, not a
-state's: they live with the runner as device tensors.
+A running batch (engine.py) holds one of these for all its live sources, which
+may be at different steps: `generated` is per source, and each row's history
+(and alignment) is left-aligned and padded on the right, so the history-based
+processors and beam search see, row by row, exactly what they would see if the
+source ran alone. `filter(keep)` drops sources (finished, cancelled),
+`concatenate(other)` appends newly admitted ones (TGI's
+Batch.filter/concatenate). The cache and the cross K/V are the batch's, not
+the state's: they live with the runner as device tensors.
 
 Shapes: B sources, K rows per source (the batch's beam width, 1 for greedy
-and sampling), N = B*K rows, g = `generated` tokens so far.
+and sampling), N = B*K rows, g (B,) tokens generated so far, W the history's
+width (1 + the largest g).
 """
 
 from __future__ import annotations
@@ -119,20 +121,23 @@ class Sampler:
 
 @dataclass(frozen=True)
 class DecodeState:
-    """Sources that started together, at step `generated`.
+    """Live sources of one beam width, each at its own step.
 
     origin (N,) is, per row, the row (of this state's rows in the previous
-    decoder call) it continues; None before the first call. alignment (N, g)
-    is kept only when some source asked for it.
+    decoder call) it continues; None before the first call, and meaningless for
+    sources admitted since (the engine knows them: they have no previous row).
+    history (N, W): row r's start token and generated tokens in columns
+    0..g[r], then `fill` (a suppressed token, so penalties never see it).
+    alignment (N, W - 1), padded alike, is kept only when some source asked for it.
     """
 
     requests: tuple[Request, ...]  # (B,)
     beams: int
-    generated: int
+    generated: np.ndarray  # (B,) int64
     tokens: np.ndarray  # (N,) each row's next input token
     origin: np.ndarray | None
-    history: np.ndarray  # (N, g + 1), decoder start token first
-    alignment: np.ndarray | None  # (N, g)
+    history: np.ndarray  # (N, W), decoder start token first
+    alignment: np.ndarray | None  # (N, W - 1)
     scores: np.ndarray  # (N,) greedy/sampling: sum of processed log-probs
     max_new: np.ndarray  # (B,)
     streaming: np.ndarray  # (B,) bool: the source has an on_token callback
@@ -140,6 +145,7 @@ class DecodeState:
     sampler: Sampler | None  # K = 1 states
     beam: BeamState | None  # K > 1 states
     beam_params: BeamParams | None
+    fill: int  # history padding
 
     @property
     def sources(self) -> int:
@@ -149,6 +155,10 @@ class DecodeState:
     def rows(self) -> int:
         return int(self.tokens.shape[0])
 
+    def row_generated(self) -> np.ndarray:
+        """Tokens generated so far, per row (N,)."""
+        return np.repeat(self.generated, self.beams)
+
     def row_processing(self) -> Processing:
         """Processing parameters per row (N,)."""
         return self.processing.rows(np.repeat(np.arange(self.sources), self.beams))
@@ -157,14 +167,37 @@ class DecodeState:
         """The rows of the given sources, in order."""
         return (sources[:, None] * self.beams + np.arange(self.beams)).reshape(-1)
 
+    def with_tokens(self, history: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """history (N, W), this state's or a reordering of it (the caller's own
+        array: it may be written), with each row's new token after its last one."""
+        at = self.row_generated() + 1
+        if self.rows and int(at.max()) >= history.shape[1]:
+            history = _pad_last(history, int(at.max()) + 1, self.fill)
+        history[np.arange(self.rows), at] = tokens
+        return history
+
+    def with_aligned(self, aligned: np.ndarray) -> np.ndarray | None:
+        """The alignment with this step's source position (N,) per row after the
+        row's own (a new array); None when no source asked for alignment."""
+        if self.alignment is None:
+            return None
+        at = self.row_generated()
+        alignment = _pad_last(self.alignment, max(self.alignment.shape[1],
+                                                  int(at.max()) + 1 if self.rows else 0))
+        alignment = alignment.copy() if alignment is self.alignment else alignment
+        alignment[np.arange(self.rows), at] = aligned
+        return alignment
+
     def filter(self, keep: np.ndarray) -> DecodeState:
-        """Only the sources `keep` (indices into this state's sources)."""
+        """Only the sources `keep` (indices into this state's sources), in that order."""
         rows = self.rows_of(keep)
+        generated = self.generated[keep]
+        width = int(generated.max()) + 1 if generated.size else 1
         return replace(
-            self, requests=tuple(self.requests[int(i)] for i in keep),
+            self, requests=tuple(self.requests[int(i)] for i in keep), generated=generated,
             tokens=self.tokens[rows], origin=None if self.origin is None else self.origin[rows],
-            history=self.history[rows],
-            alignment=None if self.alignment is None else self.alignment[rows],
+            history=self.history[rows, :width],
+            alignment=None if self.alignment is None else self.alignment[rows, :width - 1],
             scores=self.scores[rows], max_new=self.max_new[keep],
             streaming=self.streaming[keep], processing=self.processing.rows(keep),
             sampler=None if self.sampler is None else self.sampler.sources(keep),
@@ -172,27 +205,32 @@ class DecodeState:
             beam_params=None if self.beam_params is None else self.beam_params.sources(keep))
 
     def concatenate(self, other: DecodeState) -> DecodeState:
-        """This state's sources, then other's: both at the same step and beam width.
-        Origins of the two refer to different calls' rows, so only states that
-        have not run yet (origin None) can be merged."""
-        if (other.generated, other.beams) != (self.generated, self.beams):
-            raise ValueError(f"cannot concatenate a state at step {other.generated} with "
-                             f"beam {other.beams} to one at step {self.generated} with "
-                             f"beam {self.beams}")
-        if self.origin is not None or other.origin is not None:
-            raise ValueError("only states that have not run a step can be concatenated")
+        """This state's sources, then other's, at any steps; same beam width. The
+        result's origin is this state's (other's rows have none to continue)."""
+        if other.beams != self.beams:
+            raise ValueError(f"cannot concatenate a beam {other.beams} state to a beam "
+                             f"{self.beams} state")
+        width = max(self.history.shape[1], other.history.shape[1])
 
         def cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             return np.concatenate([a, b])
 
         alignment = None
         if self.alignment is not None or other.alignment is not None:
-            alignment = cat(*(s.alignment if s.alignment is not None
-                              else np.zeros((s.rows, s.generated), dtype=np.int64)
+            alignment = cat(*(_pad_last(s.alignment, width - 1) if s.alignment is not None
+                              else np.zeros((s.rows, width - 1), dtype=np.int64)
                               for s in (self, other)))
+        origin = None
+        if self.origin is not None or other.origin is not None:
+            origin = cat(*(s.origin if s.origin is not None
+                           else np.arange(s.rows, dtype=np.int64) for s in (self, other)))
         return replace(
-            self, requests=self.requests + other.requests, tokens=cat(self.tokens, other.tokens),
-            history=cat(self.history, other.history), alignment=alignment,
+            self, requests=self.requests + other.requests,
+            generated=cat(self.generated, other.generated), tokens=cat(self.tokens, other.tokens),
+            origin=origin,
+            history=cat(_pad_last(self.history, width, self.fill),
+                        _pad_last(other.history, width, self.fill)),
+            alignment=alignment,
             scores=cat(self.scores, other.scores), max_new=cat(self.max_new, other.max_new),
             streaming=cat(self.streaming, other.streaming),
             processing=replace(
@@ -202,18 +240,22 @@ class DecodeState:
                                        other.processing.repetition_penalty),
                 no_repeat_ngram_size=cat(self.processing.no_repeat_ngram_size,
                                          other.processing.no_repeat_ngram_size)),
-            sampler=(self.sampler.concatenate(other.sampler)
-                     if self.sampler is not None and other.sampler is not None else None),
+            sampler=None if self.sampler is None and other.sampler is None
+            else self._sampler().concatenate(other._sampler()),
             beam=(self.beam.concatenate(other.beam)
                   if self.beam is not None and other.beam is not None else None),
             beam_params=(self.beam_params.concatenate(other.beam_params)
                          if self.beam_params is not None and other.beam_params is not None
                          else None))
 
+    def _sampler(self) -> Sampler:
+        """The sampler, or (a state with no sampling source has none) a greedy one."""
+        return self.sampler or Sampler.of([r.options for r in self.requests])
 
-def _pad_last(array: np.ndarray, width: int) -> np.ndarray:
+
+def _pad_last(array: np.ndarray, width: int, fill: int = 0) -> np.ndarray:
     extra = width - array.shape[-1]
     if extra == 0:
         return array
     spec = [(0, 0)] * (array.ndim - 1) + [(0, extra)]
-    return np.pad(array, spec)
+    return np.pad(array, spec, constant_values=fill)

@@ -52,9 +52,11 @@ def suppress_tokens(log_probs: np.ndarray, token_ids: Sequence[int]) -> np.ndarr
     return log_probs
 
 
-def ban_eos_before_min_length(log_probs: np.ndarray, eos_id: int, generated: int,
-                              min_length: np.ndarray) -> np.ndarray:
-    """min_length (N,) new tokens: EOS is impossible while fewer were generated."""
+def ban_eos_before_min_length(log_probs: np.ndarray, eos_id: int,
+                              generated: np.ndarray | int, min_length: np.ndarray
+                              ) -> np.ndarray:
+    """min_length (N,) new tokens: EOS is impossible while fewer were generated
+    (generated: per row, or for all rows)."""
     log_probs[generated < min_length, eos_id] = NEG_INF
     return log_probs
 
@@ -76,21 +78,29 @@ def apply_repetition_penalty(log_probs: np.ndarray, history: np.ndarray,
 
 
 def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
-                          ngram_size: np.ndarray) -> np.ndarray:
+                          ngram_size: np.ndarray, lengths: np.ndarray | None = None
+                          ) -> np.ndarray:
     """No n-gram occurs twice in a row's history (start token included, as in HF):
-    a token that would complete an n-gram seen before is banned. ngram_size (N,), 0 = off."""
-    length = history.shape[1]
+    a token that would complete an n-gram seen before is banned. ngram_size (N,),
+    0 = off; lengths (N,) how many of a row's history columns are its own
+    (default: all)."""
+    if lengths is None:
+        lengths = np.full(history.shape[0], history.shape[1])
     for n in np.unique(ngram_size):
         n = int(n)
-        if n <= 0 or length < n:  # no complete n-gram yet
+        if n <= 0:
             continue
-        rows = np.flatnonzero(ngram_size == n)
-        hist = history[rows]  # (R, T)
-        windows = np.lib.stride_tricks.sliding_window_view(hist, n, axis=1)  # (R, T-n+1, n)
-        tail = hist[:, length - n + 1:]  # (R, n-1): the prefix the next token would extend
-        match = (windows[:, :, : n - 1] == tail[:, None, :]).all(axis=2)  # (R, T-n+1)
-        r, w = np.nonzero(match)
-        log_probs[rows[r], windows[r, w, n - 1]] = NEG_INF
+        for length in np.unique(lengths[ngram_size == n]):
+            length = int(length)
+            if length < n:  # no complete n-gram yet
+                continue
+            rows = np.flatnonzero((ngram_size == n) & (lengths == length))
+            hist = history[rows, :length]  # (R, T)
+            windows = np.lib.stride_tricks.sliding_window_view(hist, n, axis=1)  # (R, T-n+1, n)
+            tail = hist[:, length - n + 1:]  # (R, n-1): the prefix the next token would extend
+            match = (windows[:, :, : n - 1] == tail[:, None, :]).all(axis=2)  # (R, T-n+1)
+            r, w = np.nonzero(match)
+            log_probs[rows[r], windows[r, w, n - 1]] = NEG_INF
     return log_probs
 
 
@@ -111,12 +121,15 @@ class Processing:
                        no_repeat_ngram_size=self.no_repeat_ngram_size[index])
 
 
-def process_log_probs(log_probs: np.ndarray, history: np.ndarray, generated: int,
-                      p: Processing) -> np.ndarray:
+def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
+                      generated: np.ndarray | int, p: Processing) -> np.ndarray:
     """Every processor, in HF's order (repetition penalty, n-grams, min length,
-    suppression). Only the penalty changes values; the rest set -inf."""
+    suppression). Only the penalty changes values; the rest set -inf.
+    generated: per row (N,) or for all rows; row r's history is its first
+    generated[r] + 1 columns (padding after them is a suppressed token)."""
     apply_repetition_penalty(log_probs, history, p.repetition_penalty)
-    block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size)
+    lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
+    block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)
     return suppress_tokens(log_probs, p.suppress)
 
@@ -125,9 +138,11 @@ def process_log_probs(log_probs: np.ndarray, history: np.ndarray, generated: int
 
 class StopRule:
     """Whether a candidate ends its hypothesis. tokens (any shape) are the candidates
-    of this step, `generated` counts tokens including them, limit broadcasts to tokens."""
+    of this step, `generated` counts tokens including them; generated and limit
+    broadcast to tokens."""
 
-    def __call__(self, tokens: np.ndarray, generated: int, limit: np.ndarray) -> np.ndarray:
+    def __call__(self, tokens: np.ndarray, generated: np.ndarray | int,
+                 limit: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -135,18 +150,20 @@ class StopRule:
 class EosStop(StopRule):
     eos_id: int
 
-    def __call__(self, tokens: np.ndarray, generated: int, limit: np.ndarray) -> np.ndarray:
+    def __call__(self, tokens: np.ndarray, generated: np.ndarray | int,
+                 limit: np.ndarray) -> np.ndarray:
         return tokens == self.eos_id
 
 
 class LengthStop(StopRule):
     """The per-source limit on generated tokens is reached."""
 
-    def __call__(self, tokens: np.ndarray, generated: int, limit: np.ndarray) -> np.ndarray:
+    def __call__(self, tokens: np.ndarray, generated: np.ndarray | int,
+                 limit: np.ndarray) -> np.ndarray:
         return np.broadcast_to(generated >= limit, tokens.shape)
 
 
-def stops(rules: Sequence[StopRule], tokens: np.ndarray, generated: int,
+def stops(rules: Sequence[StopRule], tokens: np.ndarray, generated: np.ndarray | int,
           limit: np.ndarray) -> np.ndarray:
     out = np.zeros(tokens.shape, dtype=bool)
     for rule in rules:
@@ -347,16 +364,18 @@ class BeamStep:
     done: np.ndarray  # (B,) sources whose finished set can no longer change
 
 
-def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, generated: int,
-              params: BeamParams, rules: Sequence[StopRule],
+def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray,
+              generated: np.ndarray | int, params: BeamParams, rules: Sequence[StopRule],
               alignment: np.ndarray | None = None, select: Select = top_k) -> BeamStep:
-    """One step of beam search for B sources at once.
+    """One step of beam search for B sources at once, each at its own step.
 
     log_probs (B*K_in, V) processed; K_in is 1 on the first step (every beam of a
     source would be the same; HF gives copies -1e9 instead) and K afterwards.
-    history (B*K_in, generated + 1). `generated` counts tokens before this step.
-    alignment (B*K_in, generated + 1), optional: per row, the source position of
-    each generated token, this step's included; finished hypotheses keep theirs.
+    `generated` (B,) or one for all counts each source's tokens before this step.
+    history (B*K_in, W): row r's start token and tokens in its first
+    generated + 1 columns (padding after them). alignment (B*K_in, W), optional:
+    per row, the source position of each generated token, this step's included
+    (at column `generated`); finished hypotheses keep theirs.
     `select` ranks the (N, V) log-probs (`top_k`'s contract).
     """
     sources, beams = state.running.shape
@@ -370,8 +389,8 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
     values, flat = top_k(acc, width)  # (B, 2K) sorted descending
     beam = flat // row_vals.shape[1]  # (B, 2K) beam index within the source
     tokens = np.take_along_axis(row_tokens.reshape(sources, -1), flat, axis=1)
-    new_len = generated + 1
-    hits = stops(rules, tokens, new_len, params.max_new[:, None])  # (B, 2K)
+    new_len = np.broadcast_to(np.asarray(generated, dtype=np.int64) + 1, (sources,))
+    hits = stops(rules, tokens, new_len[:, None], params.max_new[:, None])  # (B, 2K)
 
     # Live beams: the best K candidates that did not stop (a stable sort keeps order).
     live = np.argsort(hits, axis=1, kind="stable")[:, :beams]  # (B, K)
@@ -404,7 +423,7 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray, gene
 
 
 def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, tokens: np.ndarray,
-                    history: np.ndarray, just_finished: np.ndarray, new_len: int,
+                    history: np.ndarray, just_finished: np.ndarray, new_len: np.ndarray,
                     params: BeamParams, k_in: int, alignment: np.ndarray | None) -> BeamState:
     """HF's `_update_finished_beams`: candidates normalised by length, impossible
     ones pushed to -1e9, then the best K of old and new kept."""
@@ -418,18 +437,24 @@ def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, toke
 
     width = state.finished_tokens.shape[2]
     rows = (np.arange(sources)[:, None] * k_in + beam).reshape(-1)
-    cand_tokens = np.zeros((sources * 2 * beams, width), dtype=np.int64)
-    cand_tokens[:, : new_len - 1] = history[rows, 1:]  # drop the start token
-    cand_tokens[:, new_len - 1] = tokens.reshape(-1)
+    cand_len = np.repeat(new_len, 2 * beams)  # (B*2K,)
+    candidates = np.arange(rows.size)
+    cand_tokens = np.zeros((rows.size, width), dtype=np.int64)
+    # Each row's tokens (the start token dropped); what a shorter row holds past its
+    # own length is overwritten by its new token or lies past its length.
+    kept = min(history.shape[1] - 1, width)
+    cand_tokens[:, :kept] = history[rows, 1:kept + 1]
+    cand_tokens[candidates, cand_len - 1] = tokens.reshape(-1)
     cand_tokens = cand_tokens.reshape(sources, 2 * beams, width)
     merged_tokens = np.concatenate([state.finished_tokens, cand_tokens], axis=1)
     merged_lengths = np.concatenate(
-        [state.finished_lengths, np.full((sources, 2 * beams), new_len)], axis=1)
+        [state.finished_lengths, np.broadcast_to(new_len[:, None], (sources, 2 * beams))],
+        axis=1)
     merged_flags = np.concatenate([state.finished, just_finished], axis=1)
     cand_alignment = np.zeros_like(cand_tokens)
     if alignment is not None:
-        cand_alignment[:, :, :new_len] = alignment[rows, :new_len].reshape(sources, 2 * beams,
-                                                                           new_len)
+        kept = min(alignment.shape[1], width)
+        cand_alignment[:, :, :kept] = alignment[rows, :kept].reshape(sources, 2 * beams, kept)
     merged_alignment = np.concatenate([state.finished_alignment, cand_alignment], axis=1)
     return replace(
         state,

@@ -210,21 +210,22 @@ class Engine:
 
 @dataclass(frozen=True)
 class _Placed:
-    """A decode state and where its sources' rows are: `slots` in the next
-    decoder call, `prev` in the last one (None before its first call; they
-    differ only after a compaction)."""
+    """The decode state and where its sources' rows are: `slots` in the next
+    decoder call, `prev` in the last one (-1 for sources that have not run;
+    they differ only after a compaction)."""
 
     state: DecodeState
     slots: np.ndarray  # (B,)
-    prev: np.ndarray | None
+    prev: np.ndarray  # (B,)
 
     def only(self, keep: np.ndarray) -> _Placed:
         state = self.state.filter(keep) if keep.size < self.state.sources else self.state
-        return _Placed(state, self.slots[keep], None if self.prev is None else self.prev[keep])
+        return _Placed(state, self.slots[keep], self.prev[keep])
 
 
 class RunningBatch:
-    """Live sources of one beam width, at possibly different steps. Each source
+    """Live sources of one beam width, at possibly different steps, in one decode
+    state (one search step per decoder call, whoever joined when). Each source
     owns a slot of the cross K/V (source_slots.py) and the K decoder rows
     slot*K .. slot*K+K-1; rows of holes run idle until a newcomer fills them."""
 
@@ -233,7 +234,7 @@ class RunningBatch:
         self.runner = engine.runner
         self.beams = beams
         self.search = engine.strategy(beams)
-        self.placed: list[_Placed] = []  # one per admission step
+        self.placed: _Placed | None = None
         self.slots = SourceSlots(self.runner.to_device)
         self.cache: DecoderCache | None = None
         self.steps = 0
@@ -242,17 +243,18 @@ class RunningBatch:
 
     @property
     def sources(self) -> int:
-        return sum(p.state.sources for p in self.placed)
+        return self.placed.state.sources if self.placed is not None else 0
 
     @property
     def rows(self) -> int:
-        return sum(p.state.rows for p in self.placed)
+        return self.placed.state.rows if self.placed is not None else 0
 
     @property
     def longest_reach(self) -> int:
         """The cache length the live rows may reach (their limits, in whole blocks)."""
-        reach = [int(p.state.max_new.max()) for p in self.placed if p.state.sources]
-        return padded_width(max(reach), CACHE_BLOCK) if reach else 0
+        if self.placed is None or not self.placed.state.sources:
+            return 0
+        return padded_width(int(self.placed.state.max_new.max()), CACHE_BLOCK)
 
     # -- admission ---------------------------------------------------------------------
 
@@ -277,12 +279,16 @@ class RunningBatch:
         enc = self.runner.encode(src_ids, src_mask)
         state = self.search.start(requests)
         slots = self.slots.place(enc)
-        if self.placed and self.placed[-1].prev is None:  # admitted twice before a step
-            last = self.placed[-1]
-            self.placed[-1] = _Placed(last.state.concatenate(state),
-                                      np.concatenate([last.slots, slots]), None)
-        else:
-            self.placed.append(_Placed(state, slots, None))
+        placed = _Placed(state, slots, np.full(slots.size, -1, dtype=np.int64))
+        if self.placed is not None:
+            last = self.placed
+            placed = _Placed(last.state.concatenate(state), np.concatenate([last.slots, slots]),
+                             np.concatenate([last.prev, placed.prev]))
+        # Sources in slot order: their rows are then mostly one slice of the log-probs.
+        order = np.argsort(placed.slots, kind="stable")
+        if not bool(np.all(order == np.arange(order.size))):
+            placed = _Placed(placed.state.filter(order), placed.slots[order], placed.prev[order])
+        self.placed = placed
         return time.perf_counter() - start
 
     # -- one step ----------------------------------------------------------------------
@@ -290,12 +296,13 @@ class RunningBatch:
     def step(self) -> StepOutcome:
         finished: list[tuple[Hashable, Result]] = []
         self._drop_cancelled(finished)
-        if not self.placed:
+        if self.placed is None:
             self._reset()
             return StepOutcome(finished, None)
         if self.slots.should_compact():
             moved = self.slots.compact()
-            self.placed = [_Placed(p.state, moved[p.slots], p.prev) for p in self.placed]
+            p = self.placed
+            self.placed = _Placed(p.state, moved[p.slots], p.prev)
         t0 = time.perf_counter()
         beams = self.beams
         rows = self.slots.used * beams
@@ -307,16 +314,18 @@ class RunningBatch:
         positions = np.zeros(rows, dtype=np.int64)
         origin = np.arange(rows, dtype=np.int64)
         origin[before:] = 0
-        where = []
-        for p in self.placed:
-            at = _rows(p.slots, beams)
-            tokens[at] = p.state.tokens
-            positions[at] = p.state.generated
-            if p.prev is not None and p.state.origin is not None:
-                # A row continues a row of its own source (beam search reorders
-                # within a source), which sat in the source's previous slot.
-                origin[at] = np.repeat(p.prev, beams) * beams + p.state.origin % beams
-            where.append(at)
+        p = self.placed
+        state = p.state
+        at = _rows(p.slots, beams)
+        tokens[at] = state.tokens
+        positions[at] = state.row_generated()
+        ran = np.flatnonzero(p.prev >= 0)
+        if ran.size and state.origin is not None:
+            # A row continues a row of its own source (beam search reorders
+            # within a source), which sat in the source's previous slot.
+            ran_rows = state.rows_of(ran)
+            origin[_rows(p.slots[ran], beams)] = \
+                np.repeat(p.prev[ran], beams) * beams + state.origin[ran_rows] % beams
         if self.cache is None:
             cache = self.runner.empty_cache(rows)
         elif before == rows and bool(np.all(origin == np.arange(rows))):
@@ -328,51 +337,40 @@ class RunningBatch:
         t1 = time.perf_counter()
         length = self.cache.length
         sources = self.sources
-        placed: list[_Placed] = []
-        left: list[np.ndarray] = []
-        for p, at in zip(self.placed, where, strict=True):
-            state, done = self.search.step(p.state, log_probs[at], aligned[at])
-            for i in np.flatnonzero(done):
-                finished.append((state.requests[i].key,
-                                 Result(self.search.finish(state, int(i)))))
-            left.append(p.slots[done])
-            keep = np.flatnonzero(~done)
-            if keep.size:
-                placed.append(_Placed(state, p.slots, p.slots).only(keep))
-        self._adopt(placed, left)
+        state, done = self.search.step(state, log_probs[at], aligned[at])
+        for i in np.flatnonzero(done):
+            finished.append((state.requests[i].key, Result(self.search.finish(state, int(i)))))
+        keep = np.flatnonzero(~done)
+        self._adopt(_Placed(state, p.slots, p.slots).only(keep) if keep.size else None,
+                    p.slots[done])
         stats = StepStats(self.steps, sources, rows, length, t1 - t0, time.perf_counter() - t1)
         self.steps += 1
         return StepOutcome(finished, stats)
 
     def _drop_cancelled(self, finished: list[tuple[Hashable, Result]]) -> None:
         """Cancellation is checked at step boundaries, where a source leaves for free."""
-        placed: list[_Placed] = []
-        left: list[np.ndarray] = []
-        for p in self.placed:
-            gone = np.array([r.cancelled is not None and bool(r.cancelled())
-                             for r in p.state.requests], dtype=bool)
-            if not gone.any():
-                placed.append(p)
-                continue
-            for i in np.flatnonzero(gone):
-                finished.append((p.state.requests[i].key, Result(cancelled=True)))
-            left.append(p.slots[gone])
-            keep = np.flatnonzero(~gone)
-            if keep.size:
-                placed.append(p.only(keep))
-        if left:
-            self._adopt(placed, left)
+        p = self.placed
+        if p is None:
+            return
+        gone = np.array([r.cancelled is not None and bool(r.cancelled())
+                         for r in p.state.requests], dtype=bool)
+        if not gone.any():
+            return
+        for i in np.flatnonzero(gone):
+            finished.append((p.state.requests[i].key, Result(cancelled=True)))
+        keep = np.flatnonzero(~gone)
+        self._adopt(p.only(keep) if keep.size else None, p.slots[gone])
 
-    def _adopt(self, placed: list[_Placed], left: list[np.ndarray]) -> None:
+    def _adopt(self, placed: _Placed | None, left: np.ndarray) -> None:
         self.placed = placed
-        if not placed:
+        if placed is None:
             self._reset()
-        elif left:
-            self.slots.release(np.concatenate(left))
+        elif left.size:
+            self.slots.release(left)
 
     def _reset(self) -> None:
         """Nothing live: the next admission starts a fresh cache and fresh slots."""
-        self.placed = []
+        self.placed = None
         self.slots.reset()
         self.cache = None
 

@@ -62,7 +62,8 @@ class SearchStrategy:
         tokens = np.full(rows, self.special.start, dtype=np.int64)
         aligned = any(o.return_alignment for o in opts)
         return DecodeState(
-            requests=tuple(requests), beams=self.beams, generated=0, tokens=tokens,
+            requests=tuple(requests), beams=self.beams,
+            generated=np.zeros(len(requests), dtype=np.int64), tokens=tokens,
             origin=None, history=tokens[:, None].copy(),
             alignment=np.zeros((rows, 0), dtype=np.int64) if aligned else None,
             scores=np.zeros(rows, dtype=np.float64),
@@ -73,7 +74,10 @@ class SearchStrategy:
                 np.array([o.min_length for o in opts], dtype=np.int64),
                 np.array([o.repetition_penalty for o in opts], dtype=np.float32),
                 np.array([o.no_repeat_ngram_size for o in opts], dtype=np.int64)),
-            sampler=None, beam=None, beam_params=None)
+            sampler=None, beam=None, beam_params=None,
+            # History padding: the start token, which every history holds already,
+            # so the repetition penalty (once per token) cannot tell it is there.
+            fill=self.special.start)
 
     def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
              ) -> tuple[DecodeState, np.ndarray]:
@@ -85,12 +89,9 @@ class SearchStrategy:
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         raise NotImplementedError
 
-    def _process(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
-                 ) -> np.ndarray | None:
-        process_log_probs(log_probs, state.history, state.generated, state.row_processing())
-        if state.alignment is None:
-            return None
-        return np.concatenate([state.alignment, aligned[:, None]], axis=1)  # (N, g + 1)
+    def _process(self, state: DecodeState, log_probs: np.ndarray) -> None:
+        process_log_probs(log_probs, state.history, state.row_generated(),
+                          state.row_processing())
 
     def _hypotheses(self, state: DecodeState, source: int,
                     found: Sequence[tuple[np.ndarray, float]],
@@ -123,7 +124,7 @@ class GreedySearch(SearchStrategy):
 
     def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
              ) -> tuple[DecodeState, np.ndarray]:
-        alignment = self._process(state, log_probs, aligned)
+        self._process(state, log_probs)
         tokens = greedy_tokens(log_probs)
         sampler = state.sampler
         if sampler is not None:
@@ -131,20 +132,23 @@ class GreedySearch(SearchStrategy):
             if rows.size:
                 warped = warp_for_sampling(log_probs[rows], sampler.temperature[rows],
                                            sampler.top_k[rows], sampler.top_p[rows])
-                tokens[rows] = sample_tokens(warped, sampler.uniforms[rows, state.generated])
+                tokens[rows] = sample_tokens(warped,
+                                             sampler.uniforms[rows, state.generated[rows]])
         scores = state.scores + log_probs[np.arange(state.rows), tokens]
+        history = state.with_tokens(state.history.copy(), tokens)
+        alignment = state.with_aligned(aligned)
         generated = state.generated + 1
         done = stops(self.rules, tokens, generated, state.max_new)
         for source in np.flatnonzero(state.streaming):  # the streaming sources only
             state.requests[source].on_token(int(tokens[source]))  # type: ignore[misc]
         return replace(state, generated=generated, tokens=tokens,
-                       origin=np.arange(state.rows, dtype=np.int64),
-                       history=np.concatenate([state.history, tokens[:, None]], axis=1),
+                       origin=np.arange(state.rows, dtype=np.int64), history=history,
                        alignment=alignment, scores=scores), done
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
-        alignment = None if state.alignment is None else state.alignment[source]
-        return self._hypotheses(state, source, [(state.history[source, 1:],
+        end = int(state.generated[source]) + 1
+        alignment = None if state.alignment is None else state.alignment[source, :end - 1]
+        return self._hypotheses(state, source, [(state.history[source, 1:end],
                                                  float(state.scores[source]))], [alignment])
 
 
@@ -172,14 +176,15 @@ class BeamSearch(SearchStrategy):
     def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
              ) -> tuple[DecodeState, np.ndarray]:
         assert state.beam is not None and state.beam_params is not None
-        alignment = self._process(state, log_probs, aligned)
+        self._process(state, log_probs)
+        alignment = state.with_aligned(aligned)  # the finished need this step's too
         result = beam_step(state.beam, log_probs, state.history, state.generated,
                            state.beam_params, self.rules, alignment, self.select)
         origin = result.origin
+        history = state.with_tokens(state.history[origin], result.tokens)
         return replace(
             state, generated=state.generated + 1, tokens=result.tokens, origin=origin,
-            history=np.concatenate([state.history[origin], result.tokens[:, None]], axis=1),
-            alignment=None if alignment is None else alignment[origin],
+            history=history, alignment=None if alignment is None else alignment[origin],
             beam=result.state), result.done
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:

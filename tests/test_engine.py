@@ -321,8 +321,9 @@ def key(result: Result) -> list[tuple[list[int], float | None, list[int] | None]
     return [(h.token_ids, h.score, h.alignment) for h in result]
 
 
-@pytest.mark.parametrize("case", ["greedy", "beam4_nbest3_length_penalty_0.6",
-                                  "no_repeat_ngram_3"])
+@pytest.mark.parametrize("case", ["greedy", "greedy_ngram_min_length",
+                                  "beam4_nbest3_length_penalty_0.6", "no_repeat_ngram_3",
+                                  "repetition_penalty", "min_length"])
 def test_joining_mid_batch_equals_alone_and_hf(case: str, engine: Engine, hf: tuple[Any, Any],
                                                batch: dict[str, torch.Tensor],
                                                sources: list[list[int]]) -> None:
@@ -389,6 +390,31 @@ def test_decode_state_concatenate_and_filter(engine: Engine, sources: list[list[
     assert np.array_equal(back.tokens, b.tokens) and np.array_equal(back.max_new, b.max_new)
     with pytest.raises(ValueError, match="beam"):
         a.concatenate(engine.strategy(1).start([engine.request(0, sources[0], options)]))
+
+
+def test_decode_state_holds_sources_at_different_steps(engine: Engine,
+                                                       sources: list[list[int]]) -> None:
+    """One state for sources that joined at different steps: each row's history is
+    its own, padded with the start token after it, and trimmed when the longest
+    leaves; a sampling source keeps sampling next to greedy ones."""
+    greedy = engine.resolve(DecodingOptions(beam_size=1, max_length=MAX_NEW))
+    sampling = engine.resolve(DecodingOptions(beam_size=1, max_length=MAX_NEW,
+                                              sampling_temperature=1.0, seed=7))
+    search = engine.strategy(1)
+    a = search.start([engine.request(0, sources[0], greedy)])
+    vocab = engine.runner.vocab_size
+    for _ in range(3):
+        a, _ = search.step(a, np.zeros((1, vocab), np.float32), np.zeros(1, np.int64))
+    b = search.start([engine.request(1, sources[1], sampling)])
+    both = a.concatenate(b)
+    start = engine.special.start
+    assert both.generated.tolist() == [3, 0]
+    assert both.history.shape == (2, 4) and both.history[1].tolist() == [start] * 4
+    assert both.sampler is not None and both.sampler.sampling.tolist() == [False, True]
+    step, _ = search.step(both, np.zeros((2, vocab), np.float32), np.zeros(2, np.int64))
+    assert step.generated.tolist() == [4, 1] and step.history.shape == (2, 5)
+    assert step.history[1, 2:].tolist() == [start] * 3  # its one token, then padding
+    assert step.filter(np.array([1])).history.shape == (1, 2)
 
 
 def test_source_slots_fill_holes_and_compact(engine: Engine, sources: list[list[int]]) -> None:
