@@ -127,7 +127,9 @@ class DecodeState:
     decoder call) it continues; None before the first call, and meaningless for
     sources admitted since (the engine knows them: they have no previous row).
     history (N, W): row r's start token and generated tokens in columns
-    0..g[r], then `fill` (a suppressed token, so penalties never see it).
+    0..g[r], then `fill`: the start token, which column 0 holds already, so the
+    repetition penalty (once per distinct token) is the same with it or without;
+    n-gram blocking reads only a row's own columns.
     alignment (N, W - 1), padded alike, is kept only when some source asked for it.
     """
 

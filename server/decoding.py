@@ -126,7 +126,8 @@ def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
     """Every processor, in HF's order (repetition penalty, n-grams, min length,
     suppression). Only the penalty changes values; the rest set -inf.
     generated: per row (N,) or for all rows; row r's history is its first
-    generated[r] + 1 columns (padding after them is a suppressed token)."""
+    generated[r] + 1 columns, then padding with a token already in the history
+    (the start token), which the penalty counts once anyway."""
     apply_repetition_penalty(log_probs, history, p.repetition_penalty)
     lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
     block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)

@@ -510,3 +510,32 @@ def test_select_graph_ranks_like_numpy(engine: Engine) -> None:
     values, ids = engine.runner.top_k(log_probs, 8)
     ref_values, ref_ids = top_k(log_probs, 8)
     assert np.array_equal(values, ref_values) and np.array_equal(ids, ref_ids)
+
+
+def test_beams_continue_their_rows_across_a_compaction(engine: Engine,
+                                                       sources: list[list[int]]) -> None:
+    """Beam search whose batch compacts (the first sources cancelled, the rest moved
+    down) while a newcomer with other options joins: every source still gets
+    exactly what it gets alone."""
+    plain = engine.resolve(DecodingOptions(beam_size=4, max_length=MAX_NEW, return_scores=True))
+    aligned = engine.resolve(DecodingOptions(beam_size=4, max_length=MAX_NEW, return_scores=True,
+                                             return_alignment=True, length_penalty=0.6))
+    alone = {i: key(engine.generate([s], plain)[0]) for i, s in enumerate(sources)}
+    newcomer = key(engine.generate([sources[0]], aligned)[0])
+    gone = set(range(len(sources) // 2 + 1))
+    batch = engine.start_batch(4)
+    batch.admit([engine.request(i, s, plain, cancelled=lambda i=i: i in gone and batch.steps >= 2)
+                 for i, s in enumerate(sources)])
+    compactions = []
+    compact = batch.slots.compact
+    batch.slots.compact = lambda: compactions.append(batch.steps) or compact()  # type: ignore
+    results: dict[Any, Result] = {}
+    while batch.rows:
+        results.update(batch.step().finished)  # type: ignore[arg-type]
+        if batch.steps == 3:
+            batch.admit([engine.request("new", sources[0], aligned)])
+    assert compactions and compactions[0] <= 3  # before the newcomer's first step
+    assert all(results[i].cancelled for i in gone)
+    assert {i: key(results[i]) for i in range(len(sources)) if i not in gone} == \
+        {i: r for i, r in alone.items() if i not in gone}
+    assert key(results["new"]) == newcomer
