@@ -9,18 +9,19 @@ Two ways in:
   finished, as values (StepOutcome).
 
 A running batch has one beam width K (the decoder graph groups the K rows of
-a source for cross-attention). It holds one DecodeState per admission step,
-the shared self-attention cache and the cross K/V of every live source, one
-slot per source. Rows
-of different states are at different steps; the decoder graph (package
-format 3) writes each row's step at its own cache slot and masks the rest,
-so a row's floats do not depend on the step it joined at or its neighbours.
+a source for cross-attention). It holds one DecodeState for all its live
+sources, each at its own step (one search step per decoder call, whoever
+joined when), the shared self-attention cache and the cross K/V of every live
+source, one slot per source. The decoder graph writes each row's step at its
+own cache slot and masks the rest, so a row's floats do not depend on the step
+it joined at or its neighbours.
 
 A source leaves as soon as its result is fixed (EOS, length limit, the beam
 early-stop rule, or cancellation): its cross K/V slot and its rows become a
-hole for the next newcomer (source_slots.py), so leaving copies nothing. The
-cache is reordered (one copy) only when rows moved: beam search every step,
-greedy and sampling only when the batch grows past its rows or compacts.
+hole for the next newcomer (source_slots.py), so leaving copies nothing. Cache
+rows move only when rows moved: beam search every step (only the moved rows,
+in place on CPU), greedy and sampling only when the batch grows past its rows
+or compacts.
 
 An Engine runs one batch at a time (the runner reuses its buffers between
 steps); the model's worker thread is its caller.
