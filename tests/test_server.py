@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import threading
 import time
 import urllib.request
@@ -318,6 +319,17 @@ def test_drain_goes_not_serving_refuses_new_calls_and_finishes_in_flight(
         time.sleep(0.01)
     assert running.call(status("seq2serve.v1.Translator")) == (
         health_pb2.HealthCheckResponse.NOT_SERVING)
+    # Then the listener closes. (A call sent in the moment between, on the open
+    # connection, may still be cancelled by gRPC's own shutdown, before any handler
+    # saw it: CANCELLED, not UNAVAILABLE. So wait until new connections are refused.)
+    host, port = running.target.rsplit(":", 1)
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+        except ConnectionRefusedError:
+            break
+        assert time.monotonic() < deadline, "the listener did not close"
+        time.sleep(0.01)
     with pytest.raises(grpc.RpcError) as err:  # a new call during the drain
         stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
