@@ -249,6 +249,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             # Cancelled or failed, the gather's exception must count as seen, or asyncio
             # logs "exception was never retrieved" for every cancelled stream.
             waiter.add_done_callback(_retrieve)
+            getter: asyncio.Future | None = None
             try:
                 while True:
                     getter = asyncio.ensure_future(queue.get())
@@ -271,6 +272,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             except (SchedulerCancelled, Draining) as e:
                 raise _dropped(e, rpc) from None
             finally:
+                # Cancelled mid-wait (the client left): the pending queue read would
+                # otherwise be destroyed pending, which asyncio logs as an error.
+                if getter is not None and not getter.done():
+                    getter.cancel()
                 if not waiter.done():
                     rpc.cancel()
                     waiter.cancel()
