@@ -169,12 +169,16 @@ class DecodeState:
         """The rows of the given sources, in order."""
         return (sources[:, None] * self.beams + np.arange(self.beams)).reshape(-1)
 
-    def with_tokens(self, history: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """history (N, W), this state's or a reordering of it (the caller's own
-        array: it may be written), with each row's new token after its last one."""
+    def with_tokens(self, tokens: np.ndarray, origin: np.ndarray | None = None) -> np.ndarray:
+        """A new history: this state's rows (reordered by `origin`, rows of one
+        source among themselves) with each row's new token after its last one.
+        One allocation: the reordering, the widening or a copy."""
         at = self.row_generated() + 1
+        history = self.history if origin is None else self.history[origin]
         if self.rows and int(at.max()) >= history.shape[1]:
             history = _pad_last(history, int(at.max()) + 1, self.fill)
+        elif origin is None:
+            history = history.copy()
         history[np.arange(self.rows), at] = tokens
         return history
 

@@ -84,23 +84,23 @@ def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
     a token that would complete an n-gram seen before is banned. ngram_size (N,),
     0 = off; lengths (N,) how many of a row's history columns are its own
     (default: all)."""
+    rows_all, width = history.shape
     if lengths is None:
-        lengths = np.full(history.shape[0], history.shape[1])
+        lengths = np.full(rows_all, width)
     for n in np.unique(ngram_size):
         n = int(n)
-        if n <= 0:
+        if n <= 0 or width < n:  # off, or no row has a complete n-gram yet
             continue
-        for length in np.unique(lengths[ngram_size == n]):
-            length = int(length)
-            if length < n:  # no complete n-gram yet
-                continue
-            rows = np.flatnonzero((ngram_size == n) & (lengths == length))
-            hist = history[rows, :length]  # (R, T)
-            windows = np.lib.stride_tricks.sliding_window_view(hist, n, axis=1)  # (R, T-n+1, n)
-            tail = hist[:, length - n + 1:]  # (R, n-1): the prefix the next token would extend
-            match = (windows[:, :, : n - 1] == tail[:, None, :]).all(axis=2)  # (R, T-n+1)
-            r, w = np.nonzero(match)
-            log_probs[rows[r], windows[r, w, n - 1]] = NEG_INF
+        rows = np.flatnonzero(ngram_size == n)
+        hist, length = history[rows], lengths[rows]  # (R, W), (R,)
+        windows = np.lib.stride_tricks.sliding_window_view(hist, n, axis=1)  # (R, W-n+1, n)
+        # The prefix the next token would extend: each row's own last n-1 tokens.
+        tail_at = np.maximum(length[:, None] - (n - 1) + np.arange(n - 1), 0)
+        tail = np.take_along_axis(hist, tail_at, axis=1)  # (R, n-1)
+        inside = np.arange(windows.shape[1])[None, :] + n <= length[:, None]  # row's own
+        match = (windows[:, :, : n - 1] == tail[:, None, :]).all(axis=2) & inside
+        r, w = np.nonzero(match)
+        log_probs[rows[r], windows[r, w, n - 1]] = NEG_INF
     return log_probs
 
 

@@ -135,7 +135,7 @@ class GreedySearch(SearchStrategy):
                 tokens[rows] = sample_tokens(warped,
                                              sampler.uniforms[rows, state.generated[rows]])
         scores = state.scores + log_probs[np.arange(state.rows), tokens]
-        history = state.with_tokens(state.history.copy(), tokens)
+        history = state.with_tokens(tokens)
         alignment = state.with_aligned(aligned)
         generated = state.generated + 1
         done = stops(self.rules, tokens, generated, state.max_new)
@@ -181,7 +181,7 @@ class BeamSearch(SearchStrategy):
         result = beam_step(state.beam, log_probs, state.history, state.generated,
                            state.beam_params, self.rules, alignment, self.select)
         origin = result.origin
-        history = state.with_tokens(state.history[origin], result.tokens)
+        history = state.with_tokens(result.tokens, origin)
         return replace(
             state, generated=state.generated + 1, tokens=result.tokens, origin=origin,
             history=history, alignment=None if alignment is None else alignment[origin],

@@ -91,6 +91,17 @@ def test_no_repeat_ngram_by_hand_and_as_hf() -> None:
     mixed = block_repeated_ngrams(np.zeros((2, 6), np.float32), np.array([[5, 1, 2, 3, 1, 2]] * 2),
                                   np.array([3, 0]))
     assert np.isneginf(mixed[0, 3]) and not np.isneginf(mixed[1]).any()
+    # rows of different lengths, padded after their own tokens: each as HF on its own prefix
+    lengths = np.array([12, 7, 3, 1, 9])
+    padded = np.where(np.arange(12) < lengths[:, None], history, 0)
+    for n in (1, 2, 3):
+        scores = rng.standard_normal((5, 4)).astype(np.float32)
+        ours = block_repeated_ngrams(scores.copy(), padded, np.full(5, n), lengths)
+        for row, length in enumerate(lengths):
+            ref = hf.NoRepeatNGramLogitsProcessor(n)(
+                torch.from_numpy(history[row:row + 1, :length]),
+                torch.from_numpy(scores[row:row + 1].copy()))
+            np.testing.assert_array_equal(ours[row], ref.numpy()[0])
 
 
 def test_process_log_probs_applies_all() -> None:
