@@ -204,6 +204,18 @@ async def one_request(stub: pb_grpc.TranslatorStub, target: Target, text: str,
     return Outcome(latency, latency if first is None else first, tokens)
 
 
+def pick_model(listed: pb.ListModelsResponse) -> str:
+    """en-de when the server has it (the shipped default), else its only translation
+    model; several others need --model."""
+    names = [m.name for m in listed.models if m.task == "translate"]
+    if "en-de" in names:
+        return "en-de"
+    if len(names) != 1:
+        raise SystemExit(f"--model: the server has {len(names)} translation models "
+                         f"({', '.join(names)}); name one")
+    return names[0]
+
+
 def scrape(url: str) -> tuple[float, float]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return histogram_totals(response.read().decode(), ROWS_METRIC)
@@ -294,6 +306,7 @@ async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
     records = []
     async with grpc.aio.insecure_channel(grpc_target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
+        model = model or pick_model(await stub.ListModels(pb.ListModelsRequest()))
         for beam in plan.beams:
             target = Target(model, texts, pb.DecodingOptions(
                 beam_size=beam, max_length=plan.max_length, return_token_ids=True))
@@ -338,7 +351,8 @@ def _numbers(text: str, kind: type) -> list:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models-dir", type=Path, help="default: the shipped models/")
-    parser.add_argument("--model", default="", help="model name (default: the only "
+    parser.add_argument("--model", default="",
+                        help="model name (default: en-de when served, else the only "
                         "translation model)")
     parser.add_argument("--texts", type=Path, required=True, help="one source text per line")
     parser.add_argument("--modes", default="iteration,request,off",

@@ -111,17 +111,22 @@ class ServerConfig:
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
     threads: int = field(default_factory=default_threads, metadata=_meta(
-        "ONNX Runtime intra-op threads per model (0 = physical cores, as the runner "
-        "counts them)", "N"))
+        "ONNX Runtime intra-op threads per model, shared out among its engines (0 = "
+        "physical cores, as the runner counts them)", "N"))
+    engines: int = field(default=0, metadata=_meta(
+        "engines per model: each runs its own batches on its own ONNX Runtime sessions, "
+        "in parallel, from the model's one queue; 0 = auto: on CPU one per thread of "
+        "--threads up to 4, on CUDA 1", "N"))
     max_batch_size: int = field(default=32, metadata=_meta(
         "most source texts in one batch (1 turns batching off)", "N"))
     max_batch_tokens: int = field(default=8192, metadata=_meta(
         "most padded source tokens x beam width in one batch", "N"))
     max_queue_delay_ms: float = field(default=5.0, metadata=_meta(
         "longest wait for more work after the oldest queued text arrived", "MS"))
-    # Off by default: measured on 2 CPU cores (docs/benchmarks.md), the running
-    # batch's per-step compactions of the cross K/V cost more than joining gains at
-    # saturation (0.5-0.6x request-level throughput), though greedy TTFT is 3-7x lower.
+    # Off by default: measured on 2 CPU cores (docs/benchmarks.md, "Streaming with one
+    # loop wake-up"), iteration-level serves 0.82-0.85x request-level's beam-4
+    # throughput at saturation (the shipped models' default decoding) with a higher
+    # p99, though greedy time to first token is 3-10x lower.
     max_running_rows: int = field(default=0, metadata=_meta(
         "iteration-level batching: most decoder rows (texts x beam width) in the running "
         "batch, which queued texts join at every decoder step while they fit (e.g. 256); "
@@ -167,6 +172,7 @@ class ServerConfig:
         if self.provider not in PROVIDERS:
             out.append(f"provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
         _int_in(out, "threads", self.threads, 0, 1024, "0 = physical cores")
+        _int_in(out, "engines", self.engines, 0, 64, "0 = auto")
         _int_in(out, "max_running_rows", self.max_running_rows, 0, None,
                 "0 = request-level batching")
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",

@@ -30,7 +30,7 @@ from .engine import Engine
 from .errors import InvalidArgument, NotFound, Unavailable, echo
 from .metrics import Metrics
 from .options import DecodingOptions, InvalidOptions
-from .runner import RunnerConfig
+from .runner import CUDA, RunnerConfig, choose_provider, physical_cores
 from .scheduler import Scheduler
 from .worker import ModelWorker
 
@@ -46,18 +46,40 @@ def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
                             pad_id=m.special_tokens["pad"])
 
 
+# On 2 CPU cores, two engines with one intra-op thread each decode 1.76x (beam 4)
+# to 1.95x (greedy) the tokens/s of one engine with two threads (docs/benchmarks.md):
+# ONNX Runtime splits few of a small model's kernels well across threads. Past a few
+# engines each is one more copy of the sessions for a smaller share of the queue.
+MAX_AUTO_ENGINES = 4
+
+
+def engine_layout(threads: int, engines: int, provider: str) -> tuple[int, int]:
+    """(engines, intra-op threads per engine) for one model: `threads` (0 = the
+    physical cores) shared out among `engines` (0 = auto: one per thread up to
+    MAX_AUTO_ENGINES on CPU; one on CUDA, where a second session only splits the
+    same device)."""
+    total = threads or physical_cores()
+    if engines == 0:
+        engines = 1 if provider == CUDA else min(total, MAX_AUTO_ENGINES)
+    return engines, max(1, total // engines)
+
+
 @dataclass
 class ModelHandle:
     name: str
     package: ModelPackage
     tokenizer: PackageTokenizer
-    engine: Engine
+    engine: Engine  # the first engine: options, limits and provider are the same in all
     scheduler: Scheduler
-    worker: ModelWorker
+    workers: tuple[ModelWorker, ...]  # one per engine, all taking from `scheduler`
 
     @property
     def manifest(self) -> Manifest:
         return self.package.manifest
+
+    @property
+    def batches(self) -> int:
+        return sum(w.batches for w in self.workers)
 
     @property
     def provider(self) -> str:
@@ -162,21 +184,27 @@ class ModelRegistry:
 
     def _add(self, package: ModelPackage, config: ServerConfig, metrics: Metrics) -> None:
         name = package.manifest.name
-        runner = RunnerConfig(provider=config.provider, intra_op_threads=config.threads)
-        engine = Engine(package, runner, config.option_limits())
+        count, threads = engine_layout(config.threads, config.engines,
+                                       choose_provider(config.provider))
+        runner = RunnerConfig(provider=config.provider, intra_op_threads=threads)
+        engines = [Engine(package, runner, config.option_limits())]
         try:  # a default no request can override must not fail every call
-            engine.resolve(DecodingOptions())
+            engines[0].resolve(DecodingOptions())
         except InvalidOptions as e:
             raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
                                               f"on this server: {e}"]) from None
+        engines += [Engine(package, runner, config.option_limits()) for _ in range(count - 1)]
         tokenizer = package_tokenizer(package)
         scheduler = Scheduler(config.batch_limits())
-        worker = ModelWorker(name, engine, scheduler, metrics).start()
-        metrics.set_model_info(name, package.manifest.precision, engine.runner.provider,
-                               package.manifest.task)
-        self._handles[name] = ModelHandle(name, package, tokenizer, engine, scheduler, worker)
-        log.info("loaded %s (%s, %s, %s) from %s", name, package.manifest.task,
-                 package.manifest.precision, engine.runner.provider, package.path)
+        workers = tuple(ModelWorker(name, engine, scheduler, metrics, index=i).start()
+                        for i, engine in enumerate(engines))
+        provider = engines[0].runner.provider
+        metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
+        self._handles[name] = ModelHandle(name, package, tokenizer, engines[0], scheduler,
+                                          workers)
+        log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
+                 package.manifest.task, package.manifest.precision, provider, count,
+                 "s" if count > 1 else "", threads, package.path)
 
     def handles(self) -> list[ModelHandle]:
         return list(self._handles.values())
@@ -212,10 +240,11 @@ class ModelRegistry:
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop every model's worker; `timeout` bounds the whole close, not each model."""
         handles = list(self._handles.values())
-        for handle in handles:  # all stop at once ...
-            handle.worker.stop(drain=drain, timeout=0)
+        workers = [w for handle in handles for w in handle.workers]
+        for worker in workers:  # all stop at once ...
+            worker.stop(drain=drain, timeout=0)
         end = None if timeout is None else time.monotonic() + timeout
-        for handle in handles:  # ... then share one deadline for the joins
+        for worker in workers:  # ... then share one deadline for the joins
             left = None if end is None else max(0.0, end - time.monotonic())
-            handle.worker.stop(drain=drain, timeout=left)
+            worker.stop(drain=drain, timeout=left)
 

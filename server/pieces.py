@@ -109,14 +109,15 @@ def join(plan: Plan, nbests: Sequence[Sequence[PieceHypothesis]], count: int,
     return out
 
 
-def stream_text(plan: Plan, done: Mapping[int, Sequence[int]],
+def stream_text(plan: Plan, done: Mapping[int, str],
                 partial: Mapping[int, Sequence[int]], decode: Decode) -> str:
-    """The text so far: finished pieces in order (`done`: their best's token ids),
-    then the one still growing (`partial`: its tokens so far), nothing after it."""
+    """The text so far: finished pieces in order (`done`: their best's text,
+    decoded once), then the one still growing (`partial`: its tokens so far),
+    nothing after it."""
     texts: list[str] = []
     for i in range(len(plan.pieces)):
         if i in done:
-            texts.append(decode(list(done[i])))
+            texts.append(done[i])
         else:
             texts.append(decode(list(partial.get(i, ()))))
             break

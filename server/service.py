@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from .options import DecodingOptions
 from .pieces import Joined, Plan, join, plan, stream_text, whole
 from .scheduler import Cancelled as SchedulerCancelled
 from .scheduler import Draining, QueueFull, WorkItem
-from .worker import deliver_to_future
+from .worker import deliver_to_future, mailbox
 
 T = TypeVar("T")
 
@@ -230,53 +231,53 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             planned = await _off_loop(lambda: self._plan_translation(handle, texts[0]))
             pieces = planned.pieces
             stream_tokens = options.decoding != "beam"
-            loop = asyncio.get_running_loop()
-            queue: asyncio.Queue = asyncio.Queue()
+            # (piece, token) as the engine chooses them; (piece, None) once a piece is done
+            events: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
+            box = mailbox(asyncio.get_running_loop())
 
             def token_sink(index: int) -> Callable[[int], None]:
                 def on_token(token: int) -> None:  # runs on the engine's thread
-                    loop.call_soon_threadsafe(queue.put_nowait, (index, token))
+                    box.post(events.put_nowait, (index, token))
                 return on_token
 
             callbacks = [token_sink(i) if stream_tokens else None for i in range(len(pieces))]
             futures = self._queue(handle, [p.source_ids for p in pieces], options, rpc,
                                   callbacks)
+            for i, future in enumerate(futures):  # after its tokens: the same mailbox
+                future.add_done_callback(functools.partial(_piece_done, events, i))
             # Pieces are emitted in order: a later piece's tokens wait for the earlier ones.
             emitted = ""
-            done_pieces: dict[int, list[int]] = {}  # a finished piece's best token ids
+            done_texts: dict[int, str] = {}  # a finished piece's best, decoded once
             partial: dict[int, list[int]] = {i: [] for i in range(len(pieces))}
             waiter = asyncio.ensure_future(asyncio.gather(*futures))
             # Cancelled or failed, the gather's exception must count as seen, or asyncio
             # logs "exception was never retrieved" for every cancelled stream.
             waiter.add_done_callback(_retrieve)
-            getter: asyncio.Future | None = None
             try:
-                while True:
-                    getter = asyncio.ensure_future(queue.get())
-                    await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        index, token = getter.result()
-                        partial[index].append(token)
-                    else:
-                        getter.cancel()
-                    for i, f in enumerate(futures):
-                        if f.done() and i not in done_pieces:
-                            done_pieces[i] = f.result()[0].token_ids
-                    text = stream_text(planned, done_pieces, partial, handle.tokenizer.decode)
+                failed = False
+                while len(done_texts) < len(pieces) and not failed:
+                    # Everything that arrived since the last chunk goes out as one.
+                    arrived = [await events.get()]
+                    while not events.empty():
+                        arrived.append(events.get_nowait())
+                    for index, token in arrived:
+                        piece = futures[index]
+                        if token is not None:
+                            partial[index].append(token)
+                        elif piece.cancelled() or piece.exception() is not None:
+                            failed = True  # awaiting the gather raises it
+                        else:
+                            done_texts[index] = handle.tokenizer.decode(
+                                list(piece.result()[0].token_ids))
+                    text = stream_text(planned, done_texts, partial, handle.tokenizer.decode)
                     if len(text) > len(emitted) and text.startswith(emitted):
                         yield self._within_limit(convert.chunk_to_pb(text[len(emitted):]))
                         emitted = text
-                    if waiter.done() and queue.empty():
-                        break
-                nbests = waiter.result()
+                nbests = await waiter  # a failed piece fails the request at once
             except (SchedulerCancelled, Draining) as e:
                 raise _dropped(e, rpc) from None
             finally:
-                # Cancelled mid-wait (the client left): the pending queue read would
-                # otherwise be destroyed pending, which asyncio logs as an error.
-                if getter is not None and not getter.done():
-                    getter.cancel()
-                if not waiter.done():
+                if not waiter.done():  # the client left, or a piece failed
                     rpc.cancel()
                     waiter.cancel()
             translation = _translation(handle, planned, nbests, request.options,
@@ -337,6 +338,10 @@ def _translation(handle: ModelHandle, planned: Plan, nbests: Sequence[Sequence[H
 async def _off_loop(work: Callable[[], T]) -> T:
     """Run CPU work (segmenting, tokenizing, detokenizing) on the default executor."""
     return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+def _piece_done(events: asyncio.Queue, index: int, _: asyncio.Future) -> None:
+    events.put_nowait((index, None))
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 
 class ModelWorker:
     def __init__(self, name: str, engine: Engine, scheduler: Scheduler,
-                 metrics: Metrics | None = None, poll_s: float = 0.1) -> None:
+                 metrics: Metrics | None = None, poll_s: float = 0.1, index: int = 0) -> None:
         self.name = name
+        self.index = index  # among the model's workers, which share its scheduler
         self.engine = engine
         self.scheduler = scheduler
         self.metrics = metrics
@@ -50,8 +52,8 @@ class ModelWorker:
 
     def start(self) -> ModelWorker:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=f"seq2serve-{self.name}",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name=f"seq2serve-{self.name}-{self.index}", daemon=True)
             self._thread.start()
         return self
 
@@ -304,6 +306,55 @@ class _FirstToken:
             callback(token)
 
 
+class LoopMailbox:
+    """Hands callables from worker threads to one asyncio loop, coalesced.
+
+    `loop.call_soon_threadsafe` writes to the loop's self-pipe on every call:
+    a system call and a loop wake-up per streamed token and per finished text.
+    Posts that arrive before the loop has run the previous ones ride along
+    with them, so a decoder step that streams a token to 64 texts wakes the
+    loop once. Callables run on the loop in the order they were posted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def post(self, callback: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            self._pending.append((callback, args))
+            if len(self._pending) > 1:
+                return  # a drain is scheduled and has not run yet: it takes this one too
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            with self._lock:
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for callback, args in pending:
+            try:
+                callback(*args)
+            except Exception:  # one bad callback must not drop the others
+                log.exception("a callback from the engine thread failed")
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox] = \
+    weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()
+
+
+def mailbox(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
+    """The loop's one mailbox (one per loop, so that all of its posts coalesce)."""
+    with _mailboxes_lock:
+        box = _mailboxes.get(loop)
+        if box is None:
+            box = _mailboxes[loop] = LoopMailbox(loop)
+        return box
+
+
 def deliver_to_future(loop: asyncio.AbstractEventLoop,
                       future: asyncio.Future[Any]) -> Callable[[Any], None]:
     """A `WorkItem.deliver` for an asyncio handler: hops from the worker thread to
@@ -317,10 +368,9 @@ def deliver_to_future(loop: asyncio.AbstractEventLoop,
         else:
             future.set_result(result)
 
+    box = mailbox(loop)
+
     def deliver(result: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(settle, result)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        box.post(settle, result)
 
     return deliver

@@ -217,12 +217,12 @@ def test_served_output_is_independent_of_the_batch(server: RunningServer, model:
             return [(list(h.token_ids), h.score) for h in hyps]
 
     alone = [call(i) for i in range(len(texts))]
-    batches_before = sum(h.worker.batches for h in server.server.registry.handles())
+    batches_before = sum(h.batches for h in server.server.registry.handles())
     order = list(range(len(texts)))
     random.Random(0).shuffle(order)
     with ThreadPoolExecutor(16) as pool:
         together = dict(zip(order, pool.map(call, order), strict=True))
-    batches = sum(h.worker.batches for h in server.server.registry.handles()) - batches_before
+    batches = sum(h.batches for h in server.server.registry.handles()) - batches_before
     assert [together[i] for i in range(len(texts))] == alone
     assert batches < len(texts)  # they did share batches
     # Many texts in one request: greedy and beam rows apart, each batched with the others.

@@ -156,3 +156,18 @@ def test_drain_delay_from_flag_and_env(tmp_path: Path) -> None:
         load(["--models-dir", str(tmp_path)], {"SEQ2SERVE_DRAIN_DELAY_S": "-1"})
     assert e.value.problems == [
         "drain_delay_s must be in [0, 3600], got -1.0 (from SEQ2SERVE_DRAIN_DELAY_S)"]
+
+
+def test_engine_layout_shares_the_threads_among_the_engines() -> None:
+    from seq2serve.server.models import MAX_AUTO_ENGINES, engine_layout
+    from seq2serve.server.runner import CPU, CUDA, physical_cores
+
+    assert engine_layout(2, 0, CPU) == (2, 1)  # auto on CPU: one engine per thread
+    assert engine_layout(1, 0, CPU) == (1, 1)
+    assert engine_layout(16, 0, CPU) == (MAX_AUTO_ENGINES, 16 // MAX_AUTO_ENGINES)
+    assert engine_layout(8, 0, CUDA) == (1, 8)  # one session per device
+    assert engine_layout(4, 2, CPU) == (2, 2)
+    assert engine_layout(1, 3, CPU) == (3, 1)  # never fewer than one thread each
+    assert engine_layout(0, 1, CPU) == (1, physical_cores())
+    problems = ServerConfig(engines=-1).problems()
+    assert any("engines" in p and "0 = auto" in p for p in problems)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from seq2serve.bench import load
+from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.metrics import Metrics
 
 
@@ -85,3 +86,14 @@ def test_every_mode_runs_and_reports(marian_package: Path, tmp_path: Path,
     table = capsys.readouterr().out
     assert table.count("\n") == 2 + len(records)  # header, rule, one line per record
     assert "| greedy | closed 2 clients | off | 4/4 |" in table
+
+
+def test_the_model_is_en_de_when_served_else_the_only_translation_model() -> None:
+    def listed(*models: tuple[str, str]) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(models=[pb.ModelInfo(name=n, task=t) for n, t in models])
+
+    assert load.pick_model(listed(("en-fr", "translate"), ("en-de", "translate"),
+                                  ("summarize-en", "summarize"))) == "en-de"
+    assert load.pick_model(listed(("tiny", "translate"), ("sum", "summarize"))) == "tiny"
+    with pytest.raises(SystemExit, match="2 translation models"):
+        load.pick_model(listed(("a", "translate"), ("b", "translate")))

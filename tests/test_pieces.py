@@ -98,11 +98,12 @@ def test_stream_text_is_finished_pieces_in_order_then_the_growing_one() -> None:
     assert stream_text(planned, {}, {}, _decode) == ""
     assert stream_text(planned, {}, {0: [4]}, _decode) == "<4>"
     # a later piece that finished first waits for the earlier ones
-    assert stream_text(planned, {1: [9]}, {0: [4, 5]}, _decode) == "<4> <5>"
+    assert stream_text(planned, {1: "<9>"}, {0: [4, 5]}, _decode) == "<4> <5>"
     # the whitespace after a finished piece shows once the next one has started
-    assert stream_text(planned, {0: [4, 5]}, {1: []}, _decode) == "<4> <5>  "
-    assert stream_text(planned, {0: [4], 1: [9]}, {2: [7]}, _decode) == "<4>  <9>\n<7>"
-    assert stream_text(planned, {0: [4], 1: [9], 2: [7]}, {}, _decode) == "<4>  <9>\n<7>"
+    assert stream_text(planned, {0: "<4> <5>"}, {1: []}, _decode) == "<4> <5>  "
+    assert stream_text(planned, {0: "<4>", 1: "<9>"}, {2: [7]}, _decode) == "<4>  <9>\n<7>"
+    assert stream_text(planned, {0: "<4>", 1: "<9>", 2: "<7>"}, {}, _decode) == \
+        "<4>  <9>\n<7>"
 
 
 def test_whole_is_one_hypothesis_decoded() -> None:

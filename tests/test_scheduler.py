@@ -24,7 +24,7 @@ from seq2serve.server.scheduler import (
     Scheduler,
     WorkItem,
 )
-from seq2serve.server.worker import ModelWorker, deliver_to_future
+from seq2serve.server.worker import ModelWorker, deliver_to_future, mailbox
 
 LONG = 10.0  # a queue delay no test waits for: batches must close for another reason
 
@@ -502,6 +502,55 @@ def test_deliver_to_future_hops_to_the_loop() -> None:
     got = asyncio.run(main())
     assert got[0] == ["hyps"] and isinstance(got[1], Cancelled)
 
+
+def test_mailbox_wakes_the_loop_once_for_posts_that_arrive_together() -> None:
+    async def main() -> tuple[list[int], int, int]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        hop = loop.call_soon_threadsafe
+
+        def counting(*args: Any) -> Any:
+            nonlocal wakeups
+            wakeups += 1
+            return hop(*args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        got: list[int] = []
+        box = mailbox(loop)
+        assert mailbox(loop) is box  # one per loop, so that all of its posts coalesce
+
+        def fail() -> None:
+            raise RuntimeError("a broken callback")
+
+        def post_all() -> None:  # while the loop waits in join below, nothing drains
+            for i in range(50):
+                box.post(got.append, i)
+            box.post(fail)
+            for i in range(50, 100):
+                box.post(got.append, i)
+
+        thread = threading.Thread(target=post_all)
+        thread.start()
+        thread.join()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        first = wakeups
+        box.post(got.append, 100)  # after a drain, the next post wakes the loop again
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return got, first, wakeups
+
+    got, first, wakeups = asyncio.run(main())
+    assert got == list(range(101))  # in order; the failing callback dropped nothing
+    assert (first, wakeups) == (1, 2)
+
+
+def test_mailbox_of_a_closed_loop_drops_posts_quietly() -> None:
+    loop = asyncio.new_event_loop()
+    box = mailbox(loop)
+    loop.close()
+    box.post(print, "never")  # no RuntimeError into the engine thread
+    box.post(print, "never")
 
 # -- metrics --------------------------------------------------------------------------------
 

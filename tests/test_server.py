@@ -84,10 +84,10 @@ def test_concurrent_clients_get_their_own_results(server: RunningServer) -> None
         with Seq2ServeClient(server.target, timeout=120) as c:
             return c.translate([texts[i]], beam_size=2, max_length=20)[0][0].text
 
-    batches_before = sum(h.worker.batches for h in server.server.registry.handles())
+    batches_before = sum(h.batches for h in server.server.registry.handles())
     with ThreadPoolExecutor(12) as pool:
         together = list(pool.map(call, range(len(texts))))
-    batches = sum(h.worker.batches for h in server.server.registry.handles()) - batches_before
+    batches = sum(h.batches for h in server.server.registry.handles()) - batches_before
     assert together == alone
     assert batches < len(texts)  # they really were batched together
 
@@ -107,13 +107,38 @@ def test_texts_spread_over_batches_are_reassembled_in_order(models_dir: Path) ->
             one_by_one = [c.translate([t], beam_size=2, max_length=20)[0][0].text
                           for t in texts]
             [handle] = running.server.registry.handles()
-            before = handle.worker.batches
+            before = handle.batches
             together = [h[0].text for h in c.translate(texts, beam_size=2, max_length=20)]
-        assert handle.worker.batches - before >= 4  # 7 texts, at most 2 per batch
+        assert handle.batches - before >= 4  # 7 texts, at most 2 per batch
         assert together == one_by_one
     finally:
         running.stop()
 
+
+
+@pytest.mark.parametrize("rows", [0, 64], ids=["request-level", "iteration-level"])
+def test_engines_of_one_model_share_its_queue_and_answer_alike(
+        models_dir: Path, client: Seq2ServeClient, rows: int) -> None:
+    """Two engines (one intra-op thread each) take batches from the model's one
+    queue in parallel; which engine ran a text changes nothing in its answer."""
+    texts = [*CORPUS[:8], f"{CORPUS[8 % len(CORPUS)]} {CORPUS[0]}"] * 2
+    alone = [client.translate([t], beam_size=2, max_length=20)[0][0].text for t in texts]
+    running = RunningServer(server_config(models_dir, threads=2, engines=2, max_batch_size=2,
+                                          max_running_rows=rows))
+    try:
+        [handle] = running.server.registry.handles()
+        assert [w.engine.runner.threads for w in handle.workers] == [1, 1]
+
+        def call(i: int) -> str:
+            with Seq2ServeClient(running.target, timeout=120) as c:
+                return c.translate([texts[i]], beam_size=2, max_length=20)[0][0].text
+
+        with ThreadPoolExecutor(len(texts)) as pool:
+            together = list(pool.map(call, range(len(texts))))
+        assert together == alone
+        assert all(w.batches > 0 for w in handle.workers)  # both engines served
+    finally:
+        running.stop()
 
 def test_long_text_is_segmented_and_whitespace_kept(client: Seq2ServeClient) -> None:
     text = f"  {CORPUS[0]} {CORPUS[1]}\n\n{CORPUS[2]}\n"
@@ -500,3 +525,20 @@ def test_reflection_describes_the_services(server: RunningServer) -> None:
     assert {"seq2serve.v1.Translator", "grpc.health.v1.Health"} <= services
     methods = {m.name for s in translator.service for m in s.method}
     assert {"Translate", "TranslateStream", "Summarize", "ListModels"} <= methods
+
+
+def test_iteration_level_beam_search_streams_each_sentence_when_it_is_done(
+        models_dir: Path) -> None:
+    """Beam search has no stable prefix to stream token by token, but a finished
+    sentence is final: it goes out before the rest of the text is done."""
+    running = RunningServer(server_config(models_dir, max_running_rows=64))
+    text = f"Tools. {CORPUS[3]} {CORPUS[1]}"
+    try:
+        with Seq2ServeClient(running.target, timeout=60) as c:
+            chunks = list(c.translate_stream(text, beam_size=2, max_length=40))
+            [[direct]] = c.translate([text], beam_size=2, max_length=40)
+    finally:
+        running.stop()
+    deltas = [chunk.text_delta for chunk in chunks if chunk.text_delta]
+    assert "".join(deltas) == chunks[-1].hypotheses[0].text == direct.text
+    assert len(deltas) >= 2 and not chunks[0].final
