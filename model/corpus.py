@@ -281,7 +281,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpora", default=",".join(CORPORA),
                         help="which corpora to build, comma-separated from "
                         f"{', '.join(CORPORA)} (default: %(default)s; with both, the "
-                        "DDTP + messages training mix too)")
+                        "DDTP + messages training mix too), or mix alone: rewrite the mix "
+                        "from the corpora already built")
     messages_data.configure(parser)
 
 
@@ -292,8 +293,13 @@ def run(args: argparse.Namespace) -> int:
     if bad or not langs:
         return _fail(f"--langs must be language codes other than en, got {args.langs!r}")
     wanted = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    if args.ddtp_repeat < 1:
+        return _fail(f"--ddtp-repeat must be >= 1, got {args.ddtp_repeat}")
+    if wanted == ["mix"]:
+        return _write_mix(args)
     if not wanted or set(wanted) - set(CORPORA):
-        return _fail(f"--corpora must name some of {', '.join(CORPORA)}, got {args.corpora!r}")
+        return _fail(f"--corpora must name some of {', '.join(CORPORA)}, or be mix alone; "
+                     f"got {args.corpora[:80]!r}")
     outputs = {"ddtp": [args.out], "messages": [args.messages_out]}
     if set(wanted) == set(CORPORA):
         outputs["messages"].append(args.mixed_out)
@@ -306,12 +312,22 @@ def run(args: argparse.Namespace) -> int:
         if status := messages_data.run(args, langs, args.no_update):
             return status
         if "ddtp" in wanted:
-            try:
-                names = messages_data.write_mixed(args.out, args.messages_out, args.mixed_out,
-                                                  args.force)
-            except FileExistsError as exc:
-                return _fail(str(exc))
-            print(f"wrote {args.mixed_out} ({', '.join(names)}: DDTP + messages)")
+            return _write_mix(args)
+    return 0
+
+
+def _write_mix(args: argparse.Namespace) -> int:
+    for built in (args.out, args.messages_out):
+        if not built.is_dir():
+            return _fail(f"{built} is not a built corpus; run seq2serve data first")
+    try:
+        names = messages_data.write_mixed(args.out, args.messages_out, args.mixed_out,
+                                          args.force, ddtp_repeat=args.ddtp_repeat)
+    except FileExistsError as exc:
+        return _fail(str(exc))
+    if not names:
+        return _fail(f"{args.out} and {args.messages_out} share no language pair")
+    print(f"wrote {args.mixed_out} ({', '.join(names)}: DDTP x{args.ddtp_repeat} + messages)")
     return 0
 
 

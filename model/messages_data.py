@@ -36,8 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--messages-out", type=Path, default=Path("data/messages"),
                        help="output directory (default: %(default)s)")
     group.add_argument("--mixed-out", type=Path, default=Path("data/mixed"),
-                       help="DDTP + messages training mix, written when both are built "
+                       help="DDTP + messages training mix, written when both are built, "
+                       "or alone from existing --out and --messages-out with --corpora mix "
                        "(default: %(default)s)")
+    group.add_argument("--ddtp-repeat", type=int, default=1,
+                       help="DDTP's training pairs appear this many times in the mix, to "
+                       "weight the smaller corpus up (default: %(default)s)")
     group.add_argument("--deb-cache", type=Path, default=Path("data/debs"),
                        help="downloaded .debs and the private apt state; kept, so a rerun "
                        "resumes (default: %(default)s)")
@@ -160,13 +164,18 @@ def write(directory: Path, corpora: list[MessageCorpus], selection: Selection,
                                             encoding="utf-8")
 
 
-def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool) -> list[str]:
+def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool,
+                ddtp_repeat: int = 1) -> list[str]:
     """`out/en-<lang>`: DDTP + messages, for training on both domains at once.
 
     valid and test are the two corpora's own (score each corpus on its own
     folder to compare with earlier models); train drops any pair that is in
     either corpus's valid or test, so training never sees an evaluation pair.
+    DDTP's train pairs are written `ddtp_repeat` times (DDTP is the smaller
+    corpus: 44k pairs against 230k messages for en-de).
     """
+    if ddtp_repeat < 1:
+        raise ValueError(f"ddtp_repeat must be >= 1, got {ddtp_repeat}")
     names = sorted(p.name for p in messages_dir.iterdir()
                    if (p / "corpus.json").is_file() and (ddtp_dir / p.name).is_dir())
 
@@ -176,8 +185,9 @@ def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool) -> l
             folder.mkdir(parents=True)
             rows: dict[str, list[tuple[str, str, str]]] = {}
             for split in ("test", "valid", "train"):
-                rows[split] = [row for corpus in (ddtp_dir / name, messages_dir / name)
-                               for row in _read_rows(corpus, split)]
+                repeat = ddtp_repeat if split == "train" else 1
+                rows[split] = [*(_read_rows(ddtp_dir / name, split) * repeat),
+                               *_read_rows(messages_dir / name, split)]
             held = {(s, t) for split in ("test", "valid") for _, s, t in rows[split]}
             rows["train"] = [r for r in rows["train"] if (r[1], r[2]) not in held]
             counts: dict[str, dict[str, int]] = {}
@@ -192,7 +202,8 @@ def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool) -> l
             info = json.loads((ddtp_dir / name / "corpus.json").read_text("utf-8"))
             info.update(counts=counts, source={"mix": [str(ddtp_dir / name),
                                                        str(messages_dir / name)]},
-                        split_rule="each corpus's own; train without any valid/test pair")
+                        split_rule="each corpus's own; train without any valid/test pair",
+                        ddtp_repeat=ddtp_repeat)
             info.pop("dropped", None)
             (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n",
                                                 encoding="utf-8")

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,17 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
     return read_meta(dest)
 
 
+def _has_byte_fallback(checkpoint: Path) -> bool:
+    """Whether the checkpoint's tokenizer spells pieceless characters in bytes."""
+    import sentencepiece as spm
+
+    tokenizer = checkpoint / "tokenizer.model"
+    if not tokenizer.is_file():
+        return False
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    return sp.piece_to_id("<0x41>") != sp.unk_id()
+
+
 def _hms(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
@@ -73,14 +85,20 @@ def _score_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _train_command(args: dict[str, Any], cfg: dict[str, Any], data: str, run: str) -> str:
+def _train_command(args: dict[str, Any], cfg: dict[str, Any], data: str, run: str,
+                   byte_fallback: bool) -> str:
+    """byte_fallback: what the run's tokenizer has (`train` decides when the flag is
+    not given, and its default has changed)."""
     return (
         f"seq2serve train --data {data} --out {run} --threads {args.get('threads', 1)} "
         f"--vocab-size {args.get('vocab_size', cfg['src_vocab_size'])} "
-        f"--d-model {cfg['d_model']} --layers {cfg['encoder_layers']} "
-        f"--heads {cfg['encoder_heads']} --ffn {cfg['encoder_ffn_dim']}"
+        f"--d-model {cfg['d_model']} "
+        + (f"--layers {cfg['encoder_layers']} " if cfg["encoder_layers"] == cfg["decoder_layers"]
+           else f"--encoder-layers {cfg['encoder_layers']} "
+                f"--decoder-layers {cfg['decoder_layers']} ")
+        + f"--heads {cfg['encoder_heads']} --ffn {cfg['encoder_ffn_dim']}"
         + (" --pre-norm" if cfg["pre_norm"] else "")
-        + ("" if args.get("byte_fallback") else " --no-byte-fallback")
+        + ("" if byte_fallback else " --no-byte-fallback")
         + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
         f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
         f"--eval-max-sentences {args.get('eval_max_sentences')} "
@@ -109,12 +127,17 @@ def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
     return lines
 
 
-def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
+def model_card(checkpoint: str | os.PathLike[str],
+               reports: dict[str, Any] | Sequence[dict[str, Any]],
                packages: list[dict[str, Any]] | None = None,
                corpus: dict[str, Any] | None = None,
                logs: dict[str, list[dict[str, Any]]] | None = None,
                notes: str | None = None) -> str:
-    """MODEL_CARD.md for a released checkpoint, from the measured records only."""
+    """MODEL_CARD.md for a released checkpoint, from the measured records only.
+    reports: `seq2serve train --score` reports, one per test split (the first is
+    the training corpus's own, or the one the scoring command names first)."""
+    reports = [reports] if isinstance(reports, dict) else list(reports)
+    report = reports[0]
     directory = Path(checkpoint)
     meta = read_meta(directory)
     cfg, args = meta["model"], meta.get("train_args", {})
@@ -132,35 +155,69 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
     threads = ck["trained_with"].get("threads")
     params = ck["parameters"]
     base = meta.get("base")
-    commands = ["seq2serve data --out data/ddtp          # Debian's translation indexes via "
-                "apt-get"]
-    if base:
+    bytes_ = _has_byte_fallback(directory)  # the base run's too: the same or extended
+    mixed = bool(corpus and "mix" in corpus.get("source", {}))
+    # The same vocabulary: the run went on from the base run's checkpoint (other
+    # data or schedule); a larger one: the base's tokenizer was extended first.
+    extended = bool(base) and base["model"]["src_vocab_size"] != cfg["src_vocab_size"]
+    base_data = base["train_args"].get("data", data) if base else data
+    commands = (["seq2serve data                         # DDTP, program messages and their "
+                 "mix via apt-get"] if mixed else
+                ["seq2serve data --out data/ddtp          # Debian's translation indexes via "
+                 "apt-get"])
+    repeat = (corpus or {}).get("ddtp_repeat", 1)
+    if mixed and repeat > 1:
+        commands.append(f"seq2serve data --corpora mix --mixed-out {Path(data).parent} "
+                        f"--ddtp-repeat {repeat}")
+    if base and extended:
         base_args, base_cfg = base["train_args"], base["model"]
         commands += [
-            _train_command(base_args, base_cfg, data, f"runs/{name}"),
+            _train_command(base_args, base_cfg, base_data, f"runs/{name}", bytes_),
             f"python -m seq2serve.model.release extend-vocab runs/{name}/tokenizer.model "
             f"{data} runs/{name}-vocab.model",
             _finetune_command(args, data, f"runs/{name}-ft", f"runs/{name}/best",
                               f"runs/{name}-vocab.model"),
         ]
         run = f"runs/{name}-ft"
+    elif base:  # went on from the base run's checkpoint at base["step"]
+        commands += [
+            _train_command(base["train_args"], base["model"], base_data, f"runs/{name}",
+                           bytes_)
+            + f" --max-steps {base['step']}",
+            _finetune_command(args, data, f"runs/{name}-2",
+                              f"runs/{name}/checkpoints/step-{int(base['step']):09d}",
+                              f"runs/{name}/tokenizer.model"),
+        ]
+        run = f"runs/{name}-2"
     else:
-        commands.append(_train_command(args, cfg, data, run))
-    score_cmd = (f"seq2serve train --score {rel} --data {data} --split {report['split']} "
-                 f"--score-out {rel}/test-scores.json")
+        commands.append(_train_command(args, cfg, data, run, bytes_))
+    score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
+                   [f"{rel}/test-{Path(r['data']).parent.name}.json" for r in reports])
+    score_cmds = [f"seq2serve train --score {rel} --data {r['data']} --split {r['split']} "
+                  f"--score-out {out}" for r, out in zip(reports, score_files, strict=True)]
+    domains = ("Debian package descriptions (DDTP) and program messages (the gettext "
+               "catalogs of Debian packages)" if mixed else
+               "Debian package descriptions (DDTP)")
     out = [
         f"# {name}: {langs} {title}",
         "",
         f"A {params / 1e6:.2f}M-parameter encoder-decoder transformer trained from scratch "
-        f"on Debian package descriptions (DDTP), shipped with seq2serve as "
+        f"on {domains}, shipped with seq2serve as "
         f"`{rel}` (checkpoint, {meta['weights']['dtype']} weights) and exported as the "
         f"model package `models/{name}`.",
         "",
         "## Data",
         "",
-        f"`{data}`, built by `seq2serve data` from Debian bookworm's translation indexes "
-        "(see [docs/data-card.md](../../../docs/data-card.md) for counts, splits and the "
-        "licence situation of package descriptions)."
+        (f"`{data}`, built by `seq2serve data`: DDTP (Debian bookworm's translation "
+         "indexes, [docs/data-card.md](../../../docs/data-card.md)) and program messages "
+         "([docs/data-card-messages.md](../../../docs/data-card-messages.md)), valid and "
+         "test being each corpus's own"
+         + (f"; DDTP's training pairs appear {repeat} times" if repeat > 1 else "")
+         + (f". The base run trained on `{base_data}`" if base and base_data != data else "")
+         + "." if mixed else
+         f"`{data}`, built by `seq2serve data` from Debian bookworm's translation indexes "
+         "(see [docs/data-card.md](../../../docs/data-card.md) for counts, splits and the "
+         "licence situation of package descriptions).")
         + (" Segments per split: " + "; ".join(
             f"{split} {sum(kinds.values()):,} ("
             + ", ".join(f"{n:,} {k}" for k, n in kinds.items()) + ")"
@@ -179,7 +236,9 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         + (" (joint source/target)" if task == "translate" else "")
         + (f"; the base run's {base['model']['src_vocab_size']} plus "
            f"{cfg['src_vocab_size'] - base['model']['src_vocab_size']} single characters "
-           "that it had mapped to <unk> (`release extend-vocab`)" if base else "") + " |",
+           "that it had mapped to <unk> (`release extend-vocab`)" if extended else "")
+        + ("; byte fallback (a character without a piece is spelled in bytes)"
+           if bytes_ else "") + " |",
         f"| training | Adam (0.9, 0.98), inverse-square-root schedule with "
         f"{(base or {}).get('train_args', args).get('warmup')} warm-up steps, label smoothing "
         f"{args.get('label_smoothing')}, dropout {args.get('dropout')}, gradient clipping "
@@ -187,12 +246,16 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         f"{args.get('seed')}"
         + (f"; then fine-tuned from the base run's best checkpoint (step {base['step']}) "
            f"with the extended vocabulary, peak learning rate {args.get('lr')} after "
-           f"{args.get('warmup')} warm-up steps" if base else "") + " |",
-        f"| checkpoint | step {meta.get('step')}{' of the fine-tune' if base else ''}, the "
+           f"{args.get('warmup')} warm-up steps" if extended else "")
+        + (f"; then continued from the base run's checkpoint at step {base['step']} on "
+           f"`{data}`, a fresh Adam with peak learning rate {args.get('lr')} after "
+           f"{args.get('warmup')} warm-up steps" if base and not extended else "") + " |",
+        f"| checkpoint | step {meta.get('step')}"
+        f"{(' of the fine-tune' if extended else ' of the second phase') if base else ''}, the "
         f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
         f"| training time | {_hms(trained) if trained else 'unknown'} wall clock"
         + (f" ({_hms(base['elapsed_seconds'])} from scratch + "
-           f"{_hms(meta['finetune_seconds'])} fine-tuning)"
+           f"{_hms(meta['finetune_seconds'])} {'fine-tuning' if extended else 'second phase'})"
            if base and meta.get("finetune_seconds") else "")
         + f" on {threads} thread{'s' if threads != 1 else ''} of an {hw} (no GPU) |",
     ]
@@ -205,12 +268,14 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
         "",
         "## Test-split scores",
         "",
-        f"Greedy decoding with PyTorch ({report['decoding']['max_len_rule']}); "
-        f"{report['segments']} segments of the `{report['split']}` split. "
+        f"Greedy decoding with PyTorch ({report['decoding']['max_len_rule']}). "
         "*copy-source* scores the untranslated source as the output, the floor any "
         "model must beat.",
-        "",
-        *_score_table(report),
+    ]
+    for r in reports:
+        out += ["", f"`{r['data']}`, {r['segments']} segments of the `{r['split']}` split:",
+                "", *_score_table(r)]
+    out += [
         "",
         "Metric signatures: " + "; ".join(
             f"{k}: `{v}`" for k, v in report["signatures"].items()),
@@ -229,24 +294,24 @@ def model_card(checkpoint: str | os.PathLike[str], report: dict[str, Any],
                        + " | ".join(f"{p[n]:.2f}" for n in names) + " |")
     if notes:
         out += ["", "## Limitations", "", notes.strip()]
-    out += ["", f"## {len(report['samples'])} samples from the test split", ""]
-    for s in report["samples"]:
-        kind = f" ({s['kind']})" if s.get("kind") else ""
-        out += [f"- line {s['line']}{kind}",
-                f"  - source: {s['source']}",
-                f"  - reference: {s['reference']}",
-                f"  - output: {s['hypothesis']}"]
+    for r in reports:
+        out += ["", f"## {len(r['samples'])} samples from `{r['data']}` (test split)", ""]
+        for s in r["samples"]:
+            kind = f" ({s['kind']})" if s.get("kind") else ""
+            out += [f"- line {s['line']}{kind}",
+                    f"  - source: {s['source']}",
+                    f"  - reference: {s['reference']}",
+                    f"  - output: {s['hypothesis']}"]
     out += [
         "", "## Reproduce", "",
         "From a clean checkout (`pip install -e '.[train]'`):", "",
         "```sh",
-        "seq2serve data --out data/ddtp          # Debian's translation indexes via apt-get",
         *commands,
         f"python -m seq2serve.model.release checkpoint {run} {rel} --name {name}",
-        score_cmd,
+        *score_cmds,
         f"seq2serve export {rel} models/{name} --precision int8 --name {name}",
         "```", "",
-        "The scoring command alone reproduces the table above from the shipped checkpoint "
+        "The scoring commands alone reproduce the tables above from the shipped checkpoint "
         "(scores are deterministic: greedy decoding in fp32 on CPU).",
         "",
     ]
@@ -269,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     ext.add_argument("out", type=Path, help="the extended SentencePiece model to write")
     card = sub.add_parser("card", help=f"write {CARD_FILE} beside a released checkpoint")
     card.add_argument("checkpoint", type=Path)
-    card.add_argument("--report", type=Path, required=True,
-                      help="JSON report of `seq2serve train --score ... --score-out`")
+    card.add_argument("--report", type=Path, required=True, action="append",
+                      help="JSON report of `seq2serve train --score ... --score-out`; "
+                           "repeat for each test split (the training corpus's first)")
     card.add_argument("--packages", type=Path,
                       help="JSON records of `python -m seq2serve.bench.quality --json`")
     card.add_argument("--log", type=Path, action="append", default=[],
@@ -295,13 +361,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"out": str(args.out), "vocab_size": extended.vocab_size,
                           "added": unknown}, ensure_ascii=False))
         return 0
-    report = json.loads(args.report.read_text(encoding="utf-8"))
+    reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.report]
     packages = (json.loads(args.packages.read_text(encoding="utf-8"))
                 if args.packages else None)
-    corpus_file = Path(report["data"]) / "corpus.json"
+    # The training corpus (what the checkpoint says it trained on) for the data
+    # section, else the first report's.
+    meta = read_meta(args.checkpoint)
+    trained_on = meta.get("train_args", {}).get("data")
+    corpus_file = Path(trained_on or reports[0]["data"]) / "corpus.json"
+    if not corpus_file.is_file():
+        corpus_file = Path(reports[0]["data"]) / "corpus.json"
     corpus = (json.loads(corpus_file.read_text(encoding="utf-8"))
               if corpus_file.is_file() else None)
-    labels = (["training from scratch", "fine-tuning"] if len(args.log) == 2
+    base = meta.get("base")
+    continued = bool(base) and base["model"]["src_vocab_size"] == meta["model"]["src_vocab_size"]
+    second = "the second phase" if continued else "fine-tuning"
+    labels = (["training from scratch", second] if len(args.log) == 2
               else [f"training ({path.name})" for path in args.log])
     if len(args.log) == 1:
         labels = ["training"]
@@ -309,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                     if line.strip()] for label, path in zip(labels, args.log, strict=True)}
     notes = args.notes.read_text(encoding="utf-8") if args.notes else None
     (args.checkpoint / CARD_FILE).write_text(
-        model_card(args.checkpoint, report, packages, corpus, logs, notes), encoding="utf-8")
+        model_card(args.checkpoint, reports, packages, corpus, logs, notes), encoding="utf-8")
     print(args.checkpoint / CARD_FILE)
     return 0
 

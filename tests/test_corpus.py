@@ -332,5 +332,6 @@ def test_help_documents_every_option() -> None:
     text = parser.format_help()
     for option in ("--out", "--langs", "--from-dir", "--no-update", "--force", "--corpora",
                    "--messages-out", "--mixed-out", "--deb-cache", "--max-packages",
-                   "--max-download-mb", "--max-deb-mb", "--per-package", "--catalogs-from"):
+                   "--max-download-mb", "--max-deb-mb", "--per-package", "--catalogs-from",
+                   "--ddtp-repeat"):
         assert option in text

@@ -291,3 +291,22 @@ def test_mixed_train_never_holds_an_evaluation_pair(tmp_path: Path) -> None:
     assert json.loads((mix / "corpus.json").read_text())["counts"] == {
         "test": {"synopsis": 1, "message": 1}, "valid": {"message": 1},
         "train": {"sentence": 1}}
+
+    # weighting DDTP up repeats its train pairs only; `seq2serve data --corpora mix`
+    # rewrites the mix alone from the corpora already built
+    parser = argparse.ArgumentParser()
+    corpus.configure(parser)
+    args = parser.parse_args(["--corpora", "mix", "--out", str(tmp_path / "ddtp"),
+                              "--messages-out", str(tmp_path / "msg"),
+                              "--mixed-out", str(tmp_path / "mix3"), "--ddtp-repeat", "3"])
+    assert corpus.run(args) == 0
+    mix3 = tmp_path / "mix3" / "en-de"
+    assert (mix3 / "train.src").read_text() == "A tool\n" * 3
+    assert (mix3 / "test.src").read_text() == "A library\nCancel\n"
+    assert json.loads((mix3 / "corpus.json").read_text())["ddtp_repeat"] == 3
+    assert corpus.run(args) == 1  # not empty, no --force
+    assert corpus.run(parser.parse_args(["--corpora", "mix", "--ddtp-repeat", "0"])) == 1
+    missing = parser.parse_args(["--corpora", "mix", "--out", str(tmp_path / "none"),
+                                 "--mixed-out", str(tmp_path / "mix4")])
+    assert corpus.run(missing) == 1
+    assert not (tmp_path / "mix4").exists()

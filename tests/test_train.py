@@ -530,6 +530,38 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
     assert "--init-from runs/tiny/best --tokenizer runs/tiny-vocab.model" in card
 
 
+
+def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
+                                                                 tmp_path: Path) -> None:
+    """A second phase on other data with the same tokenizer (issue 13's DDTP-weighted
+    mix): released with its base run's time, carded with every test split."""
+    from seq2serve.model import release
+    from seq2serve.server.cli import main
+
+    out = tmp_path / "phase2"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+                 "--tokenizer", str(trained / "tokenizer.model"), "--max-steps", "10",
+                 "--eval-every", "10", "--lr", "0.0005", "--warmup", "5"]) == 0
+    shipped = tmp_path / "shipped"
+    released = release.release_checkpoint(out, shipped, "tiny")
+    assert released["base"]["step"] == ckpt.read_meta(trained / "best")["step"]
+    reports = [evaluate(shipped, CORPUS, split=split, max_sentences=4, samples=1)
+               for split in ("train", "valid")]
+    card = release.model_card(shipped, reports, logs={"the second phase": read_log(out)})
+    assert f"continued from the base run's checkpoint at step {released['base']['step']}" \
+        in card
+    assert "extend-vocab" not in card  # the same vocabulary: nothing was extended
+    # the reproduce commands follow what the tokenizer has, not the flags given
+    assert ("--no-byte-fallback" in card) != release._has_byte_fallback(shipped)
+    step = released["base"]["step"]
+    assert f"--max-steps {step}" in card
+    assert (f"--init-from runs/tiny/checkpoints/step-{step:09d} "
+            "--tokenizer runs/tiny/tokenizer.model") in card
+    for r in reports:
+        assert f"{r['segments']} segments of the `{r['split']}` split" in card
+        assert f"--split {r['split']} --score-out" in card
+    assert card.count("samples from") == 2
+
 def test_languages_pick_and_check_the_corpus(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
