@@ -354,3 +354,23 @@ def test_package_directory_is_readable_by_others(marian_package: Path) -> None:
     os.umask(umask)
     mode = stat.S_IMODE(marian_package.stat().st_mode)
     assert mode == 0o777 & ~umask
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models"
+
+
+def _shipped_translation_models() -> list[str]:
+    return sorted(p.name for p in SHIPPED.iterdir() if (p / "manifest.json").is_file()
+                  and json.loads((p / "manifest.json").read_text("utf-8"))["task"] == "translate")
+
+
+@pytest.mark.parametrize("name", _shipped_translation_models())
+def test_shipped_tokenizers_give_back_every_character(name: str) -> None:
+    """German and French letters, typographic quotes, €, digits and ASCII
+    punctuation round-trip through each shipped package's tokenizers, both ways
+    serving decodes, without <unk> (issue 13)."""
+    from seq2serve.model.tokenizer import round_trip_failures
+
+    manifest = json.loads((SHIPPED / name / "manifest.json").read_text(encoding="utf-8"))
+    for side in ("source_model", "target_model"):
+        assert round_trip_failures(SHIPPED / name / manifest["tokenizer"][side]) == {}

@@ -17,12 +17,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_command(heading: str) -> str:
-    """The first ```sh block after a README heading."""
+def readme_command(heading: str, language: str = "sh") -> str:
+    """The first ```sh (or other `language`) block after a README heading."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index(heading):]
-    match = re.search(r"```sh\n(.*?)\n```", section, re.S)
-    assert match, f"no sh block under {heading!r}"
+    match = re.search(rf"```{language}\n(.*?)\n```", section, re.S)
+    assert match, f"no {language} block under {heading!r}"
     return match.group(1).strip()
 
 
@@ -54,5 +54,10 @@ def test_readme_main_command_serves_and_translates(tmp_path: Path) -> None:
     assert proc.returncode == 0, err[-3000:]
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines, err[-3000:]
-    source = re.findall(r'"([^"]+)"', command)[-1]  # the sentence the command translates
-    assert lines[-1] != source  # a translation, not an echo
+    # The sentences the command translates (one per language pair), and what the
+    # README says it prints: each a translation that the shipped model gets right.
+    sources = re.findall(r'translate [^"]*"([^"]+)"', command)
+    shown = readme_command("## Quick start", "text").splitlines()
+    assert len(sources) == len(shown) >= 2
+    assert lines[-len(shown):] == shown, err[-3000:]
+    assert not set(shown) & set(sources)  # translations, not echoes
