@@ -45,7 +45,9 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
         base_seconds, _ = training_time(Path(init), base_meta)
         extra["base"] = {"step": base_meta.get("step"), "elapsed_seconds": base_seconds,
                          "train_args": base_meta.get("train_args", {}),
-                         "model": base_meta["model"]}
+                         "model": base_meta["model"], "released": "name" in base_meta}
+        if "base" in base_meta:  # a released checkpoint that went on from another
+            extra["earlier"] = [*base_meta.get("earlier", []), base_meta["base"]]
         if seconds is not None and base_seconds is not None:
             extra["finetune_seconds"] = round(seconds, 1)
             seconds += base_seconds
@@ -64,6 +66,10 @@ def _has_byte_fallback(checkpoint: Path) -> bool:
         return False
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
     return sp.piece_to_id("<0x41>") != sp.unk_id()
+
+
+def _nth(phase: int) -> str:
+    return {2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(phase, f"{phase}th")
 
 
 def _hms(seconds: float) -> str:
@@ -160,7 +166,12 @@ def model_card(checkpoint: str | os.PathLike[str],
     # The same vocabulary: the run went on from the base run's checkpoint (other
     # data or schedule); a larger one: the base's tokenizer was extended first.
     extended = bool(base) and base["model"]["src_vocab_size"] != cfg["src_vocab_size"]
-    base_data = base["train_args"].get("data", data) if base else data
+    # Every earlier phase, oldest first (each a record of its released step, cumulative
+    # time, arguments and model); `base` is the one this run went on from.
+    chain = [*meta.get("earlier", []), base] if base else []
+    base_data = chain[0]["train_args"].get("data", data) if base else data
+    this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
+    by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
     commands = (["seq2serve data                         # DDTP, program messages and their "
                  "mix via apt-get"] if mixed else
                 ["seq2serve data --out data/ddtp          # Debian's translation indexes via "
@@ -179,16 +190,26 @@ def model_card(checkpoint: str | os.PathLike[str],
                               f"runs/{name}-vocab.model"),
         ]
         run = f"runs/{name}-ft"
-    elif base:  # went on from the base run's checkpoint at base["step"]
-        commands += [
-            _train_command(base["train_args"], base["model"], base_data, f"runs/{name}",
-                           bytes_)
-            + f" --max-steps {base['step']}",
-            _finetune_command(args, data, f"runs/{name}-2",
-                              f"runs/{name}/checkpoints/step-{int(base['step']):09d}",
-                              f"runs/{name}/tokenizer.model"),
-        ]
-        run = f"runs/{name}-2"
+    elif base:  # went on from the base run's checkpoint, maybe through earlier phases
+        commands.append(_train_command(chain[0]["train_args"], chain[0]["model"], base_data,
+                                       f"runs/{name}", bytes_)
+                        + f" --max-steps {chain[0]['step']}")
+        runs = [f"runs/{name}"] + [f"runs/{name}-{k + 1}" for k in range(1, len(chain) + 1)]
+        for k in range(1, len(chain) + 1):
+            phase_args = chain[k]["train_args"] if k < len(chain) else args
+            previous = chain[k - 1]
+            if previous.get("released"):  # it went on from the shipped (released) weights
+                release_dir = f"{runs[k - 1]}-release"
+                commands.append(f"python -m seq2serve.model.release checkpoint {runs[k - 1]} "
+                                f"{release_dir} --name {name}")
+                init, tokenizer = release_dir, f"{release_dir}/tokenizer.model"
+            else:
+                init = f"{runs[k - 1]}/checkpoints/step-{int(previous['step']):09d}"
+                tokenizer = f"runs/{name}/tokenizer.model"
+            commands.append(_finetune_command(phase_args, phase_args.get("data", data), runs[k],
+                                              init, tokenizer)
+                            + (f" --max-steps {chain[k]['step']}" if k < len(chain) else ""))
+        run = runs[-1]
     else:
         commands.append(_train_command(args, cfg, data, run, bytes_))
     score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
@@ -240,24 +261,37 @@ def model_card(checkpoint: str | os.PathLike[str],
         + ("; byte fallback (a character without a piece is spelled in bytes)"
            if bytes_ else "") + " |",
         f"| training | Adam (0.9, 0.98), inverse-square-root schedule with "
-        f"{(base or {}).get('train_args', args).get('warmup')} warm-up steps, label smoothing "
+        f"{(chain[0]['train_args'] if chain else args).get('warmup')} warm-up steps, label "
+        "smoothing "
         f"{args.get('label_smoothing')}, dropout {args.get('dropout')}, gradient clipping "
         f"{args.get('clip')}, batches of ≤{args.get('max_tokens')} tokens, seed "
         f"{args.get('seed')}"
         + (f"; then fine-tuned from the base run's best checkpoint (step {base['step']}) "
            f"with the extended vocabulary, peak learning rate {args.get('lr')} after "
            f"{args.get('warmup')} warm-up steps" if extended else "")
-        + (f"; then continued from the base run's checkpoint at step {base['step']} on "
-           f"`{data}`, a fresh Adam with peak learning rate {args.get('lr')} after "
-           f"{args.get('warmup')} warm-up steps" if base and not extended else "") + " |",
+        + ("".join(
+            f"; then continued from {'the base run' if k == 1 else f'the {_nth(k)} phase'}'s "
+            f"{'released ' if chain[k - 1].get('released') else ''}checkpoint at step "
+            f"{chain[k - 1]['step']} on `{phase.get('data', data)}`, a fresh Adam with peak "
+            f"learning rate {phase.get('lr')} after {phase.get('warmup')} warm-up steps"
+            for k, phase in enumerate(
+                [c["train_args"] for c in chain[1:]] + [args], start=1))
+           if base and not extended else "") + " |",
         f"| checkpoint | step {meta.get('step')}"
-        f"{(' of the fine-tune' if extended else ' of the second phase') if base else ''}, the "
+        f"{f' of the {this_phase}' if base else ''}, the "
         f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
         f"| training time | {_hms(trained) if trained else 'unknown'} wall clock"
-        + (f" ({_hms(base['elapsed_seconds'])} from scratch + "
-           f"{_hms(meta['finetune_seconds'])} {'fine-tuning' if extended else 'second phase'})"
-           if base and meta.get("finetune_seconds") else "")
-        + f" on {threads} thread{'s' if threads != 1 else ''} of an {hw} (no GPU) |",
+        + (f" ({_hms(chain[0]['elapsed_seconds'])} from scratch + "
+           + "".join(f"{_hms(b['elapsed_seconds'] - a['elapsed_seconds'])} "
+                     f"{_nth(k)} phase + " for k, (a, b) in enumerate(
+                         zip(chain, chain[1:], strict=False), start=2))
+           + f"{_hms(meta['finetune_seconds'])} "
+           f"{'fine-tuning' if extended else this_phase})"
+           if base and meta.get("finetune_seconds")
+           and all(c.get("elapsed_seconds") is not None for c in chain) else "")
+        + (f" on {threads} thread{'s' if threads != 1 else ''}" if len(set(by_phase)) < 2
+           else f" on {', '.join(map(str, by_phase))} threads by phase")
+        + f" of an {hw} (no GPU) |",
     ]
     metric = "bleu" if task == "translate" else "rougeL"
     for label, entries in (logs or {}).items():
@@ -375,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
               if corpus_file.is_file() else None)
     base = meta.get("base")
     continued = bool(base) and base["model"]["src_vocab_size"] == meta["model"]["src_vocab_size"]
-    second = "the second phase" if continued else "fine-tuning"
-    labels = (["training from scratch", second] if len(args.log) == 2
+    later = ([f"the {_nth(k)} phase" for k in range(2, len(args.log) + 1)] if continued
+             else ["fine-tuning"])
+    labels = (["training from scratch", *later] if len(args.log) == len(later) + 1 > 1
               else [f"training ({path.name})" for path in args.log])
     if len(args.log) == 1:
         labels = ["training"]

@@ -562,6 +562,43 @@ def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
         assert f"--split {r['split']} --score-out" in card
     assert card.count("samples from") == 2
 
+
+def test_a_third_phase_from_the_released_second_keeps_the_whole_chain(
+        trained: Path, tmp_path: Path) -> None:
+    """A phase that went on from a shipped (released) checkpoint of a second phase:
+    the card reproduces all three, through the release the third started from."""
+    from seq2serve.model import release
+    from seq2serve.server.cli import main
+
+    def phase(out: Path, init: Path, steps: str, threads: str) -> None:
+        assert main(["train", *TINY, "--out", str(out), "--init-from", str(init),
+                     "--tokenizer", str(init / "tokenizer.model"), "--max-steps", steps,
+                     "--eval-every", "5", "--lr", "0.0005", "--warmup", "5",
+                     "--threads", threads]) == 0
+
+    phase(tmp_path / "phase2", trained / "best", "10", "1")
+    second = release.release_checkpoint(tmp_path / "phase2", tmp_path / "shipped2", "tiny")
+    phase(tmp_path / "phase3", tmp_path / "shipped2", "10", "2")
+    third = release.release_checkpoint(tmp_path / "phase3", tmp_path / "shipped3", "tiny")
+    first = ckpt.read_meta(trained / "best")
+    assert [p["step"] for p in third["earlier"]] == [first["step"]]
+    assert third["base"]["step"] == second["step"] and third["base"]["released"]
+    assert third["elapsed_seconds"] == pytest.approx(
+        second["elapsed_seconds"] + third["finetune_seconds"], abs=0.2)
+    report = evaluate(tmp_path / "shipped3", CORPUS, split="train", max_sentences=4, samples=1)
+    card = release.model_card(tmp_path / "shipped3", report)
+    assert "--out runs/tiny --threads 1" in card and f"--max-steps {first['step']}" in card
+    assert (f"--init-from runs/tiny/checkpoints/step-{first['step']:09d}" in card
+            and f"--max-steps {second['step']}" in card)
+    assert "release checkpoint runs/tiny-2 runs/tiny-2-release --name tiny" in card
+    assert ("--out runs/tiny-3 --init-from runs/tiny-2-release "
+            "--tokenizer runs/tiny-2-release/tokenizer.model") in card
+    assert "release checkpoint runs/tiny-3 " in card
+    assert (f"then continued from the second phase's released checkpoint at step "
+            f"{second['step']}") in card
+    assert f"step {third['step']} of the third phase" in card
+    assert "third phase)" in card and "threads by phase" in card
+
 def test_languages_pick_and_check_the_corpus(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
