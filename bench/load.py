@@ -67,7 +67,7 @@ from .serving import free_port, served
 MODES: dict[str, dict[str, str]] = {
     "off": {"max_batch_size": "1"},
     "request": {"max_running_rows": "0"},
-    "iteration": {"max_running_rows": "256"},
+    "iteration": {"max_running_rows": "256", "max_running_beam": "128"},  # every width
 }
 ROWS_METRIC = "seq2serve_decoder_rows"
 WARMUP_REQUESTS = 4  # per server and decoding, before anything is measured
@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_port = free_port()
         own = MODES[mode]
         if mode == "iteration":
-            own = {"max_running_rows": str(args.iteration_rows)}
+            own = {**own, "max_running_rows": str(args.iteration_rows)}
         settings = {**extra, **own, "metrics_port": str(metrics_port)}
         with served(args.models_dir, settings=settings) as (_, target):
             records += asyncio.run(run_mode(

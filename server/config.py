@@ -27,6 +27,7 @@ ENV_PREFIX = "SEQ2SERVE_"
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
+MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
@@ -123,14 +124,18 @@ class ServerConfig:
         "most padded source tokens x beam width in one batch", "N"))
     max_queue_delay_ms: float = field(default=5.0, metadata=_meta(
         "longest wait for more work after the oldest queued text arrived", "MS"))
-    # Off by default: measured on 2 CPU cores (docs/benchmarks.md, "Streaming with one
-    # loop wake-up"), iteration-level serves 0.82-0.85x request-level's beam-4
-    # throughput at saturation (the shipped models' default decoding) with a higher
-    # p99, though greedy time to first token is 3-10x lower.
-    max_running_rows: int = field(default=0, metadata=_meta(
+    # Measured on 2 CPU cores (docs/benchmarks.md, "Iteration-level by default for
+    # greedy and sampling"): iteration-level serves greedy 1.1-1.3x request-level's
+    # throughput with a 2.5-5x lower time to first token, but beam 4 (the shipped
+    # models' default decoding) 0.8-1.0x with a 1.3-2.5x higher p99; so it is on for
+    # beam width 1 and wider beams run request-level batches.
+    max_running_rows: int = field(default=256, metadata=_meta(
         "iteration-level batching: most decoder rows (texts x beam width) in the running "
-        "batch, which queued texts join at every decoder step while they fit (e.g. 256); "
-        "0 = request-level batches, each run to its end", "N"))
+        "batch, which queued texts join at every decoder step while they fit; 0 = "
+        "request-level batches for every decoding, each run to its end", "N"))
+    max_running_beam: int = field(default=1, metadata=_meta(
+        "iteration-level batching for beam widths up to this (1: greedy and sampling); "
+        "wider beams run request-level batches", "N"))
     max_cache_tokens: int = field(default=131072, metadata=_meta(
         "iteration-level batching: most self-attention cache slots the running batch may "
         "reach (rows x the longest output limit among them)", "N"))
@@ -175,10 +180,11 @@ class ServerConfig:
         _int_in(out, "engines", self.engines, 0, 64, "0 = auto")
         _int_in(out, "max_running_rows", self.max_running_rows, 0, None,
                 "0 = request-level batching")
+        _int_in(out, "max_running_beam", self.max_running_beam, 1, MAX_BEAM_SIZE)
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
                      "max_texts_per_request", "max_text_chars", "max_length_cap"):
             _int_in(out, name, getattr(self, name), 1, None)
-        _int_in(out, "max_beam_size", self.max_beam_size, 1, 128)
+        _int_in(out, "max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE)
         _float_in(out, "max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0)
         _float_in(out, "drain_delay_s", self.drain_delay_s, 0.0, 3600.0)
         _float_in(out, "grace_period_s", self.grace_period_s, 0.0, 3600.0)
@@ -237,7 +243,8 @@ class ServerConfig:
                            max_queue_delay_s=self.max_queue_delay_ms / 1000.0,
                            max_queue_size=self.max_queue_size,
                            max_running_rows=self.max_running_rows,
-                           max_cache_tokens=self.max_cache_tokens)
+                           max_cache_tokens=self.max_cache_tokens,
+                           max_running_beam=self.max_running_beam)
 
     def option_limits(self) -> OptionLimits:
         """The caps `DecodingOptions.resolve()` checks requests against."""

@@ -26,7 +26,8 @@ stays within `max_batch_size` texts (so 1 still turns batching off),
 `max_running_rows` decoder rows (texts x beam width) and `max_cache_tokens`
 (rows x the longest output limit among them, the cache length the batch may
 reach), and the joining texts within `max_batch_tokens` (they are encoded
-together). Joining stops at the first
+together). Only beam widths up to `max_running_beam` run this way; wider beams
+form request-level batches (`iterates()`). Joining stops at the first
 item that does not fit, and nothing joins while the oldest queued item has
 another beam width: the running batch then drains and that item leads the
 next batch, so no shape and no long text starves. Nobody waits for a delay:
@@ -95,12 +96,20 @@ class BatchLimits:
     # request-level batches run to their end) and cache slots it may reach.
     max_running_rows: int = 256
     max_cache_tokens: int = 131072
+    # The widest beam that runs iteration-level; wider ones run request-level.
+    max_running_beam: int = 2**31 - 1  # every width
+
+    def iterates(self, shape: int) -> bool:
+        """Whether batches of this decoding shape (beam width) run iteration-level."""
+        return self.max_running_rows > 0 and shape <= self.max_running_beam
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in ("max_batch_size", "max_batch_tokens", "max_queue_size",
                                  "max_cache_tokens")
                     if getattr(self, name) < 1]
+        if self.max_running_beam < 1:
+            problems.append(f"max_running_beam must be >= 1, got {self.max_running_beam}")
         if self.max_running_rows < 0:
             problems.append(f"max_running_rows must be >= 0 (0 = request-level batching), "
                             f"got {self.max_running_rows}")
@@ -329,7 +338,7 @@ class Scheduler:
 
     def _joiners(self, running: Running) -> list[WorkItem]:
         limits = self.limits
-        if limits.max_running_rows == 0:
+        if not limits.iterates(running.shape):
             return []
         chosen: list[WorkItem] = []
         rows, reach, longest = running.rows, running.reach, 0
@@ -371,7 +380,7 @@ class Scheduler:
         longest = len(head.source)
         beam = head.beam_size
         budget_hit = False
-        rows_budget = limits.max_running_rows or None
+        rows_budget = limits.max_running_rows if limits.iterates(head.shape) else None
         reach = head.reach if rows_budget else 0
         for item in self._queue[1:]:
             if len(chosen) == limits.max_batch_size:

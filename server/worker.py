@@ -1,13 +1,14 @@
 """The engine loop of one model: a daemon thread that takes the scheduler's
 work, runs it on the engine and delivers each text's result.
 
-Iteration-level batching (`max_running_rows` > 0, opt-in; docs/benchmarks.md
-says why): the worker keeps one RunningBatch; at every step boundary it asks
-the scheduler which queued texts join (plain data), admits them (encoded
-once, written into free cross K/V slots), runs one decoder step and delivers
-every text that finished, was cancelled or passed its deadline at once. With
-`max_running_rows` 0 (the default) it runs request-level batches: each
-scheduler batch to its end.
+Iteration-level batching (`max_running_rows` > 0, for beam widths up to
+`max_running_beam`: by default greedy and sampling; docs/benchmarks.md says
+why): the worker keeps one RunningBatch; at every step boundary it asks the
+scheduler which queued texts join (plain data), admits them (encoded once,
+written into free cross K/V slots), runs one decoder step and delivers every
+text that finished, was cancelled or passed its deadline at once. Other batches
+(wider beams, or every batch with `max_running_rows` 0) run request-level:
+each scheduler batch to its end.
 
 ONNX Runtime releases the GIL while it computes, so a plain thread keeps the
 asyncio gRPC loop responsive; one thread per model because an Engine is not
@@ -40,7 +41,6 @@ class ModelWorker:
         self.metrics = metrics
         self.poll_s = poll_s  # how soon a stop() without drain is noticed when idle
         self.batches = 0
-        self.iteration_level = scheduler.limits.max_running_rows > 0
         self._running: RunningBatch | None = None
         self._live: dict[WorkItem, _FirstToken] = {}  # items in the running batch
         self._stop = threading.Event()
@@ -92,7 +92,7 @@ class ModelWorker:
                     if self.scheduler.closed and self.scheduler.depth == 0:
                         return  # drained
                     continue
-                if self.iteration_level:
+                if batch.shape is not None and self.scheduler.limits.iterates(batch.shape):
                     self._start(batch)
                 else:
                     self.run_batch(batch)

@@ -32,6 +32,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.reflection, c.serve_valid_models, c.tls) == (True, False, False)
     assert c.max_message_bytes == 4 * 1024 * 1024 and c.log_level == "INFO"
     assert c.threads >= 1 and c.threads == cfg.default_threads()
+    # iteration-level batching for greedy and sampling, request-level for beams
+    assert (c.max_running_rows, c.max_running_beam) == (256, 1)
+    assert c.batch_limits().iterates(1) and not c.batch_limits().iterates(2)
 
 
 def test_default_models_dir_is_the_shipped_folder() -> None:

@@ -292,6 +292,27 @@ def test_joining_respects_the_cache_budget_and_stops_at_the_first_misfit() -> No
     assert s2.joining(Running(shape=1, sources=5, rows=5, reach=10)) is None
 
 
+def test_beams_wider_than_max_running_beam_run_request_level() -> None:
+    """The server's default: greedy and sampling join running batches, beam search
+    forms request-level batches (no rows budget, nothing joins)."""
+    limits = BatchLimits(max_queue_delay_s=0.0, max_running_rows=8, max_cache_tokens=10**6,
+                         max_running_beam=1)
+    assert limits.iterates(1) and not limits.iterates(4)
+    assert not BatchLimits(max_running_rows=0).iterates(1)
+    s = Scheduler(limits)
+    s.submit(item(3, beam=4))
+    assert s.joining(Running(shape=4, sources=1, rows=4, reach=16)) is None
+    for _ in range(5):
+        s.submit(item(3, beam=4))
+    batch = s.next_batch(timeout=1)  # 6 x 4 rows: past the rows budget of 8, all the same
+    assert batch is not None and batch.shape == 4 and len(batch.items) == 6
+    s.submit_many([item(3), item(3)])
+    joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16))
+    assert joined is not None and len(joined.items) == 2
+    with pytest.raises(ValueError, match="max_running_beam must be >= 1"):
+        BatchLimits(max_running_beam=0)
+
+
 def test_joining_is_off_for_request_level_and_reports_drops() -> None:
     s = sched(rows=0)
     s.submit(item(3))

@@ -124,7 +124,7 @@ def test_engines_of_one_model_share_its_queue_and_answer_alike(
     texts = [*CORPUS[:8], f"{CORPUS[8 % len(CORPUS)]} {CORPUS[0]}"] * 2
     alone = [client.translate([t], beam_size=2, max_length=20)[0][0].text for t in texts]
     running = RunningServer(server_config(models_dir, threads=2, engines=2, max_batch_size=2,
-                                          max_running_rows=rows))
+                                          max_running_rows=rows, max_running_beam=16))
     try:
         [handle] = running.server.registry.handles()
         assert [w.engine.runner.threads for w in handle.workers] == [1, 1]
@@ -531,7 +531,7 @@ def test_iteration_level_beam_search_streams_each_sentence_when_it_is_done(
         models_dir: Path) -> None:
     """Beam search has no stable prefix to stream token by token, but a finished
     sentence is final: it goes out before the rest of the text is done."""
-    running = RunningServer(server_config(models_dir, max_running_rows=64))
+    running = RunningServer(server_config(models_dir, max_running_rows=64, max_running_beam=16))
     text = f"Tools. {CORPUS[3]} {CORPUS[1]}"
     try:
         with Seq2ServeClient(running.target, timeout=60) as c:
