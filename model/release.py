@@ -1,12 +1,15 @@
 """Ship a trained model: the run's best checkpoint as a compact checkpoint, and its card.
 
     python -m seq2serve.model.release checkpoint runs/en-de models/checkpoints/en-de --name en-de
+    python -m seq2serve.model.release average runs/en-de/averaged runs/en-de/checkpoints/step-*
     python -m seq2serve.model.release card models/checkpoints/en-de \
         --report models/checkpoints/en-de/test-scores.json [--packages quality.json]
 
-`checkpoint` copies `RUN/best` with fp16 weights (half the size, and the model
-is trained and served in fp32: the loader casts back) and records in its
-config.json how long training took to reach it. `card` writes MODEL_CARD.md
+`average` writes the mean of several checkpoints' weights (the last ones of a run:
+a cheap gain over any one of them), which `checkpoint` then ships like a best/.
+`checkpoint` copies `RUN/best` (or a checkpoint directory) with fp16 weights (half
+the size, and the model is trained and served in fp32: the loader casts back) and
+records in its config.json how long training took to reach it. `card` writes MODEL_CARD.md
 beside the checkpoint from what was measured: the checkpoint's config, the
 test-split report of `seq2serve train --score` (scores, copy baseline,
 samples) and optionally the package-quality records of
@@ -31,10 +34,39 @@ CARD_FILE = "MODEL_CARD.md"
 RESERVED = {"format", "format_version", "model", "weights", "tokenizer"}
 
 
+def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
+                        dest: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mean of the sources' weights (one architecture and tokenizer) in float32 at
+    `dest`, with the newest source's meta, its training time and the steps averaged."""
+    import torch
+
+    loaded = sorted((load_checkpoint(source) + (Path(source),) for source in sources),
+                    key=lambda entry: entry[1].get("step") or 0)
+    if len(loaded) < 2:
+        raise ValueError(f"averaging needs two checkpoints or more, got {len(loaded)}")
+    model, meta, tokenizer, newest = loaded[-1]
+    states = [m.state_dict() for m, *_ in loaded]
+    if any(state.keys() != states[0].keys() or any(
+            state[k].shape != states[0][k].shape for k in state) for state in states):
+        raise ValueError("the checkpoints differ in architecture")
+    model.load_state_dict({k: torch.stack([state[k].float() for state in states]).mean(0)
+                           if v.is_floating_point() else v for k, v in states[-1].items()})
+    extra = {k: v for k, v in meta.items() if k not in RESERVED}
+    extra["averaged_steps"] = [m.get("step") for _, m, _, _ in loaded]
+    seconds, _ = training_time(newest, meta)
+    if seconds is not None:
+        extra["elapsed_seconds"] = round(seconds, 1)
+    save_checkpoint(dest, model, tokenizer.path, meta=extra)
+    return read_meta(dest)
+
+
 def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
                        name: str, save_dtype: str = "float16") -> dict[str, Any]:
-    """Copy `run_dir/best` to `dest` with `save_dtype` weights; returns the new meta."""
+    """Copy `run_dir/best` (or `run_dir` itself when it is a checkpoint, e.g. an
+    average) to `dest` with `save_dtype` weights; returns the new meta."""
     best = Path(run_dir) / "best"
+    if not best.is_dir() and (Path(run_dir) / "config.json").is_file():
+        best = Path(run_dir)
     model, meta, tokenizer = load_checkpoint(best)
     seconds, _ = training_time(best, meta)
     extra = {k: v for k, v in meta.items() if k not in RESERVED}
@@ -212,6 +244,13 @@ def model_card(checkpoint: str | os.PathLike[str],
         run = runs[-1]
     else:
         commands.append(_train_command(args, cfg, data, run, bytes_))
+    averaged = meta.get("averaged_steps")
+    if averaged:  # the mean of the last run's resume checkpoints: keep them all
+        commands[-1] += " --keep 0"
+        commands.append(f"python -m seq2serve.model.release average {run}/averaged "
+                        + " ".join(f"{run}/checkpoints/step-{int(step):09d}"
+                                   for step in averaged))
+        run = f"{run}/averaged"
     score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
                    [f"{rel}/test-{Path(r['data']).parent.name}.json" for r in reports])
     score_cmds = [f"seq2serve train --score {rel} --data {r['data']} --split {r['split']} "
@@ -277,9 +316,12 @@ def model_card(checkpoint: str | os.PathLike[str],
             for k, phase in enumerate(
                 [c["train_args"] for c in chain[1:]] + [args], start=1))
            if base and not extended else "") + " |",
-        f"| checkpoint | step {meta.get('step')}"
-        f"{f' of the {this_phase}' if base else ''}, the "
-        f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |",
+        (f"| checkpoint | the mean of the weights at steps "
+         f"{', '.join(map(str, averaged[:-1]))} and {averaged[-1]}"
+         f"{f' of the {this_phase}' if base else ''} (`release average`) |" if averaged else
+         f"| checkpoint | step {meta.get('step')}"
+         f"{f' of the {this_phase}' if base else ''}, the "
+         f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |"),
         f"| training time | {_hms(trained) if trained else 'unknown'} wall clock"
         + (f" ({_hms(chain[0]['elapsed_seconds'])} from scratch + "
            + "".join(f"{_hms(b['elapsed_seconds'] - a['elapsed_seconds'])} "
@@ -346,7 +388,10 @@ def model_card(checkpoint: str | os.PathLike[str],
         f"seq2serve export {rel} models/{name} --precision int8 --name {name}",
         "```", "",
         "The scoring commands alone reproduce the tables above from the shipped checkpoint "
-        "(scores are deterministic: greedy decoding in fp32 on CPU).",
+        "(scores are deterministic: greedy decoding in fp32 on CPU)."
+        + (" Resume checkpoints are saved by the clock (`--save-every-minutes`), so a "
+           "rerun averages the ones it saved over the same range of steps." if averaged
+           else ""),
         "",
     ]
     return "\n".join(out)
@@ -357,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ck = sub.add_parser("checkpoint", help="copy RUN/best as a compact shipping checkpoint")
-    ck.add_argument("run", type=Path, help="training run directory (holds best/)")
+    ck.add_argument("run", type=Path, help="training run directory (holds best/), or a "
+                    "checkpoint directory (e.g. written by `average`)")
+    avg = sub.add_parser("average", help="the mean of several checkpoints' weights")
+    avg.add_argument("dest", type=Path)
+    avg.add_argument("checkpoints", type=Path, nargs="+")
     ck.add_argument("dest", type=Path)
     ck.add_argument("--name", required=True)
     ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
@@ -378,9 +427,18 @@ def main(argv: list[str] | None = None) -> int:
                            "fine-tune, in order")
     card.add_argument("--notes", type=Path, help="Markdown for a Limitations section")
     args = parser.parse_args(argv)
+    if args.command == "average":
+        try:
+            meta = average_checkpoints(args.checkpoints, args.dest)
+        except (OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(json.dumps({"dest": str(args.dest), "averaged_steps": meta["averaged_steps"],
+                          "elapsed_seconds": meta.get("elapsed_seconds")}))
+        return 0
     if args.command == "checkpoint":
-        if not (args.run / "best").is_dir():
-            print(f"error: {args.run}/best does not exist", file=sys.stderr)
+        if not (args.run / "best").is_dir() and not (args.run / "config.json").is_file():
+            print(f"error: {args.run} holds neither best/ nor a checkpoint", file=sys.stderr)
             return 2
         meta = release_checkpoint(args.run, args.dest, args.name, args.dtype)
         print(json.dumps({"dest": str(args.dest), "step": meta.get("step"),

@@ -599,6 +599,44 @@ def test_a_third_phase_from_the_released_second_keeps_the_whole_chain(
     assert f"step {third['step']} of the third phase" in card
     assert "third phase)" in card and "threads by phase" in card
 
+def test_averaged_checkpoints_ship_and_card_their_steps(trained: Path, tmp_path: Path) -> None:
+    """`release average`: the mean of a run's last resume checkpoints, shipped like a
+    best/ and carded with the steps it averaged and how to get them again."""
+    import torch
+
+    from seq2serve.model import release
+    from seq2serve.server.cli import main
+
+    out = tmp_path / "phase2"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+                 "--tokenizer", str(trained / "tokenizer.model"), "--max-steps", "4",
+                 "--eval-every", "4", "--lr", "0.0005", "--warmup", "2",
+                 "--save-every-minutes", "0", "--keep", "0"]) == 0
+    steps = [out / "checkpoints" / f"step-{s:09d}" for s in (2, 3, 4)]
+    with pytest.raises(ValueError, match="two checkpoints or more"):
+        release.average_checkpoints(steps[:1], tmp_path / "one")
+    assert release.main(["average", str(out / "averaged"), *map(str, reversed(steps))]) == 0
+    averaged = ckpt.read_meta(out / "averaged")
+    assert averaged["averaged_steps"] == [2, 3, 4] and averaged["step"] == 4
+    assert averaged["elapsed_seconds"] > 0
+    weights = [ckpt.load_checkpoint(s)[0].state_dict() for s in steps]
+    mean = ckpt.load_checkpoint(out / "averaged")[0].state_dict()
+    for name, value in mean.items():
+        torch.testing.assert_close(value, torch.stack([w[name] for w in weights]).mean(0))
+    assert any(not torch.equal(weights[0][name], value) for name, value in mean.items())
+
+    released = release.release_checkpoint(out / "averaged", tmp_path / "shipped", "tiny")
+    assert released["averaged_steps"] == [2, 3, 4] and released["base"]["step"] > 0
+    report = evaluate(tmp_path / "shipped", CORPUS, split="train", max_sentences=4, samples=1)
+    card = release.model_card(tmp_path / "shipped", report)
+    assert "the mean of the weights at steps 2, 3 and 4 of the second phase" in card
+    assert "--save-every-minutes" in card and " --keep 0" in card
+    assert ("release average runs/tiny-2/averaged runs/tiny-2/checkpoints/step-000000002 "
+            "runs/tiny-2/checkpoints/step-000000003 runs/tiny-2/checkpoints/step-000000004"
+            ) in card
+    assert "release checkpoint runs/tiny-2/averaged " in card
+
+
 def test_languages_pick_and_check_the_corpus(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
