@@ -51,7 +51,8 @@ def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
         raise ValueError("the checkpoints differ in architecture")
     model.load_state_dict({k: torch.stack([state[k].float() for state in states]).mean(0)
                            if v.is_floating_point() else v for k, v in states[-1].items()})
-    extra = {k: v for k, v in meta.items() if k not in RESERVED}
+    # The newest source's validation scores are not the average's: not carried.
+    extra = {k: v for k, v in meta.items() if k not in RESERVED and k != "valid"}
     extra["averaged_steps"] = [m.get("step") for _, m, _, _ in loaded]
     seconds, _ = training_time(newest, meta)
     if seconds is not None:
