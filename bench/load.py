@@ -61,13 +61,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.config import MAX_BEAM_SIZE
 
 from .serving import free_port, served
 
 MODES: dict[str, dict[str, str]] = {
     "off": {"max_batch_size": "1"},
     "request": {"max_running_rows": "0"},
-    "iteration": {"max_running_rows": "256", "max_running_beam": "128"},  # every width
+    "iteration": {"max_running_rows": "256", "max_running_beam": str(MAX_BEAM_SIZE)},
 }
 ROWS_METRIC = "seq2serve_decoder_rows"
 WARMUP_REQUESTS = 4  # per server and decoding, before anything is measured

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from seq2serve.bench import soak
+from seq2serve.server.config import MAX_BEAM_SIZE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ddtp_en_test_sample.txt"
 
@@ -25,7 +26,7 @@ def test_quick_soak_is_clean(batching: str) -> None:
     texts = soak.read_texts([FIXTURE], 96)
     rows = {"request": "0", "iteration": "256"}[batching]
     report = soak.run(texts, model="en-de", concurrency=64,
-                      settings={"max_running_rows": rows, "max_running_beam": "128"})
+                      settings={"max_running_rows": rows, "max_running_beam": str(MAX_BEAM_SIZE)})
     assert (report.lost, report.mixed, report.batch_dependent) == (0, 0, 0)
     assert report.right == report.texts == 96
     assert report.rss_start_mib > 0 and report.rss_peak_mib >= report.rss_end_mib > 0
