@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .systems import CTranslate2, Seq2Serve, System, Transformers
-from .workload import SHAPES, prepare_models, random_sources, read_sentences
+from seq2serve.bench.systems import CTranslate2, Seq2Serve, System, Transformers
+from seq2serve.bench.workload import SHAPES, prepare_models, random_sources, read_sentences
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
            "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
@@ -204,7 +204,7 @@ def markdown_table(records: list[Record]) -> str:
 
 
 def machine_description(threads: int) -> list[str]:
-    from seq2serve.server.runner import physical_cores
+    from seq2serve.server.engine.runner import physical_cores
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -377,7 +377,7 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
 def _package_runs(args: argparse.Namespace, threads: int,
                   settings: list[tuple[str, int]]) -> list[Record]:
     from seq2serve.export.package import load_package
-    from seq2serve.server.models import package_tokenizer
+    from seq2serve.server.core.registry import package_tokenizer
 
     # Packages that see the same token ids (one model in several precisions) are
     # timed round-robin together, like the peers on the OPUS-MT shape.
@@ -404,7 +404,7 @@ def _package_runs(args: argparse.Namespace, threads: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from seq2serve.server.runner import physical_cores
+    from seq2serve.server.engine.runner import physical_cores
 
     problems = _check(args)
     if problems:

@@ -59,11 +59,10 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from seq2serve.bench.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.config import MAX_BEAM_SIZE
-
-from .serving import free_port, served
 
 MODES: dict[str, dict[str, str]] = {
     "off": {"max_batch_size": "1"},

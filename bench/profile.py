@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnxruntime as ort
 
-    from seq2serve.server.engine import Engine
-    from seq2serve.server.options import DecodingOptions
-    from seq2serve.server.runner import CPU, RunnerConfig
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.options import DecodingOptions
+    from seq2serve.server.engine.runner import CPU, RunnerConfig
 
     shape = SHAPES["opus-mt"]
     models = prepare_models(args.work, shape, 0, {args.precision}, ctranslate2=False)

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 from seq2serve.export.package import load_package
-from seq2serve.model.batching import read_split
-from seq2serve.model.evaluate import score_with_signatures
-from seq2serve.server.engine import Engine
-from seq2serve.server.models import package_tokenizer
-from seq2serve.server.options import DecodingOptions
-from seq2serve.server.runner import RunnerConfig
+from seq2serve.model.train.batching import read_split
+from seq2serve.model.train.evaluate import score_with_signatures
+from seq2serve.server.core.registry import package_tokenizer
+from seq2serve.server.engine.engine import Engine
+from seq2serve.server.engine.options import DecodingOptions
+from seq2serve.server.engine.runner import RunnerConfig
 
 
 def decode(package_dir: Path, sources: list[str], beam: int, threads: int,

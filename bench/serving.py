@@ -37,7 +37,7 @@ def served(models_dir: Path | None, port: int | None = None,
     env.update({f"SEQ2SERVE_{k.upper()}": str(v) for k, v in (settings or {}).items()})
     if models_dir is not None:
         env["SEQ2SERVE_MODELS_DIR"] = str(models_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli", "serve"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli.main", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
     try:

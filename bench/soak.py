@@ -36,10 +36,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from seq2serve.bench.serving import served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
-
-from .serving import served
 
 Answer = tuple[tuple[int, ...], float] | None  # (token ids, score); None: lost
 

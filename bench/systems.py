@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .workload import EOS_ID, vocabulary
+from seq2serve.bench.workload import EOS_ID, vocabulary
 
 Tokens = list[list[int]]
 
@@ -54,15 +54,15 @@ class Seq2Serve(System):
         self.engine: Any = None
 
     def load(self) -> None:
-        from seq2serve.server.engine import Engine
-        from seq2serve.server.runner import RunnerConfig
+        from seq2serve.server.engine.engine import Engine
+        from seq2serve.server.engine.runner import RunnerConfig
 
         self.engine = Engine(self.package, RunnerConfig(provider=self.device,
                                                         intra_op_threads=self.threads))
         self.precision = self.engine.package.manifest.precision
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
-        from seq2serve.server.options import DecodingOptions
+        from seq2serve.server.engine.options import DecodingOptions
 
         if new_tokens is None:  # the package's generation defaults (length limit, penalty)
             options = DecodingOptions(beam_size=beam, num_hypotheses=1)

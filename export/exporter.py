@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .package import (
+from seq2serve.export.package import (
     DECODER_FILE,
     ENCODER_FILE,
     ENCODER_INPUTS,
@@ -43,7 +43,7 @@ from .package import (
     sha256_file,
     signature,
 )
-from .sources import SAMPLE_TEXTS, Source, SourceError, load_source
+from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
 
 PRECISIONS = ("fp32", "fp16", "int8")
 FP32_LOG_PROB_TOLERANCE = 1e-4
@@ -111,9 +111,13 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     import onnx
     import torch
 
-    from .onnx_graphs import export_graphs, tie_output_projection, write_cache_graphs
-    from .quantize import quantize_int8
-    from .verify import check_cache_graphs, compare
+    from seq2serve.export.onnx_graphs import (
+        export_graphs,
+        tie_output_projection,
+        write_cache_graphs,
+    )
+    from seq2serve.export.quantize import quantize_int8
+    from seq2serve.export.verify import check_cache_graphs, compare
 
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     problems: list[str] = []
@@ -190,7 +194,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         if precision == "int8":
             deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
         elif precision == "fp16":
-            from .verify import check_fp16
+            from seq2serve.export.verify import check_fp16
 
             deviation = check_fp16(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
         if not deviation.finite:

@@ -13,9 +13,7 @@ import torch
 from onnx import helper, numpy_helper
 from torch import nn
 
-from seq2serve.model.transformer import Seq2SeqTransformer
-
-from .package import (
+from seq2serve.export.package import (
     DECODER_FILE,
     ENCODER_FILE,
     ENCODER_INPUTS,
@@ -33,6 +31,7 @@ from .package import (
     reorder_inputs,
     reorder_outputs,
 )
+from seq2serve.model.transformer import Seq2SeqTransformer
 
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one op
 

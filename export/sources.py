@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.model.marian import ConversionError, load_marian
 from seq2serve.model.transformer import Seq2SeqTransformer
-
-from .tokenizer import PackageTokenizer
 
 # Sentences for the export-time check of ONNX Runtime against PyTorch.
 SAMPLE_TEXTS = [

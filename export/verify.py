@@ -10,10 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from seq2serve.model.transformer import Seq2SeqTransformer
-
-from .onnx_graphs import sample_inputs
-from .package import (
+from seq2serve.export.onnx_graphs import sample_inputs
+from seq2serve.export.package import (
     DECODER_FILE,
     ENCODER_INPUTS,
     MOVE_FILE,
@@ -21,6 +19,7 @@ from .package import (
     SELECT_FILE,
     decoder_inputs,
 )
+from seq2serve.model.transformer import Seq2SeqTransformer
 
 
 @dataclass

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
-from .config import ModelConfig
-from .tokenizer import Tokenizer
-from .transformer import Seq2SeqTransformer
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.tokenizer import Tokenizer
+from seq2serve.model.transformer import Seq2SeqTransformer
 
 FORMAT = "seq2serve-checkpoint"
 FORMAT_VERSION = 1

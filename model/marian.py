@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
-from .transformer import Seq2SeqTransformer, sinusoid_table
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

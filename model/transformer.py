@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from seq2serve.model.config import ModelConfig
 
 
 def causal_mask(length: int, device: torch.device | None = None) -> Tensor:

@@ -31,13 +31,12 @@ from grpc_reflection.v1alpha import reflection
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
-
-from .config import ConfigError, ServerConfig, add_arguments, from_args
-from .errors import ErrorInterceptor
-from .metrics import Metrics, MetricsServer
-from .models import ModelLoadError, ModelRegistry
-from .service import TranslatorService
-from .tls import TLSError, server_credentials
+from seq2serve.server.api.grpc_errors import ErrorInterceptor
+from seq2serve.server.api.grpc_service import TranslatorService
+from seq2serve.server.api.tls import TLSError, server_credentials
+from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
+from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
+from seq2serve.server.metrics import Metrics, MetricsServer
 
 log = logging.getLogger("seq2serve.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name

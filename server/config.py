@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seq2serve.server.options import OptionLimits
-from seq2serve.server.scheduler import BatchLimits
+from seq2serve.server.batching.scheduler import BatchLimits
+from seq2serve.server.engine.options import OptionLimits
 
 ENV_PREFIX = "SEQ2SERVE_"
 PROVIDERS = ("auto", "cpu", "cuda")

@@ -25,7 +25,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from .errors import status_of
+from seq2serve.server.api.grpc_errors import status_of
 
 NAMESPACE = "seq2serve"
 

@@ -102,7 +102,7 @@ def start_replica(tmp: Path, models: Path, **settings: str | int | float) -> Rep
            **{f"SEQ2SERVE_{k.upper()}": str(v) for k, v in settings.items()}}
     log = tmp / f"replica-{port}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli", "serve"],
+        process = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli.main", "serve"],
                                    env=env, stdout=out, stderr=subprocess.STDOUT)
     return Replica(port, metrics_port, process, log, env)
 

@@ -44,7 +44,7 @@ class ServeProcess:
 
     def __init__(self, env: dict[str, str], *args: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seq2serve.server.cli", "serve", *args], env=env,
+            [sys.executable, "-m", "seq2serve.server.cli.main", "serve", *args], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()

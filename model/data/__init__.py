@@ -1,0 +1,1 @@
+"""Corpora from Debian: DDTP description translations and program-message catalogs."""

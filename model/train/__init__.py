@@ -1,0 +1,1 @@
+"""Training: token-budget batches, the trainer, evaluation and release of checkpoints."""

@@ -1,0 +1,1 @@
+"""The `seq2serve` console command and its client-side subcommands."""

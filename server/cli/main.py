@@ -1,0 +1,61 @@
+"""The `seq2serve` console command.
+
+Each subcommand lives in its own module exposing `configure(parser)` and
+`run(args) -> int`. Modules are imported only when their subcommand runs, so
+`seq2serve serve` never imports torch and `seq2serve --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("seq2serve.model.data.corpus", "build translation and summarization corpora from "
+             "Debian's package-description translations (DDTP)"),
+    "train": ("seq2serve.model.train.trainer", "train a tokenizer and a transformer on a corpus "
+              "(resumable)"),
+    "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
+               "Marian model to a verified ONNX model package"),
+    "serve": ("seq2serve.server.app", "serve model packages over gRPC (health, reflection, "
+              "Prometheus metrics)"),
+    "bench": ("seq2serve.bench.harness", "benchmark the engine side by side with Hugging Face "
+              "generate() and CTranslate2 (tokens/s, Markdown table, --json)"),
+    "translate": ("seq2serve.server.cli.translate", "translate texts on a running seq2serve "
+                  "server"),
+    "summarize": ("seq2serve.server.cli.summarize", "summarize text files on a running "
+                  "seq2serve server"),
+    "health": ("seq2serve.server.cli.health", "exit 0 when a server's gRPC health service "
+               "says SERVING, 1 otherwise (for container and load-balancer checks)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seq2serve",
+        description="Train, export and serve encoder-decoder transformers for translation "
+        "and summarization.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints usage or help, exits
+        return 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"seq2serve {name}", description=help_text)
+    module.configure(parser)
+    return int(module.run(parser.parse_args(rest)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""A translation's pieces: plan them, join their n-best lists, assemble streamed text.
+
+The service cuts one text into sentence-sized pieces (segment.py), sends each
+piece through the engine as its own work item and puts the answers back
+together. These are the pure parts of that, with no gRPC and no engine: a
+tokenizer's `encode`/`decode` come in as plain callables, hypotheses as any
+object with `token_ids`, `score`, `alignment` and `finish_reason`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from seq2serve.server.core.segment import Segmented, reassemble, segment, split_long
+
+Encode = Callable[[str], list[int]]
+Decode = Callable[[list[int]], str]
+
+
+class PieceHypothesis(Protocol):
+    """What the engine returns per hypothesis of one piece (engine.Hypothesis fits)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def alignment(self) -> Sequence[int] | None: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One unit of work: a sentence-sized source segment and its token ids."""
+
+    text: str
+    source_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A text cut for translation: the segmentation and its pieces, in order."""
+
+    segmented: Segmented
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class Joined:
+    """One hypothesis of a whole text, joined from one hypothesis per piece.
+
+    `score` is None when any piece's is (not computed), and so is `alignment`;
+    `token_ids` is None only for a blank text, which has no pieces."""
+
+    text: str
+    score: float | None
+    token_ids: list[int] | None
+    alignment: list[int] | None
+    finish_reason: str  # "length" when any piece was cut, else "eos"
+
+
+def plan(text: str, language: str, encode: Encode, limit: int) -> Plan:
+    """Sentences of `text` (in `language`), each cut to at most `limit` source tokens.
+
+    Pieces longer than `limit` are split at clauses and words first; what is still
+    longer (one character past the limit) is cut to `limit` token ids.
+    """
+    segmented = split_long(segment(text, language), lambda t: len(encode(t)), limit)
+    return Plan(segmented, tuple(Piece(t, encode(t)[:limit]) for t in segmented.pieces))
+
+
+def join(plan: Plan, nbests: Sequence[Sequence[PieceHypothesis]], count: int,
+         decode: Decode) -> list[Joined]:
+    """`count` hypotheses of the planned text from each piece's n-best list.
+
+    The i-th joins every piece's i-th best, or its best when that piece has fewer
+    than i + 1; scores are summed over pieces; alignment positions count through
+    the pieces' source token ids in order (a position in the second piece is offset
+    by the first piece's source length). A blank text (no pieces) answers itself.
+    """
+    if len(nbests) != len(plan.pieces):
+        raise ValueError(f"expected {len(plan.pieces)} n-best lists, got {len(nbests)}")
+    if not plan.pieces:
+        return [Joined(plan.segmented.original, None, None, None, "eos")] * count
+    if any(not n for n in nbests):
+        raise ValueError("every piece needs at least one hypothesis")
+    offsets = list(itertools.accumulate((len(p.source_ids) for p in plan.pieces[:-1]),
+                                        initial=0))
+    out = []
+    for i in range(count):
+        chosen = [n[min(i, len(n) - 1)] for n in nbests]
+        text = reassemble(plan.segmented, [decode(list(h.token_ids)) for h in chosen])
+        scores = [h.score for h in chosen]
+        alignments = [h.alignment for h in chosen]
+        alignment = (None if any(a is None for a in alignments) else
+                     [int(a) + offset for al, offset in zip(alignments, offsets, strict=True)
+                      for a in al or ()])
+        cut = any(h.finish_reason == "length" for h in chosen)
+        out.append(Joined(
+            text=text,
+            score=None if None in scores else sum(s for s in scores if s is not None),
+            token_ids=[int(t) for h in chosen for t in h.token_ids],
+            alignment=alignment,
+            finish_reason="length" if cut else "eos"))
+    return out
+
+
+def stream_text(plan: Plan, done: Mapping[int, str],
+                partial: Mapping[int, Sequence[int]], decode: Decode) -> str:
+    """The text so far: finished pieces in order (`done`: their best's text,
+    decoded once), then the one still growing (`partial`: its tokens so far),
+    nothing after it."""
+    texts: list[str] = []
+    for i in range(len(plan.pieces)):
+        if i in done:
+            texts.append(done[i])
+        else:
+            texts.append(decode(list(partial.get(i, ()))))
+            break
+    return reassemble(plan.segmented, texts, partial=True)
+
+
+def whole(hypothesis: PieceHypothesis, decode: Decode) -> Joined:
+    """A hypothesis of a text sent as one piece, uncut (a summary's source)."""
+    return Joined(decode(list(hypothesis.token_ids)), hypothesis.score,
+                  [int(t) for t in hypothesis.token_ids],
+                  None if hypothesis.alignment is None else [int(a) for a in hypothesis.alignment],
+                  hypothesis.finish_reason)

@@ -1,0 +1,249 @@
+"""The served models: one package, engine, scheduler and worker per model.
+
+Which directories are packages (`find_packages`): `models_dir` itself when it
+holds manifest.json; otherwise every directory directly below it that holds a
+manifest.json or an ONNX graph (`*.onnx`), so a package that lost its manifest
+is reported, not skipped. Anything else is not a package and is ignored: other
+directories (the shipped `models/checkpoints/`, training checkpoints beside
+the packages), hidden ones (".git", the "..data" links of a Kubernetes
+ConfigMap or Secret volume), `lost+found` and plain files.
+
+One rule for broken packages (a manifest missing or invalid, a file missing or
+tampered with, a name served twice, an engine that will not load): every one is
+reported, each naming its directory and the problem, and the server does not
+start. With `serve_valid_models` it serves the others and logs each broken one
+as an error (and counts them in `seq2serve_broken_packages`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from seq2serve.export.package import MANIFEST, Manifest, ModelPackage, PackageError, load_package
+from seq2serve.export.tokenizer import PackageTokenizer
+from seq2serve.server.api.grpc_errors import InvalidArgument, NotFound, Unavailable, echo
+from seq2serve.server.batching.scheduler import Scheduler
+from seq2serve.server.batching.worker import ModelWorker
+from seq2serve.server.config import ServerConfig
+from seq2serve.server.engine.engine import Engine
+from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
+from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider, physical_cores
+from seq2serve.server.metrics import Metrics
+
+log = logging.getLogger("seq2serve.server")
+
+
+def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
+    m = package.manifest
+    return PackageTokenizer(package.file(m.tokenizer["source_model"]),
+                            package.file(m.tokenizer["target_model"]),
+                            package.file(m.tokenizer["vocab"]),
+                            unk_id=m.special_tokens["unk"], eos_id=m.special_tokens["eos"],
+                            pad_id=m.special_tokens["pad"])
+
+
+# On 2 CPU cores, two engines with one intra-op thread each decode 1.76x (beam 4)
+# to 1.95x (greedy) the tokens/s of one engine with two threads (docs/benchmarks.md):
+# ONNX Runtime splits few of a small model's kernels well across threads. Past a few
+# engines each is one more copy of the sessions for a smaller share of the queue.
+MAX_AUTO_ENGINES = 4
+
+
+def engine_layout(threads: int, engines: int, provider: str) -> tuple[int, int]:
+    """(engines, intra-op threads per engine) for one model: `threads` (0 = the
+    physical cores) shared out among `engines` (0 = auto: one per thread up to
+    MAX_AUTO_ENGINES on CPU; one on CUDA, where a second session only splits the
+    same device)."""
+    total = threads or physical_cores()
+    if engines == 0:
+        engines = 1 if provider == CUDA else min(total, MAX_AUTO_ENGINES)
+    return engines, max(1, total // engines)
+
+
+@dataclass
+class ModelHandle:
+    name: str
+    package: ModelPackage
+    tokenizer: PackageTokenizer
+    engine: Engine  # the first engine: options, limits and provider are the same in all
+    scheduler: Scheduler
+    workers: tuple[ModelWorker, ...]  # one per engine, all taking from `scheduler`
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.package.manifest
+
+    @property
+    def batches(self) -> int:
+        return sum(w.batches for w in self.workers)
+
+    @property
+    def provider(self) -> str:
+        return self.engine.runner.provider
+
+
+IGNORED_DIRS = frozenset({"lost+found"})  # what mkfs leaves at a volume's root
+
+
+def find_packages(models_dir: Path) -> list[Path]:
+    """The package directories of `models_dir`, sorted (see the module docstring)."""
+    if (models_dir / MANIFEST).is_file():
+        return [models_dir]
+    return sorted(p for p in models_dir.iterdir()
+                  if p.is_dir() and not _ignored(p.name) and _looks_like_a_package(p))
+
+
+def _ignored(name: str) -> bool:
+    return name.startswith(".") or name in IGNORED_DIRS
+
+
+def _looks_like_a_package(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() or any(directory.glob("*.onnx"))
+
+
+@dataclass(frozen=True)
+class BrokenPackage:
+    path: Path
+    problem: str  # one line
+
+
+class ModelLoadError(Exception):
+    """The models cannot be served as configured; the message lists every problem."""
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, PackageError):
+        return "; ".join(error.problems)
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if isinstance(error, OSError) else f"{type(error).__name__}: {text}"
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self._handles: dict[str, ModelHandle] = {}
+        self.broken: list[BrokenPackage] = []
+        self.ready = False
+
+    def load(self, config: ServerConfig, metrics: Metrics) -> None:
+        """Verify every package, then load and warm up the valid ones. Raises
+        ModelLoadError naming every broken package (unless `serve_valid_models`)."""
+        if config.models_dir is None:
+            raise ModelLoadError("no --models-dir given and no shipped models/ folder")
+        models_dir = Path(config.models_dir)
+        paths = find_packages(models_dir)
+        if not paths:
+            raise ModelLoadError(f"no model package in {models_dir} (a package is a "
+                                 f"directory holding {MANIFEST} and the files it lists)")
+        packages: list[ModelPackage] = []
+        names: dict[str, Path] = {}
+        for path in paths:  # verify all first: every problem shows before any model loads
+            try:
+                package = load_package(path)
+            except (PackageError, OSError) as e:
+                self.broken.append(BrokenPackage(path, _one_line(e)))
+                continue
+            name = package.manifest.name
+            if name in names:
+                self.broken.append(BrokenPackage(path, f"model name {name!r} is already "
+                                                       f"served from {names[name]}"))
+                continue
+            names[name] = path
+            packages.append(package)
+        self._check(config, models_dir, len(paths))
+        for package in packages:
+            try:
+                self._add(package, config, metrics)
+            except Exception as e:  # noqa: BLE001 - any failure makes this package broken
+                self.broken.append(BrokenPackage(package.path, _one_line(e)))
+        try:
+            self._check(config, models_dir, len(paths))
+        except ModelLoadError:
+            self.close(drain=False, timeout=5)
+            raise
+        for broken in self.broken:
+            log.error("model package %s is broken and not served: %s", broken.path,
+                      broken.problem)
+        metrics.broken_packages.set(len(self.broken))
+        self.ready = True
+
+    def _check(self, config: ServerConfig, models_dir: Path, candidates: int) -> None:
+        if not self.broken:
+            return
+        if config.serve_valid_models and len(self.broken) < candidates:
+            return
+        advice = ("none is left to serve" if config.serve_valid_models else
+                  "fix or remove them, or pass --serve-valid-models to serve the others")
+        lines = [f"{len(self.broken)} of the {candidates} model package directories in "
+                 f"{models_dir} cannot be served; {advice}:"]
+        lines += [f"  {b.path}: {b.problem}" for b in self.broken]
+        raise ModelLoadError("\n".join(lines))
+
+    def _add(self, package: ModelPackage, config: ServerConfig, metrics: Metrics) -> None:
+        name = package.manifest.name
+        count, threads = engine_layout(config.threads, config.engines,
+                                       choose_provider(config.provider))
+        runner = RunnerConfig(provider=config.provider, intra_op_threads=threads)
+        engines = [Engine(package, runner, config.option_limits())]
+        try:  # a default no request can override must not fail every call
+            engines[0].resolve(DecodingOptions())
+        except InvalidOptions as e:
+            raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
+                                              f"on this server: {e}"]) from None
+        engines += [Engine(package, runner, config.option_limits()) for _ in range(count - 1)]
+        tokenizer = package_tokenizer(package)
+        scheduler = Scheduler(config.batch_limits())
+        workers = tuple(ModelWorker(name, engine, scheduler, metrics, index=i).start()
+                        for i, engine in enumerate(engines))
+        provider = engines[0].runner.provider
+        metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
+        self._handles[name] = ModelHandle(name, package, tokenizer, engines[0], scheduler,
+                                          workers)
+        log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
+                 package.manifest.task, package.manifest.precision, provider, count,
+                 "s" if count > 1 else "", threads, package.path)
+
+    def handles(self) -> list[ModelHandle]:
+        return list(self._handles.values())
+
+    def pick(self, task: str, name: str, source_language: str = "",
+             target_language: str = "") -> ModelHandle:
+        if not self.ready:
+            raise Unavailable("models are still loading; retry shortly")
+        if name:
+            handle = self._handles.get(name)
+            if handle is None:
+                raise NotFound(f"model {echo(name)} is not served; available: "
+                               f"{', '.join(sorted(self._handles)) or 'none'}")
+            if handle.manifest.task != task:
+                raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
+                                      f"{task}")
+            return handle
+        candidates = [h for h in self._handles.values() if h.manifest.task == task
+                      and (not source_language or h.manifest.source_language == source_language)
+                      and (not target_language or h.manifest.target_language == target_language)]
+        if len(candidates) == 1:
+            return candidates[0]
+        served = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
+                           f"{h.manifest.target_language})" for h in self._handles.values())
+        if not candidates:
+            raise NotFound(f"no {task} model for source_language={echo(source_language)} "
+                           f"target_language={echo(target_language)}; available: "
+                           f"{served or 'none'}")
+        raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
+                              f"(set model, or source_language and target_language); "
+                              f"available: {served}")
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop every model's worker; `timeout` bounds the whole close, not each model."""
+        handles = list(self._handles.values())
+        workers = [w for handle in handles for w in handle.workers]
+        for worker in workers:  # all stop at once ...
+            worker.stop(drain=drain, timeout=0)
+        end = None if timeout is None else time.monotonic() + timeout
+        for worker in workers:  # ... then share one deadline for the joins
+            left = None if end is None else max(0.0, end - time.monotonic())
+            worker.stop(drain=drain, timeout=left)
+

@@ -1,0 +1,396 @@
+"""The Engine: tokenized sources in, n-best hypotheses out.
+
+Two ways in:
+- `generate()` decodes a whole batch (the request-level path, benchmarks,
+  tests): sources are grouped by beam width and each group runs to the end.
+- `start_batch()` returns a RunningBatch for iteration-level batching: the
+  caller `admit()`s requests at any step boundary and calls `step()`, which
+  runs one decoder call over every live row and hands back the sources that
+  finished, as values (StepOutcome).
+
+A running batch has one beam width K (the decoder graph groups the K rows of
+a source for cross-attention). It holds one DecodeState for all its live
+sources, each at its own step (one search step per decoder call, whoever
+joined when), the shared self-attention cache and the cross K/V of every live
+source, one slot per source. The decoder graph writes each row's step at its
+own cache slot and masks the rest, so a row's floats do not depend on the step
+it joined at or its neighbours.
+
+A source leaves as soon as its result is fixed (EOS, length limit, the beam
+early-stop rule, or cancellation): its cross K/V slot and its rows become a
+hole for the next newcomer (source_slots.py), so leaving copies nothing. Cache
+rows move only when rows moved: beam search every step (only the moved rows,
+in place on CPU), greedy and sampling only when the batch grows past its rows
+or compacts.
+
+An Engine runs one batch at a time (the runner reuses its buffers between
+steps); the model's worker thread is its caller.
+
+Scores are comparable with Hugging Face: beam search returns HF's
+`sequences_scores` (sum of processed log-probs / length ** length_penalty);
+greedy and sampling return the plain sum of the processed log-probs of the
+chosen tokens (EOS included; sampling's temperature/top-k/top-p not applied).
+Hypotheses stop at EOS or the length limit; unlike HF's Marian default
+(`forced_eos_token_id`), no EOS is forced at the limit: such a hypothesis ends
+with finish_reason "length".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from seq2serve.export.package import ModelPackage, load_package
+from seq2serve.server.engine.decode_state import (
+    CancelCheck,
+    DecodeState,
+    Request,
+    SourceOptions,
+    TokenCallback,
+)
+from seq2serve.server.engine.decoding import EosStop, LengthStop, StopRule
+from seq2serve.server.engine.options import DecodingOptions, InvalidOptions, OptionLimits
+from seq2serve.server.engine.runner import (
+    CACHE_BLOCK,
+    DecoderCache,
+    Runner,
+    RunnerConfig,
+    padded_width,
+)
+from seq2serve.server.engine.search import (
+    BeamSearch,
+    GreedySearch,
+    Hypothesis,
+    SearchStrategy,
+    Special,
+)
+from seq2serve.server.engine.source_slots import SourceSlots
+
+__all__ = ["Engine", "Generation", "GenerateStats", "Hypothesis", "Request", "Result",
+           "RunningBatch", "SourceOptions", "StepOutcome", "StepStats"]
+
+
+class Result(list[Hypothesis]):
+    """The n-best of one source, best first; `cancelled` sources have none."""
+
+    def __init__(self, hypotheses: Sequence[Hypothesis] = (), cancelled: bool = False):
+        super().__init__(hypotheses)
+        self.cancelled = cancelled
+
+
+@dataclass(frozen=True)
+class StepStats:
+    step: int  # decoder calls of this batch before this one
+    sources: int
+    rows: int  # N, the decoder graph's batch
+    cache_length: int  # slots per row in the self-attention cache
+    ort_seconds: float
+    host_seconds: float  # log-prob processing, selection, bookkeeping
+
+
+@dataclass
+class GenerateStats:
+    steps: list[StepStats] = field(default_factory=list)
+    encode_seconds: float = 0.0
+
+    @property
+    def ort_seconds(self) -> float:
+        return self.encode_seconds + sum(s.ort_seconds for s in self.steps)
+
+    @property
+    def host_seconds(self) -> float:
+        return sum(s.host_seconds for s in self.steps)
+
+
+class Generation(list[Result]):
+    """generate()'s value: one Result per source, in order, and the stats of the run."""
+
+    def __init__(self, results: Sequence[Result], stats: GenerateStats):
+        super().__init__(results)
+        self.stats = stats
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    finished: list[tuple[Hashable, Result]]  # (request key, result), cancelled ones too
+    stats: StepStats | None  # None when no row was left to run
+
+
+class Engine:
+    def __init__(self, package: str | Path | ModelPackage, runner: RunnerConfig | None = None,
+                 limits: OptionLimits | None = None):
+        self.package = package if isinstance(package, ModelPackage) else load_package(package)
+        self.runner = Runner(self.package, runner)
+        manifest = self.package.manifest
+        cfg = manifest.config
+        self.eos_id = int(manifest.special_tokens["eos"])
+        self.pad_id = int(manifest.special_tokens["pad"])
+        self.special = Special(int(manifest.special_tokens["decoder_start"]), self.eos_id,
+                               tuple(int(t) for t in manifest.special_tokens.get("suppress",
+                                                                                 [])))
+        self.src_vocab_size = int(cfg["src_vocab_size"])
+        self.max_source_length = int(manifest.max_source_length)
+        limits = limits or OptionLimits()
+        # The decoder's positions end at max_positions: one per generated token.
+        self.limits = OptionLimits(limits.max_beam_size,
+                                   min(limits.max_length, self.runner.max_positions))
+        self.defaults = dict(manifest.generation)
+        self.stop_rules: tuple[StopRule, ...] = (EosStop(self.eos_id), LengthStop())
+
+    # -- requests ----------------------------------------------------------------------
+
+    def resolve(self, options: DecodingOptions | None) -> DecodingOptions:
+        """Options with the model's defaults filled in, validated for this engine."""
+        return (options or DecodingOptions()).resolve(self.defaults, self.limits)
+
+    def check_source(self, source: Sequence[int], index: int = 0) -> None:
+        if len(source) == 0:
+            raise InvalidOptions("source", f"source {index} is empty (expected token ids "
+                                 "ending with EOS)")
+        if len(source) > self.max_source_length:
+            raise InvalidOptions("source", f"source {index} has {len(source)} tokens; this "
+                                 f"model accepts at most {self.max_source_length}")
+        low, high = min(source), max(source)
+        if low < 0 or high >= self.src_vocab_size:
+            raise InvalidOptions("source", f"source {index} has token id "
+                                 f"{low if low < 0 else high} outside "
+                                 f"[0, {self.src_vocab_size})")
+
+    def request(self, key: Hashable, source: Sequence[int], options: DecodingOptions, *,
+                cancelled: CancelCheck | None = None, on_token: TokenCallback | None = None,
+                index: int = 0) -> Request:
+        """A checked request. options: already resolved (`resolve()`)."""
+        self.check_source(source, index)
+        return Request(key, list(source), SourceOptions.of(options, len(source)), cancelled,
+                       on_token)
+
+    def strategy(self, beams: int) -> SearchStrategy:
+        if beams == 1:
+            return GreedySearch(self.special, self.stop_rules)
+        return BeamSearch(self.special, self.stop_rules, beams, select=self.runner.top_k)
+
+    def start_batch(self, beams: int) -> RunningBatch:
+        return RunningBatch(self, beams)
+
+    def generate(self, sources: Sequence[Sequence[int]],
+                 options: DecodingOptions | Sequence[DecodingOptions] | None = None, *,
+                 cancelled: Sequence[CancelCheck | None] | None = None,
+                 on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
+        """Decode a batch. sources: token ids with EOS, as the tokenizer makes them.
+
+        options: one for all sources or one per source (None fields take the
+        model's defaults). cancelled: per source, checked at every step
+        boundary; a cancelled source leaves the batch and its Result is marked.
+        on_token: per source, called with every token of a greedy or sampling
+        hypothesis as it is chosen, the final EOS included (beam search has no
+        stable prefix to stream, so beam sources never call it).
+        """
+        count = len(sources)
+        if isinstance(options, DecodingOptions) or options is None:
+            options = [options or DecodingOptions()] * count
+        if len(options) != count:
+            raise ValueError(f"{len(options)} options for {count} sources")
+        resolved_by_id: dict[int, DecodingOptions] = {}
+        for opt in options:  # a shared options object is resolved once
+            if id(opt) not in resolved_by_id:
+                resolved_by_id[id(opt)] = self.resolve(opt)
+        cancel = list(cancelled) if cancelled is not None else [None] * count
+        stream = list(on_token) if on_token is not None else [None] * count
+        requests = [self.request(i, src, resolved_by_id[id(opt)], cancelled=cancel[i],
+                                 on_token=stream[i], index=i)
+                    for i, (src, opt) in enumerate(zip(sources, options, strict=True))]
+        stats = GenerateStats()
+        results: list[Result] = [Result() for _ in range(count)]
+        groups: dict[int, list[Request]] = {}
+        for r in requests:
+            groups.setdefault(r.options.beam_size, []).append(r)
+        for beams, members in sorted(groups.items()):
+            batch = self.start_batch(beams)
+            stats.encode_seconds += batch.admit(members)
+            while batch.rows:
+                outcome = batch.step()
+                if outcome.stats is not None:
+                    stats.steps.append(outcome.stats)
+                for key, result in outcome.finished:
+                    results[int(key)] = result  # type: ignore[call-overload]
+        return Generation(results, stats)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """The decode state and where its sources' rows are: `slots` in the next
+    decoder call, `prev` in the last one (-1 for sources that have not run;
+    they differ only after a compaction)."""
+
+    state: DecodeState
+    slots: np.ndarray  # (B,)
+    prev: np.ndarray  # (B,)
+
+    def only(self, keep: np.ndarray) -> _Placed:
+        state = self.state.filter(keep) if keep.size < self.state.sources else self.state
+        return _Placed(state, self.slots[keep], self.prev[keep])
+
+
+class RunningBatch:
+    """Live sources of one beam width, at possibly different steps, in one decode
+    state (one search step per decoder call, whoever joined when). Each source
+    owns a slot of the cross K/V (source_slots.py) and the K decoder rows
+    slot*K .. slot*K+K-1; rows of holes run idle until a newcomer fills them."""
+
+    def __init__(self, engine: Engine, beams: int):
+        self.engine = engine
+        self.runner = engine.runner
+        self.beams = beams
+        self.search = engine.strategy(beams)
+        self.placed: _Placed | None = None
+        self.slots = SourceSlots(self.runner.to_device)
+        self.cache: DecoderCache | None = None
+        self.steps = 0
+
+    # -- plain numbers for the scheduler -------------------------------------------------
+
+    @property
+    def sources(self) -> int:
+        return self.placed.state.sources if self.placed is not None else 0
+
+    @property
+    def rows(self) -> int:
+        return self.placed.state.rows if self.placed is not None else 0
+
+    @property
+    def longest_reach(self) -> int:
+        """The cache length the live rows may reach (their limits, in whole blocks)."""
+        if self.placed is None or not self.placed.state.sources:
+            return 0
+        return padded_width(int(self.placed.state.max_new.max()), CACHE_BLOCK)
+
+    # -- admission ---------------------------------------------------------------------
+
+    def admit(self, requests: Sequence[Request]) -> float:
+        """Encode the requests (checked by Engine.request, beam width equal to
+        this batch's) once and write them into free slots; they run from the
+        next step. Returns the encoder's seconds. On an error nothing was admitted."""
+        if not requests:
+            return 0.0
+        for r in requests:
+            if r.options.beam_size != self.beams:
+                raise ValueError(f"a beam {r.options.beam_size} request cannot join a "
+                                 f"beam {self.beams} batch")
+        start = time.perf_counter()
+        lengths = [len(r.source) for r in requests]
+        width = padded_width(max(lengths))
+        src_ids = np.full((len(requests), width), self.engine.pad_id, dtype=np.int64)
+        src_mask = np.zeros((len(requests), width), dtype=np.int64)
+        for i, r in enumerate(requests):
+            src_ids[i, : lengths[i]] = r.source
+            src_mask[i, : lengths[i]] = 1
+        enc = self.runner.encode(src_ids, src_mask)
+        state = self.search.start(requests)
+        slots = self.slots.place(enc)
+        placed = _Placed(state, slots, np.full(slots.size, -1, dtype=np.int64))
+        if self.placed is not None:
+            last = self.placed
+            placed = _Placed(last.state.concatenate(state), np.concatenate([last.slots, slots]),
+                             np.concatenate([last.prev, placed.prev]))
+        # Sources in slot order: their rows are then mostly one slice of the log-probs.
+        order = np.argsort(placed.slots, kind="stable")
+        if not bool(np.all(order == np.arange(order.size))):
+            placed = _Placed(placed.state.filter(order), placed.slots[order], placed.prev[order])
+        self.placed = placed
+        return time.perf_counter() - start
+
+    # -- one step ----------------------------------------------------------------------
+
+    def step(self) -> StepOutcome:
+        finished: list[tuple[Hashable, Result]] = []
+        self._drop_cancelled(finished)
+        if self.placed is None:
+            self._reset()
+            return StepOutcome(finished, None)
+        if self.slots.should_compact():
+            moved = self.slots.compact()
+            p = self.placed
+            self.placed = _Placed(p.state, moved[p.slots], p.prev)
+        t0 = time.perf_counter()
+        beams = self.beams
+        rows = self.slots.used * beams
+        before = self.cache.rows if self.cache is not None else 0
+        # Holes' rows are idle: any token, position 0. A row that does not
+        # continue one (new, idle) stays where it is when the cache has that row:
+        # its slots are masked, so whatever they hold is never read.
+        tokens = np.full(rows, self.engine.pad_id, dtype=np.int64)
+        positions = np.zeros(rows, dtype=np.int64)
+        origin = np.arange(rows, dtype=np.int64)
+        origin[before:] = 0
+        p = self.placed
+        state = p.state
+        at = _rows(p.slots, beams)
+        tokens[at] = state.tokens
+        positions[at] = state.row_generated()
+        ran = np.flatnonzero(p.prev >= 0)
+        if ran.size and state.origin is not None:
+            # A row continues a row of its own source (beam search reorders
+            # within a source), which sat in the source's previous slot.
+            ran_rows = state.rows_of(ran)
+            origin[_rows(p.slots[ran], beams)] = \
+                np.repeat(p.prev[ran], beams) * beams + state.origin[ran_rows] % beams
+        if self.cache is None:
+            cache = self.runner.empty_cache(rows)
+        elif before == rows and bool(np.all(origin == np.arange(rows))):
+            cache = self.cache  # nothing moved: the step writes in place
+        else:
+            cache = self.runner.reorder_cache(self.cache, origin)
+        log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache,
+                                                          self.slots.encoder_state())
+        t1 = time.perf_counter()
+        length = self.cache.length
+        sources = self.sources
+        state, done = self.search.step(state, log_probs[at], aligned[at])
+        for i in np.flatnonzero(done):
+            finished.append((state.requests[i].key, Result(self.search.finish(state, int(i)))))
+        keep = np.flatnonzero(~done)
+        self._adopt(_Placed(state, p.slots, p.slots).only(keep) if keep.size else None,
+                    p.slots[done])
+        stats = StepStats(self.steps, sources, rows, length, t1 - t0, time.perf_counter() - t1)
+        self.steps += 1
+        return StepOutcome(finished, stats)
+
+    def _drop_cancelled(self, finished: list[tuple[Hashable, Result]]) -> None:
+        """Cancellation is checked at step boundaries, where a source leaves for free."""
+        p = self.placed
+        if p is None:
+            return
+        gone = np.array([r.cancelled is not None and bool(r.cancelled())
+                         for r in p.state.requests], dtype=bool)
+        if not gone.any():
+            return
+        for i in np.flatnonzero(gone):
+            finished.append((p.state.requests[i].key, Result(cancelled=True)))
+        keep = np.flatnonzero(~gone)
+        self._adopt(p.only(keep) if keep.size else None, p.slots[gone])
+
+    def _adopt(self, placed: _Placed | None, left: np.ndarray) -> None:
+        self.placed = placed
+        if placed is None:
+            self._reset()
+        elif left.size:
+            self.slots.release(left)
+
+    def _reset(self) -> None:
+        """Nothing live: the next admission starts a fresh cache and fresh slots."""
+        self.placed = None
+        self.slots.reset()
+        self.cache = None
+
+
+def _rows(slots: np.ndarray, beams: int) -> slice | np.ndarray:
+    """The decoder rows of sources in these slots: a slice (a view of the
+    log-probs, no copy) when the slots are consecutive, as they mostly are."""
+    first, count = int(slots[0]), int(slots.size)
+    if int(slots[-1]) - first == count - 1 and (count < 3 or bool(np.all(np.diff(slots) == 1))):
+        return slice(first * beams, (first + count) * beams)
+    return (slots[:, None] * beams + np.arange(beams)).reshape(-1)

@@ -1,0 +1,194 @@
+"""Search strategies: small step objects over a DecodeState (CTranslate2's SearchStrategy).
+
+`start()` builds the state of newly admitted sources, `step()` consumes one
+decoder call's log-probs for the state's rows and says which sources are
+done, `finish()` turns a done source into its n-best. Greedy search and
+sampling share K = 1 (a sampling source draws where a greedy one takes the
+argmax); beam search keeps K rows per source from the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from seq2serve.server.engine.decode_state import DecodeState, Request, Sampler
+from seq2serve.server.engine.decoding import (
+    BeamParams,
+    BeamState,
+    Processing,
+    Select,
+    StopRule,
+    beam_step,
+    greedy_tokens,
+    process_log_probs,
+    sample_tokens,
+    stops,
+    top_k,
+    warp_for_sampling,
+)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    token_ids: list[int]  # without the start token and without EOS
+    score: float | None  # None unless return_scores
+    finish_reason: str  # "eos" or "length"
+    # per token, the source token position it attended to most; None unless requested
+    alignment: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Special:
+    """The model's token ids the strategies need."""
+
+    start: int
+    eos: int
+    suppress: tuple[int, ...]
+
+
+class SearchStrategy:
+    beams: int
+
+    def __init__(self, special: Special, rules: Sequence[StopRule]):
+        self.special = special
+        self.rules = tuple(rules)
+
+    def start(self, requests: Sequence[Request]) -> DecodeState:
+        opts = [r.options for r in requests]
+        rows = len(requests) * self.beams
+        tokens = np.full(rows, self.special.start, dtype=np.int64)
+        aligned = any(o.return_alignment for o in opts)
+        return DecodeState(
+            requests=tuple(requests), beams=self.beams,
+            generated=np.zeros(len(requests), dtype=np.int64), tokens=tokens,
+            origin=None, history=tokens[:, None].copy(),
+            alignment=np.zeros((rows, 0), dtype=np.int64) if aligned else None,
+            scores=np.zeros(rows, dtype=np.float64),
+            max_new=np.array([o.max_new for o in opts], dtype=np.int64),
+            streaming=np.array([r.on_token is not None for r in requests], dtype=bool),
+            processing=Processing(
+                self.special.eos, self.special.suppress,
+                np.array([o.min_length for o in opts], dtype=np.int64),
+                np.array([o.repetition_penalty for o in opts], dtype=np.float32),
+                np.array([o.no_repeat_ngram_size for o in opts], dtype=np.int64)),
+            sampler=None, beam=None, beam_params=None,
+            # History padding: the start token, which every history holds already,
+            # so the repetition penalty (once per token) cannot tell it is there.
+            fill=self.special.start)
+
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
+             ) -> tuple[DecodeState, np.ndarray]:
+        """log_probs (N, V) of the state's rows (modified in place), aligned (N,) the
+        source position each row's token attended to. Returns the next state
+        (all sources kept) and done (B,)."""
+        raise NotImplementedError
+
+    def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
+        raise NotImplementedError
+
+    def _process(self, state: DecodeState, log_probs: np.ndarray) -> None:
+        process_log_probs(log_probs, state.history, state.row_generated(),
+                          state.row_processing())
+
+    def _hypotheses(self, state: DecodeState, source: int,
+                    found: Sequence[tuple[np.ndarray, float]],
+                    alignments: Sequence[np.ndarray | None]) -> list[Hypothesis]:
+        opts = state.requests[source].options
+        eos = self.special.eos
+        out = []
+        for (tokens, score), alignment in zip(found, alignments, strict=True):
+            ended = tokens.size > 0 and tokens[-1] == eos
+            kept = tokens.size - 1 if ended else tokens.size  # EOS is not an output token
+            out.append(Hypothesis(
+                token_ids=[int(t) for t in tokens[:kept]],
+                score=score if opts.return_scores else None,
+                finish_reason="eos" if ended else "length",
+                alignment=[int(a) for a in alignment[:kept]]
+                if opts.return_alignment and alignment is not None else None))
+        return out
+
+
+class GreedySearch(SearchStrategy):
+    """One row per source: the best token, or a draw for sampling sources."""
+
+    beams = 1
+
+    def start(self, requests: Sequence[Request]) -> DecodeState:
+        state = super().start(requests)
+        opts = [r.options for r in requests]
+        return replace(state, sampler=Sampler.of(opts) if any(o.sampling for o in opts)
+                       else None)
+
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
+             ) -> tuple[DecodeState, np.ndarray]:
+        self._process(state, log_probs)
+        tokens = greedy_tokens(log_probs)
+        sampler = state.sampler
+        if sampler is not None:
+            rows = np.flatnonzero(sampler.sampling)
+            if rows.size:
+                warped = warp_for_sampling(log_probs[rows], sampler.temperature[rows],
+                                           sampler.top_k[rows], sampler.top_p[rows])
+                tokens[rows] = sample_tokens(warped,
+                                             sampler.uniforms[rows, state.generated[rows]])
+        scores = state.scores + log_probs[np.arange(state.rows), tokens]
+        history = state.with_tokens(tokens)
+        alignment = state.with_aligned(aligned)
+        generated = state.generated + 1
+        done = stops(self.rules, tokens, generated, state.max_new)
+        for source in np.flatnonzero(state.streaming):  # the streaming sources only
+            state.requests[source].on_token(int(tokens[source]))  # type: ignore[misc]
+        return replace(state, generated=generated, tokens=tokens,
+                       origin=np.arange(state.rows, dtype=np.int64), history=history,
+                       alignment=alignment, scores=scores), done
+
+    def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
+        end = int(state.generated[source]) + 1
+        alignment = None if state.alignment is None else state.alignment[source, :end - 1]
+        return self._hypotheses(state, source, [(state.history[source, 1:end],
+                                                 float(state.scores[source]))], [alignment])
+
+
+class BeamSearch(SearchStrategy):
+    """K rows per source (beam_step in decoding.py); never streams, as a beam has
+    no stable prefix. `select` ranks each row's log-probs (the runner's TopK
+    graph; numpy's `top_k` by default)."""
+
+    def __init__(self, special: Special, rules: Sequence[StopRule], beams: int,
+                 select: Select = top_k):
+        super().__init__(special, rules)
+        self.beams = beams
+        self.select = select
+
+    def start(self, requests: Sequence[Request]) -> DecodeState:
+        state = super().start(requests)
+        opts = [r.options for r in requests]
+        return replace(
+            state, beam=BeamState.start(len(opts), self.beams, int(state.max_new.max())),
+            beam_params=BeamParams(
+                np.array([o.length_penalty for o in opts], dtype=np.float64),
+                np.array([o.early_stopping for o in opts]),
+                np.array([o.never_stop_early for o in opts]), state.max_new))
+
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
+             ) -> tuple[DecodeState, np.ndarray]:
+        assert state.beam is not None and state.beam_params is not None
+        self._process(state, log_probs)
+        alignment = state.with_aligned(aligned)  # the finished need this step's too
+        result = beam_step(state.beam, log_probs, state.history, state.generated,
+                           state.beam_params, self.rules, alignment, self.select)
+        origin = result.origin
+        history = state.with_tokens(result.tokens, origin)
+        return replace(
+            state, generated=state.generated + 1, tokens=result.tokens, origin=origin,
+            history=history, alignment=None if alignment is None else alignment[origin],
+            beam=result.state), result.done
+
+    def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
+        assert state.beam is not None
+        count = state.requests[source].options.num_hypotheses
+        alignments: list[np.ndarray | None] = list(state.beam.nbest_alignments(source, count))
+        return self._hypotheses(state, source, state.beam.nbest(source, count), alignments)

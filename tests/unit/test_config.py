@@ -1,0 +1,176 @@
+"""ServerConfig: flag > SEQ2SERVE_ variable > default, and errors that name field and range."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+import seq2serve.server
+from seq2serve.server import config as cfg
+from seq2serve.server.config import ConfigError, ServerConfig
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seq2serve serve")
+    cfg.add_arguments(p)
+    return p
+
+
+def load(argv: list[str], env: dict[str, str]) -> ServerConfig:
+    return cfg.from_args(parser().parse_args(argv), env)
+
+
+def test_defaults(tmp_path: Path) -> None:
+    c = load(["--models-dir", str(tmp_path)], {})
+    assert (c.host, c.port, c.metrics_port, c.provider) == ("0.0.0.0", 50051, 8000, "auto")
+    assert (c.max_batch_size, c.max_batch_tokens, c.max_queue_delay_ms) == (32, 8192, 5.0)
+    assert (c.max_queue_size, c.max_texts_per_request, c.max_text_chars) == (1024, 64, 10000)
+    assert (c.max_beam_size, c.max_length_cap, c.grace_period_s) == (16, 512, 30.0)
+    assert (c.drain_delay_s, c.metrics_host, c.metrics_address) == (5.0, "", "0.0.0.0")
+    assert (c.reflection, c.serve_valid_models, c.tls) == (True, False, False)
+    assert c.max_message_bytes == 4 * 1024 * 1024 and c.log_level == "INFO"
+    assert c.threads >= 1 and c.threads == cfg.default_threads()
+    # iteration-level batching for greedy and sampling, request-level for beams
+    assert (c.max_running_rows, c.max_running_beam) == (256, 1)
+    assert c.batch_limits().iterates(1) and not c.batch_limits().iterates(2)
+
+
+def test_default_models_dir_is_the_shipped_folder() -> None:
+    shipped = Path(seq2serve.server.__file__).resolve().parents[1] / "models"
+    assert cfg.default_models_dir() == (shipped if shipped.is_dir() else None)
+    assert ServerConfig().models_dir == cfg.default_models_dir()
+
+
+def test_flag_beats_env_beats_default(tmp_path: Path) -> None:
+    env_dir, flag_dir = tmp_path / "env", tmp_path / "flag"
+    env_dir.mkdir()
+    flag_dir.mkdir()
+    env = {"SEQ2SERVE_MODELS_DIR": str(env_dir), "SEQ2SERVE_PORT": "6000",
+           "SEQ2SERVE_MAX_QUEUE_DELAY_MS": "2.5", "SEQ2SERVE_LOG_LEVEL": "debug"}
+    c = load([], env)
+    assert (c.models_dir, c.port, c.max_queue_delay_ms, c.log_level) == (
+        env_dir, 6000, 2.5, "DEBUG")
+    assert c.metrics_port == 8000  # neither given: the default
+    c = load(["--models-dir", str(flag_dir), "--port", "7000"], env)
+    assert (c.models_dir, c.port, c.max_queue_delay_ms) == (flag_dir, 7000, 2.5)
+
+
+def test_empty_env_counts_as_unset(tmp_path: Path) -> None:
+    c = load(["--models-dir", str(tmp_path)], {"SEQ2SERVE_PORT": "", "SEQ2SERVE_HOST": " "})
+    assert (c.port, c.host) == (50051, "0.0.0.0")
+
+
+def test_bad_env_value_names_the_variable(tmp_path: Path) -> None:
+    env = {"SEQ2SERVE_PORT": "fifty", "SEQ2SERVE_MAX_QUEUE_DELAY_MS": "inf",
+           "SEQ2SERVE_MAX_BATCH_SIZE": "0"}
+    with pytest.raises(ConfigError) as e:
+        load(["--models-dir", str(tmp_path)], env)
+    assert e.value.problems == [
+        "SEQ2SERVE_PORT must be an integer, got 'fifty'",
+        "SEQ2SERVE_MAX_QUEUE_DELAY_MS must be a finite number, got 'inf'",
+        "max_batch_size must be >= 1, got 0 (from SEQ2SERVE_MAX_BATCH_SIZE)",
+    ]
+
+
+def test_bad_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--port", "x"])
+    assert "argument --port: must be an integer, got 'x'" in capsys.readouterr().err
+
+
+def test_every_flag_names_its_env_var_and_default() -> None:
+    text = " ".join(parser().format_help().split())
+    for f in cfg.dataclasses.fields(ServerConfig):
+        assert cfg.flag_name(f.name) in text
+        assert f"(env {cfg.env_name(f.name)}; default" in text
+
+
+BAD = {
+    "port": (0, "port must be in [1, 65535], got 0"),
+    "metrics_port": (70000, "metrics_port must be in [0, 65535] (0 = disabled), got 70000"),
+    "provider": ("tpu", "provider must be one of auto, cpu, cuda, got 'tpu'"),
+    "threads": (-1, "threads must be in [0, 1024] (0 = physical cores), got -1"),
+    "max_batch_size": (0, "max_batch_size must be >= 1, got 0"),
+    "max_batch_tokens": (0, "max_batch_tokens must be >= 1, got 0"),
+    "max_queue_delay_ms": (-1.0, "max_queue_delay_ms must be in [0, 60000], got -1.0"),
+    "max_queue_size": (0, "max_queue_size must be >= 1, got 0"),
+    "max_texts_per_request": (0, "max_texts_per_request must be >= 1, got 0"),
+    "max_text_chars": (0, "max_text_chars must be >= 1, got 0"),
+    "max_beam_size": (129, "max_beam_size must be in [1, 128], got 129"),
+    "max_length_cap": (0, "max_length_cap must be >= 1, got 0"),
+    "max_message_bytes": (10, "max_message_bytes must be in [1024, 2147483647], got 10"),
+    "grace_period_s": (-5.0, "grace_period_s must be in [0, 3600], got -5.0"),
+    "drain_delay_s": (3601.0, "drain_delay_s must be in [0, 3600], got 3601.0"),
+    "log_level": ("LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, "
+                  "got 'LOUD'"),
+    "host": ("", "host must be a non-empty address, got ''"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_each_error_names_field_and_range(name: str, tmp_path: Path) -> None:
+    value, message = BAD[name]
+    with pytest.raises(ConfigError) as e:
+        ServerConfig(models_dir=tmp_path, **{name: value}).validate()
+    assert e.value.problems == [message]
+
+
+def test_all_problems_reported_at_once(tmp_path: Path) -> None:
+    c = ServerConfig(models_dir=tmp_path / "missing", port=0, metrics_port=0, max_beam_size=0,
+                     max_queue_size=8, max_texts_per_request=9)
+    problems = c.problems()
+    assert problems == [
+        f"models_dir must be an existing directory, got {str(tmp_path / 'missing')!r}",
+        "port must be in [1, 65535], got 0",
+        "max_beam_size must be in [1, 128], got 0",
+        "max_queue_size must be >= max_texts_per_request (9), got 8",
+    ]
+    with pytest.raises(ConfigError, match="port must be in"):
+        c.validate()
+
+
+def test_cross_field_checks(tmp_path: Path) -> None:
+    assert ServerConfig(models_dir=tmp_path, port=9000, metrics_port=9000).problems() == [
+        "metrics_port must differ from port (9000), got 9000"]
+    assert ServerConfig(models_dir=tmp_path, port=9000, metrics_port=0).problems() == []
+    assert ServerConfig(models_dir=None).problems()[0].startswith(
+        "models_dir is required (no shipped models/ folder was found): pass --models-dir or "
+        "set SEQ2SERVE_MODELS_DIR")
+
+
+def test_limits_for_scheduler_and_options(tmp_path: Path) -> None:
+    c = ServerConfig(models_dir=tmp_path, max_batch_size=4, max_batch_tokens=100,
+                     max_queue_delay_ms=7.5, max_queue_size=64, max_beam_size=8,
+                     max_length_cap=64)
+    limits = c.batch_limits()
+    assert (limits.max_batch_size, limits.max_batch_tokens, limits.max_queue_size) == (4, 100, 64)
+    assert limits.max_queue_delay_s == pytest.approx(0.0075)
+    assert (c.option_limits().max_beam_size, c.option_limits().max_length) == (8, 64)
+    assert c.to_dict()["models_dir"] == str(tmp_path)
+
+
+def test_drain_delay_from_flag_and_env(tmp_path: Path) -> None:
+    env = {"SEQ2SERVE_DRAIN_DELAY_S": "12.5"}
+    assert load(["--models-dir", str(tmp_path)], env).drain_delay_s == 12.5
+    assert load(["--models-dir", str(tmp_path), "--drain-delay-s", "0"], env).drain_delay_s == 0
+    with pytest.raises(ConfigError) as e:
+        load(["--models-dir", str(tmp_path)], {"SEQ2SERVE_DRAIN_DELAY_S": "-1"})
+    assert e.value.problems == [
+        "drain_delay_s must be in [0, 3600], got -1.0 (from SEQ2SERVE_DRAIN_DELAY_S)"]
+
+
+def test_engine_layout_shares_the_threads_among_the_engines() -> None:
+    from seq2serve.server.core.registry import MAX_AUTO_ENGINES, engine_layout
+    from seq2serve.server.engine.runner import CPU, CUDA, physical_cores
+
+    assert engine_layout(2, 0, CPU) == (2, 1)  # auto on CPU: one engine per thread
+    assert engine_layout(1, 0, CPU) == (1, 1)
+    assert engine_layout(16, 0, CPU) == (MAX_AUTO_ENGINES, 16 // MAX_AUTO_ENGINES)
+    assert engine_layout(8, 0, CUDA) == (1, 8)  # one session per device
+    assert engine_layout(4, 2, CPU) == (2, 2)
+    assert engine_layout(1, 3, CPU) == (3, 1)  # never fewer than one thread each
+    assert engine_layout(0, 1, CPU) == (1, physical_cores())
+    problems = ServerConfig(engines=-1).problems()
+    assert any("engines" in p and "0 = auto" in p for p in problems)

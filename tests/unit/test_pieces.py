@@ -1,0 +1,112 @@
+"""Pieces of a translation without gRPC: planning, the n-best join, streamed text."""
+
+from __future__ import annotations
+
+import pytest
+
+from seq2serve.server.core.pieces import Joined, Plan, join, plan, stream_text, whole
+from seq2serve.server.core.segment import reassemble
+from seq2serve.server.engine.search import Hypothesis
+
+EOS = 0
+_WORDS = ["</s>", "Hello", "world.", "How", "are", "you?", "Fine,", "thanks."]
+
+
+def _encode(text: str) -> list[int]:
+    """A word-level tokenizer with EOS appended, as the package tokenizer does."""
+    return [_WORDS.index(w) if w in _WORDS else 99 for w in text.split()] + [EOS]
+
+
+def _decode(ids: list[int]) -> str:
+    return " ".join(f"<{i}>" for i in ids)
+
+
+TEXT = "Hello world.  How are you?\nFine, thanks."
+
+
+def _three_pieces() -> Plan:
+    planned = plan(TEXT, "en", _encode, limit=16)
+    assert [p.text for p in planned.pieces] == ["Hello world.", "How are you?", "Fine, thanks."]
+    return planned
+
+
+def test_plan_keeps_the_text_and_tokenizes_each_piece() -> None:
+    planned = _three_pieces()
+    assert planned.segmented.original == TEXT
+    assert [p.source_ids for p in planned.pieces] == [[1, 2, 0], [3, 4, 5, 0], [6, 7, 0]]
+
+
+def test_plan_splits_pieces_above_the_limit_and_caps_their_ids() -> None:
+    planned = plan("Hello world. How are you?", "en", _encode, limit=3)
+    assert all(len(p.source_ids) <= 3 for p in planned.pieces)
+    # "How are you?" is 4 ids with EOS: cut between words, whitespace kept
+    assert [p.text for p in planned.pieces] == ["Hello world.", "How are", "you?"]
+    assert reassemble(planned.segmented, [p.text for p in planned.pieces]) == \
+        "Hello world. How are you?"
+
+
+def test_plan_of_a_blank_text_has_no_pieces() -> None:
+    planned = plan(" \n\t", "en", _encode, limit=8)
+    assert planned.pieces == ()
+    assert join(planned, [], 2, _decode) == [Joined(" \n\t", None, None, None, "eos")] * 2
+
+
+def test_join_takes_each_pieces_ith_best_or_its_best_with_offset_alignment() -> None:
+    planned = _three_pieces()  # source lengths 3, 4, 3: offsets 0, 3, 7
+    first = [Hypothesis([11], -1.0, "eos", [0]), Hypothesis([12], -2.0, "eos", [1]),
+             Hypothesis([13], -3.0, "eos", [2])]
+    second = [Hypothesis([21, 22], -0.5, "eos", [0, 3])]  # fewer than asked for
+    third = [Hypothesis([31], -0.25, "eos", [2]), Hypothesis([32], -4.0, "length", [1])]
+    joined = join(planned, [first, second, third], 3, _decode)
+    assert len(joined) == 3
+    assert joined[0] == Joined("<11>  <21> <22>\n<31>", -1.75, [11, 21, 22, 31],
+                               [0, 3, 6, 9], "eos")
+    # the second piece has one hypothesis: every joined one uses its best
+    assert joined[1] == Joined("<12>  <21> <22>\n<32>", -6.5, [12, 21, 22, 32],
+                               [1, 3, 6, 8], "length")
+    assert joined[2] == Joined("<13>  <21> <22>\n<32>", -7.5, [13, 21, 22, 32],
+                               [2, 3, 6, 8], "length")
+
+
+def test_join_of_one_piece_is_that_pieces_n_best() -> None:
+    planned = plan("  How are you?\n", "en", _encode, limit=16)
+    nbest = [Hypothesis([5, 6], -0.5, "length", [1, 2]), Hypothesis([7], -1.5, "eos", [0])]
+    joined = join(planned, [nbest], 2, _decode)
+    assert joined == [Joined("  <5> <6>\n", -0.5, [5, 6], [1, 2], "length"),
+                      Joined("  <7>\n", -1.5, [7], [0], "eos")]
+
+
+def test_join_leaves_uncomputed_scores_and_alignments_unset() -> None:
+    planned = plan("Hello world. How are you?", "en", _encode, limit=16)
+    joined = join(planned, [[Hypothesis([1], None, "eos")], [Hypothesis([2], -1.0, "eos", [0])]],
+                  1, _decode)
+    assert joined[0].score is None and joined[0].alignment is None
+    assert joined[0].token_ids == [1, 2]
+
+
+def test_join_refuses_a_list_per_piece_mismatch() -> None:
+    planned = _three_pieces()
+    with pytest.raises(ValueError, match="expected 3 n-best lists, got 2"):
+        join(planned, [[Hypothesis([1], 0.0, "eos")]] * 2, 1, _decode)
+    with pytest.raises(ValueError, match="at least one hypothesis"):
+        join(planned, [[Hypothesis([1], 0.0, "eos")], [], [Hypothesis([1], 0.0, "eos")]], 1,
+             _decode)
+
+
+def test_stream_text_is_finished_pieces_in_order_then_the_growing_one() -> None:
+    planned = _three_pieces()
+    assert stream_text(planned, {}, {}, _decode) == ""
+    assert stream_text(planned, {}, {0: [4]}, _decode) == "<4>"
+    # a later piece that finished first waits for the earlier ones
+    assert stream_text(planned, {1: "<9>"}, {0: [4, 5]}, _decode) == "<4> <5>"
+    # the whitespace after a finished piece shows once the next one has started
+    assert stream_text(planned, {0: "<4> <5>"}, {1: []}, _decode) == "<4> <5>  "
+    assert stream_text(planned, {0: "<4>", 1: "<9>"}, {2: [7]}, _decode) == "<4>  <9>\n<7>"
+    assert stream_text(planned, {0: "<4>", 1: "<9>", 2: "<7>"}, {}, _decode) == \
+        "<4>  <9>\n<7>"
+
+
+def test_whole_is_one_hypothesis_decoded() -> None:
+    assert whole(Hypothesis([3, 4], -2.0, "length", [1, 0]), _decode) == \
+        Joined("<3> <4>", -2.0, [3, 4], [1, 0], "length")
+    assert whole(Hypothesis([], 0.0, "eos"), _decode) == Joined("", 0.0, [], None, "eos")
