@@ -81,6 +81,10 @@ class Result(list[Hypothesis]):
         super().__init__(hypotheses)
         self.cancelled = cancelled
 
+    @property
+    def hypotheses(self) -> tuple[Hypothesis, ...]:
+        return tuple(self)
+
 
 @dataclass(frozen=True)
 class StepStats:

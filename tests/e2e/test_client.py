@@ -15,8 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
-from seq2serve.server.cli.main import summarize as summarize_cli
-from seq2serve.server.cli.main import translate as translate_cli
+from seq2serve.server.cli import summarize as summarize_cli
+from seq2serve.server.cli import translate as translate_cli
 from seq2serve.server.client import Hyp, Seq2ServeClient, StreamChunk
 
 

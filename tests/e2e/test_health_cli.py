@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from seq2serve.server.cli.main import health as health_cli
+from seq2serve.server.cli import health as health_cli
 from seq2serve.server.cli.main import main
 
 SERVICE = "seq2serve.v1.Translator"
