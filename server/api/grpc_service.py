@@ -28,10 +28,9 @@ from seq2serve.server.api.grpc_errors import (
     ResourceExhausted,
     Unavailable,
 )
-from seq2serve.server.batching.scheduler import Cancelled as SchedulerCancelled
-from seq2serve.server.batching.scheduler import Draining, QueueFull, WorkItem
-from seq2serve.server.batching.worker import deliver_to_future, mailbox
+from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
 from seq2serve.server.config import ServerConfig
+from seq2serve.server.core.delivery import deliver_to_future, mailbox
 from seq2serve.server.core.pieces import Joined, Plan, join, plan, stream_text, whole
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry
 from seq2serve.server.engine.engine import Hypothesis, Result
@@ -63,7 +62,7 @@ class RequestContext:
         return self._cancelled or (self.deadline is not None and time.monotonic() > self.deadline)
 
 
-def _dropped(error: SchedulerCancelled | Draining, rpc: RequestContext) -> Exception:
+def _dropped(error: ItemDropped | Draining, rpc: RequestContext) -> Exception:
     """The status for work the scheduler gave up on: past its deadline, cancelled,
     or still queued when the server had to stop."""
     rpc.cancel()  # the request's other pieces leave their batches too
@@ -133,7 +132,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         except asyncio.CancelledError:
             rpc.cancel()  # the engine drops our items at its next step
             raise
-        except (SchedulerCancelled, Draining) as e:
+        except (ItemDropped, Draining) as e:
             raise _dropped(e, rpc) from None
 
     # -- handlers -------------------------------------------------------------
@@ -273,7 +272,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                         yield self._within_limit(convert.chunk_to_pb(text[len(emitted):]))
                         emitted = text
                 nbests = await waiter  # a failed piece fails the request at once
-            except (SchedulerCancelled, Draining) as e:
+            except (ItemDropped, Draining) as e:
                 raise _dropped(e, rpc) from None
             finally:
                 if not waiter.done():  # the client left, or a piece failed

@@ -18,7 +18,7 @@ How a batch is formed (request-level batching):
 - The chosen items are sorted by source length (shortest first), so the engine
   can compact finished rows and split sub-batches with little padding.
 - Items cancelled by their client or past their deadline are dropped before
-  batching, get a `Cancelled` exception delivered, and are reported in the batch.
+  batching, get an `ItemDropped` exception delivered, and are reported in the batch.
 
 Iteration-level batching (`joining()`): while a batch runs, queued items of its
 beam width join at every step boundary, in FIFO order, while the running batch
@@ -68,7 +68,7 @@ class Draining(Exception):
     """The server is shutting down and accepts no new work (UNAVAILABLE)."""
 
 
-class Cancelled(Exception):
+class ItemDropped(Exception):
     """Delivered to an item that left the queue or its batch before finishing.
     `reason` is "deadline" or "cancelled" (the label of the cancelled metric)."""
 
@@ -124,9 +124,9 @@ class WorkItem:
     """One source text on its way through the queue and the engine.
 
     `deliver` is called exactly once, from the worker thread, with the engine's
-    n-best list for this source or with an exception (`Cancelled`, or the
+    n-best list for this source or with an exception (`ItemDropped`, or the
     engine's error). An asyncio handler must hop back to its loop in it
-    (`worker.deliver_to_future` does).
+    (`core.delivery.deliver_to_future` does).
     """
 
     source: Sequence[int]  # source token ids, EOS included
@@ -312,7 +312,7 @@ class Scheduler:
         finally:
             # Outside the lock: a callback may be slow or submit more work.
             for item, d in dropped:
-                item.resolve(Cancelled(d.reason, item.id))
+                item.resolve(ItemDropped(d.reason, item.id))
 
     def joining(self, running: Running) -> Batch | None:
         """The queued items that join the running batch now (never waits). None
@@ -326,7 +326,7 @@ class Scheduler:
                 self._queue = [i for i in self._queue if id(i) not in taken]
         finally:
             for item, d in dropped:
-                item.resolve(Cancelled(d.reason, item.id))
+                item.resolve(ItemDropped(d.reason, item.id))
         if not chosen and not dropped:
             return None
         return Batch(items=tuple(chosen), shape=running.shape if chosen else None,

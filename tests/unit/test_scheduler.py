@@ -14,14 +14,15 @@ import pytest
 from seq2serve.server.api.grpc_errors import NotFound
 from seq2serve.server.batching.scheduler import (
     BatchLimits,
-    Cancelled,
     Draining,
+    ItemDropped,
     QueueFull,
     Running,
     Scheduler,
     WorkItem,
 )
-from seq2serve.server.batching.worker import ModelWorker, deliver_to_future, mailbox
+from seq2serve.server.batching.worker import ModelWorker
+from seq2serve.server.core.delivery import deliver_to_future, mailbox
 from seq2serve.server.engine.engine import GenerateStats, Generation, StepStats
 from seq2serve.server.engine.options import InvalidOptions
 from seq2serve.server.metrics import Metrics
@@ -200,7 +201,7 @@ def test_cancelled_and_expired_items_are_dropped_and_told() -> None:
     assert sorted(d.reason for d in b.dropped) == ["cancelled", "cancelled", "deadline"]
     for i, reason in ((gone, "cancelled"), (late, "deadline"), (flagged, "cancelled")):
         error = i.deliver.get()
-        assert isinstance(error, Cancelled) and error.reason == reason
+        assert isinstance(error, ItemDropped) and error.reason == reason
     assert ok.deliver.values == []
 
 
@@ -322,7 +323,7 @@ def test_joining_is_off_for_request_level_and_reports_drops() -> None:
     s.submit(gone)
     joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16))
     assert joined is not None and joined.items == () and joined.dropped[0].reason == "deadline"
-    assert isinstance(gone.deliver.get(), Cancelled)
+    assert isinstance(gone.deliver.get(), ItemDropped)
 
 
 def test_first_batch_respects_the_rows_budget() -> None:
@@ -462,7 +463,7 @@ def test_engine_cancellation_is_delivered_and_counted() -> None:
     i = item(2, cancelled=flag.is_set)
     s.submit(i)
     error = i.deliver.get()
-    assert isinstance(error, Cancelled) and error.reason == "cancelled"
+    assert isinstance(error, ItemDropped) and error.reason == "cancelled"
     assert w.stop(timeout=5)
     assert engine.calls == [1]  # it left inside the engine, not in the queue
     assert sample(m, "seq2serve_cancelled_total", model="m", reason="cancelled") == 1
@@ -517,11 +518,11 @@ def test_deliver_to_future_hops_to_the_loop() -> None:
         ok, bad = loop.create_future(), loop.create_future()
         threading.Thread(target=deliver_to_future(loop, ok), args=(["hyps"],)).start()
         threading.Thread(target=deliver_to_future(loop, bad),
-                         args=(Cancelled("deadline", 1),)).start()
+                         args=(ItemDropped("deadline", 1),)).start()
         return await asyncio.gather(ok, bad, return_exceptions=True)
 
     got = asyncio.run(main())
-    assert got[0] == ["hyps"] and isinstance(got[1], Cancelled)
+    assert got[0] == ["hyps"] and isinstance(got[1], ItemDropped)
 
 
 def test_mailbox_wakes_the_loop_once_for_posts_that_arrive_together() -> None:
