@@ -1,0 +1,58 @@
+"""API keys and rate limits of the HTTP front door."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seq2serve.server.api.http.access import (
+    Access,
+    AccessDenied,
+    RateLimited,
+    parse_networks,
+    read_api_keys,
+)
+
+
+def test_keys_file_skips_comments_and_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# operators\nalpha-key\n\n  beta-key  # ci\n")
+    assert read_api_keys(path) == ("alpha-key", "beta-key")
+
+
+def test_a_wrong_key_is_refused_and_a_missing_one_only_when_required() -> None:
+    open_door = Access(keys=["k1"])
+    assert open_door.admit("10.0.0.1", None, None).key is None
+    assert open_door.admit("10.0.0.1", None, "k1").key == "k1"
+    with pytest.raises(AccessDenied, match="Invalid API key"):
+        open_door.admit("10.0.0.1", None, "k2")
+    locked = Access(keys=["k1"], require_key=True)
+    with pytest.raises(AccessDenied, match="get an API key"):
+        locked.admit("10.0.0.1", None, None)
+
+
+def test_the_limit_is_per_client_and_a_list_costs_its_length() -> None:
+    access = Access(per_minute=10)
+    access.admit("10.0.0.1", None, None, cost=8)
+    with pytest.raises(RateLimited, match=r"^Slowdown: 10 per 1 minute$"):
+        access.admit("10.0.0.1", None, None, cost=3)
+    access.admit("10.0.0.2", None, None, cost=10)  # another client has its own budget
+
+
+def test_a_key_has_its_own_budget_whatever_the_address() -> None:
+    access = Access(keys=["k1"], per_minute=2)
+    access.admit("10.0.0.1", None, "k1")
+    access.admit("10.0.0.2", None, "k1")
+    with pytest.raises(RateLimited):
+        access.admit("10.0.0.3", None, "k1")
+    access.admit("10.0.0.1", None, None)  # the address's own budget is untouched
+
+
+def test_forwarded_for_is_read_only_behind_a_trusted_proxy() -> None:
+    access = Access(trusted_proxies=parse_networks(["127.0.0.1/32", "10.1.0.0/16"]))
+    # From a trusted proxy: the nearest hop it did not add.
+    assert access.client_address("127.0.0.1", "203.0.113.7, 10.1.2.3") == "203.0.113.7"
+    # From anyone else the header is the client's own claim: ignored.
+    assert access.client_address("198.51.100.9", "203.0.113.7") == "198.51.100.9"
+    assert access.client_address("127.0.0.1", None) == "127.0.0.1"
