@@ -1,4 +1,4 @@
-# seq2serve: the gRPC inference server, one per container.
+# seq2serve: the inference server (gRPC and HTTP front doors), one per container.
 #
 # Build with deploy/build-image.sh (it fills deploy/wheelhouse/ first; the build
 # itself needs no network):
@@ -38,7 +38,7 @@ ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
 LABEL org.opencontainers.image.title="seq2serve" \
-      org.opencontainers.image.description="gRPC inference server for translation and summarization on ONNX Runtime (${VARIANT})" \
+      org.opencontainers.image.description="gRPC and HTTP inference server for translation and summarization on ONNX Runtime (${VARIANT})" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
@@ -69,11 +69,14 @@ ENV PATH=/opt/seq2serve/bin:${PATH} \
     HOME=/tmp \
     SEQ2SERVE_MODELS_DIR=/models
 USER 10001:10001
-# gRPC (SEQ2SERVE_PORT) and Prometheus /metrics (SEQ2SERVE_METRICS_PORT).
-EXPOSE 50051 8000
+# gRPC (SEQ2SERVE_PORT), the HTTP API (SEQ2SERVE_HTTP_PORT; 0 turns it off) and
+# Prometheus /metrics (SEQ2SERVE_METRICS_PORT).
+EXPOSE 50051 5000 8000
 # The server drains on SIGTERM itself: health NOT_SERVING, then in-flight calls
 # finish within SEQ2SERVE_GRACE_PERIOD_S. Give `docker stop -t` more than that.
 STOPSIGNAL SIGTERM
+# gRPC health: the state HTTP /health reports too, and it answers with the HTTP
+# port turned off.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["seq2serve", "health", "--timeout", "4"]
 # Exec form: the server is PID 1 and gets the signals itself.

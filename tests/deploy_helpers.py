@@ -72,10 +72,15 @@ class Replica:
     process: subprocess.Popen[bytes]
     log: Path
     env: dict[str, str] = field(default_factory=dict)
+    http_port: int = 0  # SEQ2SERVE_HTTP_PORT: a free port of its own, like the others
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     def wait_serving(self, timeout: float = 120.0) -> None:
         with Seq2ServeClient(self.target, timeout=2) as client:
@@ -95,16 +100,17 @@ class Replica:
 
 def start_replica(tmp: Path, models: Path, **settings: str | int | float) -> Replica:
     """`seq2serve serve` configured through SEQ2SERVE_* variables, as a container is."""
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     env = {**os.environ, "SEQ2SERVE_HOST": "127.0.0.1", "SEQ2SERVE_PORT": str(port),
-           "SEQ2SERVE_METRICS_PORT": str(metrics_port), "SEQ2SERVE_MODELS_DIR": str(models),
+           "SEQ2SERVE_METRICS_PORT": str(metrics_port), "SEQ2SERVE_HTTP_PORT": str(http_port),
+           "SEQ2SERVE_MODELS_DIR": str(models),
            "SEQ2SERVE_THREADS": "1", "SEQ2SERVE_LOG_LEVEL": "WARNING",
            **{f"SEQ2SERVE_{k.upper()}": str(v) for k, v in settings.items()}}
     log = tmp / f"replica-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "seq2serve.server.cli.main", "serve"],
                                    env=env, stdout=out, stderr=subprocess.STDOUT)
-    return Replica(port, metrics_port, process, log, env)
+    return Replica(port, metrics_port, process, log, env, http_port)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """The Grafana dashboard: type-checked by TypeScript against Grafana's own schema
 (@grafana/schema, from npm), and checked for what a schema cannot see: every
 query reads series the server exports, through the dashboard's data source and
-variables. (That every panel's query returns data is proven on a live
-Prometheus in test_deploy_prometheus.py.)"""
+variables, the HTTP front door's and the response cache's included. (That
+every panel's query returns data is proven on a live Prometheus in
+test_deploy_prometheus.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from typing import Any
 
 import pytest
 from deploy_helpers import DEPLOY, tool
-
-from seq2serve.server.metrics import Metrics
+from served_series import (
+    NOT_YET,
+    exported_series,
+    front_door_series,
+    http_front_door,
+    registered_series,
+)
 
 DASHBOARD = DEPLOY / "grafana" / "seq2serve.json"
 TYPECHECK = DEPLOY / "grafana" / "typecheck"
@@ -69,11 +75,7 @@ def test_type_check_catches_mistakes(project: Path, tmp_path: Path, change: tupl
 
 
 def test_every_query_reads_exported_series_through_the_variables() -> None:
-    exported: set[str] = set()
-    for collector in Metrics().registry.collect():
-        exported |= {collector.name + s for s in
-                     {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-                      "gauge": ("",)}[collector.type]}
+    exported = exported_series()
     seen_panel_ids: set[int] = set()
     for panel in panels():
         assert panel["id"] not in seen_panel_ids
@@ -103,3 +105,19 @@ def test_panels_cover_what_the_operator_needs() -> None:
         assert series in queries, series
     assert 'code!="OK"' in queries and "by (model, code)" in queries
     assert "by (pod)" in queries and "by (model" in queries
+    # The HTTP front door by route and status, its latency and 5xx ratio; the cache.
+    for series in sorted(front_door_series() - {"seq2serve_http_request_duration_seconds_sum",
+                                                "seq2serve_http_request_duration_seconds_count"}):
+        assert series in queries, series
+    assert "by (route, status)" in queries and "by (route, le)" in queries
+    assert 'status=~"5.."' in queries
+
+
+def test_front_door_series_are_registered() -> None:
+    """The HTTP front door's and the response cache's series, which the dashboard
+    and the rules read, are on the server's registry under these names and types."""
+    if not http_front_door():
+        pytest.skip(NOT_YET)
+    missing = front_door_series() - registered_series()
+    assert not missing, (f"not on the registry Metrics() makes (with HttpMetrics added): "
+                         f"{sorted(missing)}; tests/deploy/served_series.py builds it")

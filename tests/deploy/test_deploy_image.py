@@ -2,7 +2,7 @@
 of the tests' own, from a Debian base made here by debootstrap (no registry is
 reachable): it runs as non-root on a read-only root file system, turns healthy
 through its HEALTHCHECK, translates over the Python client and grpcurl (server
-reflection), and `docker stop` drains an in-flight call and exits 0.
+reflection) and over HTTP, and `docker stop` drains an in-flight call and exits 0.
 
 Containers use the host's network namespace (this engine has no bridge) and
 bind 127.0.0.1 on free ports."""
@@ -32,6 +32,7 @@ from deploy_helpers import (
     record,
     tool,
 )
+from served_series import http_front_door
 
 from seq2serve.server.client import Seq2ServeClient
 from seq2serve.server.config import ServerConfig
@@ -70,8 +71,10 @@ def _inspect(docker: Docker, name: str) -> dict:
 
 
 class Container:
-    def __init__(self, docker: Docker, name: str, port: int, metrics_port: int) -> None:
+    def __init__(self, docker: Docker, name: str, port: int, metrics_port: int,
+                 http_port: int) -> None:
         self.docker, self.name, self.port, self.metrics_port = docker, name, port, metrics_port
+        self.http_port = http_port
 
     @property
     def target(self) -> str:
@@ -90,17 +93,18 @@ def run_container(docker: Docker, image: str) -> Iterator:
     started: list[str] = []
 
     def run(*extra: str, **settings: str) -> Container:
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port, http_port = free_port(), free_port(), free_port()
         name = f"seq2serve-test-{port}"
+        # The host's network: every port is a free one of the host's.
         env = {"SEQ2SERVE_HOST": "127.0.0.1", "SEQ2SERVE_PORT": str(port),
-               "SEQ2SERVE_METRICS_PORT": str(metrics_port), "SEQ2SERVE_THREADS": "1",
-               **settings}
+               "SEQ2SERVE_METRICS_PORT": str(metrics_port),
+               "SEQ2SERVE_HTTP_PORT": str(http_port), "SEQ2SERVE_THREADS": "1", **settings}
         args = ["run", "--detach", "--name", name, "--network", "host", "--read-only",
                 "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 *[f"--env={k}={v}" for k, v in env.items()], *extra, image]
         docker.run(*args)
         started.append(name)
-        return Container(docker, name, port, metrics_port)
+        return Container(docker, name, port, metrics_port, http_port)
 
     yield run
     for name in started:
@@ -128,7 +132,11 @@ def test_image_metadata(docker: Docker, image: str) -> None:
     config = _inspect(docker, image)["Config"]
     defaults = ServerConfig()
     assert config["User"] == f"{UID}:{UID}"
-    assert set(config["ExposedPorts"]) == {f"{defaults.port}/tcp", f"{defaults.metrics_port}/tcp"}
+    exposed = set(config["ExposedPorts"])
+    assert {f"{defaults.port}/tcp", f"{defaults.metrics_port}/tcp"} < exposed
+    assert len(exposed) == 3  # and the HTTP API's
+    if http_front_door():
+        assert f"{defaults.http_port}/tcp" in exposed
     assert config["StopSignal"] == "SIGTERM"
     assert config["Entrypoint"] == ["seq2serve"] and config["Cmd"] == ["serve"]
     assert config["Healthcheck"]["Test"][:3] == ["CMD", "seq2serve", "health"]
@@ -180,6 +188,16 @@ def test_runs_healthy_non_root_read_only_and_translates(docker: Docker, run_cont
     with urllib.request.urlopen(f"http://127.0.0.1:{container.metrics_port}/metrics",
                                 timeout=10) as response:
         assert 'seq2serve_model_info{model="en-de"' in response.read().decode()
+    if http_front_door():
+        # The HTTP front door: health, and LibreTranslate's /translate.
+        url = f"http://127.0.0.1:{container.http_port}"
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+            assert json.loads(response.read()) == {"status": "ok"}
+        request = urllib.request.Request(
+            f"{url}/translate", headers={"Content-Type": "application/json"},
+            data=json.dumps({"q": text, "source": "en", "target": "de"}).encode())
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["translatedText"].strip()
 
 
 def test_mounted_models_dir_replaces_the_shipped_one(run_container, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """The Kubernetes manifests: rendered by kustomize (kubectl's), validated by
 kubernetes-validate --strict against the oldest and newest Kubernetes claimed,
 then checked for what schemas cannot see: selectors match the pod labels, ports
-agree everywhere (probes, env, Services, the image's EXPOSE), the disruption
-budget leaves room for evictions, the autoscaler's metric exists all the way
-down to server/metrics.py, and the grace periods fit the server's drain."""
+agree everywhere (probes, env, Services, the image's EXPOSE; gRPC, HTTP and
+metrics), the commented HTTP readiness probe is a valid alternative, the
+disruption budget leaves room for evictions, the autoscaler's metric exists all
+the way down to server/metrics.py, and the grace periods fit the server's drain."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 from deploy_helpers import DEPLOY, ROOT, tool
+from served_series import exported_series, http_front_door
 
 from seq2serve.server.config import ServerConfig, env_name
-from seq2serve.server.metrics import Metrics
 
 KUSTOMIZE = DEPLOY / "kustomize"
 OVERLAYS = ("cpu", "gpu")
@@ -119,21 +120,62 @@ def test_selectors_match_the_pod_labels(overlay) -> None:
 def test_ports_agree_everywhere(overlay) -> None:
     _, docs = overlay
     container, named = server(docs), ports(overlay[1])
-    defaults = ServerConfig()
+    assert set(named) == {"grpc", "http", "metrics"}
     env = env_of(container)
     assert int(env[env_name("port")]) == named["grpc"]
+    assert int(env[env_name("http_port")]) == named["http"]
     assert int(env[env_name("metrics_port")]) == named["metrics"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == named["grpc"], probe
     for service in by_kind(docs, "Service"):
-        for port in service["spec"]["ports"]:
+        served = {port["name"]: port for port in service["spec"]["ports"]}
+        for port in served.values():
             assert port["targetPort"] in named, (service["metadata"]["name"], port)
+        # Both front doors through either Service, each on its own port number.
+        for name in ("grpc", "http"):
+            assert served[name]["targetPort"] == name, (service["metadata"]["name"], name)
+            assert served[name]["port"] == named[name], (service["metadata"]["name"], name)
     assert one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] in named
     # The image's EXPOSE says the same, and so do the server's defaults.
     exposed = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile").read_text(), re.M)
     assert exposed is not None
     assert sorted(int(p) for p in exposed.group(1).split()) == sorted(named.values())
+    defaults = ServerConfig()
     assert (defaults.port, defaults.metrics_port) == (named["grpc"], named["metrics"])
+    if http_front_door():
+        assert defaults.http_port == named["http"]
+
+
+HTTP_PROBE = re.compile(r"^ *#   readinessProbe:\n(?: *#     .*\n)+", re.M)
+
+
+def commented_http_probe() -> dict[str, Any]:
+    """The HTTP readiness probe the base Deployment shows in a comment."""
+    text = (KUSTOMIZE / "base" / "deployment.yaml").read_text()
+    [block] = HTTP_PROBE.findall(text)
+    uncommented = "\n".join(line.split("#", 1)[1][2:] for line in block.splitlines())
+    return yaml.safe_load(uncommented)["readinessProbe"]
+
+
+def test_commented_http_probe_is_a_valid_alternative(tmp_path: Path) -> None:
+    """Swapped in for the gRPC readiness probe, the commented one validates,
+    asks /health on the http port and keeps the same timing."""
+    validate = tool("kubernetes-validate", "PyPI kubernetes-validate")
+    docs = render(KUSTOMIZE / "overlays" / "cpu")
+    container = server(docs)
+    probe = commented_http_probe()
+    assert probe["httpGet"]["path"] == "/health"
+    assert probe["httpGet"]["port"] == "http" and "http" in ports(docs)
+    assert probe["httpGet"]["scheme"] == "HTTP"
+    grpc_probe = container["readinessProbe"]
+    assert {k: v for k, v in probe.items() if k != "httpGet"} == \
+        {k: v for k, v in grpc_probe.items() if k != "grpc"}
+    container["readinessProbe"] = probe
+    rendered = tmp_path / "http-probe.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    out = subprocess.run([validate, "--strict", "--kubernetes-version", K8S_VERSIONS[0],
+                          str(rendered)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_security_context_matches_the_image(overlay) -> None:
@@ -156,6 +198,8 @@ def test_settings_are_server_settings(overlay) -> None:
     name, docs = overlay
     env = env_of(server(docs))
     fields = {env_name(f) for f in ServerConfig.__dataclass_fields__}
+    if not http_front_door():
+        fields.add(env_name("http_port"))  # see served_series.NOT_YET
     assert set(env) <= fields, sorted(set(env) - fields)
     assert env[env_name("provider")] == {"cpu": "cpu", "gpu": "cuda"}[name]
     limits = server(docs)["resources"]["limits"]
@@ -194,16 +238,6 @@ def _recorded_rules() -> dict[str, str]:
     return {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
 
 
-def _exported_series() -> set[str]:
-    """Every series name the server's registry can expose."""
-    names: set[str] = set()
-    for collector in Metrics().registry.collect():
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-                    "gauge": ("",)}[collector.type]
-        names |= {collector.name + s for s in suffixes}
-    return names
-
-
 def test_autoscaler_metric_exists_down_to_the_server(overlay) -> None:
     _, docs = overlay
     hpa = one(docs, "HorizontalPodAutoscaler")
@@ -221,7 +255,7 @@ def test_autoscaler_metric_exists_down_to_the_server(overlay) -> None:
 
 
 def test_rules_use_only_exported_series() -> None:
-    exported = _exported_series()
+    exported = exported_series()
     groups = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())["groups"]
     used = {name for g in groups for r in g["rules"]
             for name in re.findall(r"(?<![:\w])(seq2serve_[a-z_]+)(?![:\w])", r["expr"])}
