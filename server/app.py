@@ -36,6 +36,7 @@ from seq2serve.server.api.grpc_service import TranslatorService
 from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
+from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import Metrics, MetricsServer
 
 log = logging.getLogger("seq2serve.server")
@@ -83,6 +84,9 @@ class Server:
         self.config = config
         self.metrics = metrics or Metrics()
         self.registry = ModelRegistry()
+        self.translator = Translator(self.registry,
+                                     max_texts_per_request=config.max_texts_per_request,
+                                     max_text_chars=config.max_text_chars)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else \
             health.HealthServicer()
         limit = config.max_message_bytes
@@ -94,7 +98,7 @@ class Server:
                      # port would silently take half of the new connections.
                      ("grpc.so_reuseport", 0)])
         pb_grpc.add_TranslatorServicer_to_server(
-            TranslatorService(self.registry, config, self.metrics), self.grpc)
+            TranslatorService(self.translator, config, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         if config.reflection:
             reflection.enable_server_reflection(

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from seq2serve.export.package import Manifest
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.requests import (
+    ModelInfo,
+    StreamChunk,
+    SummarizeRequest,
+    SummarizeResult,
+    TranslateRequest,
+    TranslateResult,
+)
 from seq2serve.server.engine.options import LENGTH_PENALTY_RANGE, DecodingOptions
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
@@ -31,19 +37,8 @@ RETURN_FIELDS: tuple[str, ...] = ("return_scores", "return_alignment", "return_t
 _FLOAT_FIELDS = frozenset(
     f.name for f in pb.DecodingOptions.DESCRIPTOR.fields if f.type == f.TYPE_FLOAT)
 _PB_FIELDS = frozenset(OPTIONAL_FIELDS + RETURN_FIELDS)
-FINISH_REASONS: dict[str, int] = {"eos": pb.FINISH_REASON_EOS,
-                                  "length": pb.FINISH_REASON_LENGTH}
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What ListModels reports as the limits applied to one model's requests."""
-
-    max_length: int  # the server's cap, lowered to max_positions
-    max_positions: int
-    max_beam_size: int
-    max_texts_per_request: int
-    max_text_chars: int
+FINISH_REASONS: dict[str, pb.FinishReason] = {"eos": pb.FINISH_REASON_EOS,
+                                              "length": pb.FINISH_REASON_LENGTH}
 
 
 def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
@@ -62,15 +57,29 @@ def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
     return DecodingOptions(**fields)
 
 
-def options_to_pb(options: Mapping[str, Any] | DecodingOptions) -> pb.DecodingOptions:
+def translate_request_from_pb(request: pb.TranslateRequest) -> TranslateRequest:
+    return TranslateRequest(texts=tuple(request.texts), model=request.model,
+                            source_language=request.source_language,
+                            target_language=request.target_language,
+                            options=options_from_pb(request.options))
+
+
+def summarize_request_from_pb(request: pb.SummarizeRequest) -> SummarizeRequest:
+    return SummarizeRequest(texts=tuple(request.texts), model=request.model,
+                            options=options_from_pb(request.options), truncate=request.truncate)
+
+
+def options_to_pb(options: Mapping[str, object] | DecodingOptions) -> pb.DecodingOptions:
     """Set every contract field that has a value; None stays unset.
 
     Keys the contract does not have (`early_stopping`, a manifest's extras) are
     skipped: ListModels shows the defaults a client can override.
     """
     values = dataclasses.asdict(options) if isinstance(options, DecodingOptions) else options
-    return pb.DecodingOptions(**{name: value for name, value in values.items()
-                                 if name in _PB_FIELDS and value is not None})
+    # Each field's type is the contract's; the pb constructor checks the values.
+    fields: dict[str, Any] = {name: value for name, value in values.items()
+                              if name in _PB_FIELDS and value is not None}
+    return pb.DecodingOptions(**fields)
 
 
 def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | None,
@@ -99,54 +108,47 @@ def translation_to_pb(joined: Sequence[Joined], options: pb.DecodingOptions) -> 
                          finish_reason=j.finish_reason) for j in joined])
 
 
-def translate_response_to_pb(model: str,
-                             translations: Sequence[pb.Translation]) -> pb.TranslateResponse:
-    return pb.TranslateResponse(model=model, translations=translations)
+def translate_response_to_pb(result: TranslateResult,
+                             options: pb.DecodingOptions) -> pb.TranslateResponse:
+    return pb.TranslateResponse(model=result.model, translations=[
+        translation_to_pb(t.hypotheses, options) for t in result.translations])
 
 
-def chunk_to_pb(text_delta: str, translation: pb.Translation | None = None) -> pb.TranslateChunk:
+def chunk_to_pb(chunk: StreamChunk, options: pb.DecodingOptions) -> pb.TranslateChunk:
     """A TranslateStream chunk; the one carrying the whole translation is the final one."""
-    if translation is None:
-        return pb.TranslateChunk(text_delta=text_delta)
-    return pb.TranslateChunk(text_delta=text_delta, final=True, translation=translation)
+    if chunk.translation is None:
+        return pb.TranslateChunk(text_delta=chunk.text_delta)
+    return pb.TranslateChunk(text_delta=chunk.text_delta, final=True,
+                             translation=translation_to_pb(chunk.translation.hypotheses,
+                                                           options))
 
 
-def summary_to_pb(hypotheses: Sequence[Joined], truncated: bool,
-                  options: pb.DecodingOptions) -> pb.Summary:
-    return pb.Summary(hypotheses=translation_to_pb(hypotheses, options).hypotheses,
-                      truncated=truncated)
+def summarize_response_to_pb(result: SummarizeResult,
+                             options: pb.DecodingOptions) -> pb.SummarizeResponse:
+    return pb.SummarizeResponse(model=result.model, summaries=[
+        pb.Summary(hypotheses=translation_to_pb(s.hypotheses, options).hypotheses,
+                   truncated=s.truncated) for s in result.summaries])
 
 
-def summarize_response_to_pb(model: str, summaries: Sequence[pb.Summary]) -> pb.SummarizeResponse:
-    return pb.SummarizeResponse(model=model, summaries=summaries)
+def list_models_to_pb(models: Sequence[ModelInfo]) -> pb.ListModelsResponse:
+    return pb.ListModelsResponse(models=[model_info_to_pb(m) for m in models])
 
 
-def list_models_to_pb(models: Sequence[pb.ModelInfo]) -> pb.ListModelsResponse:
-    return pb.ListModelsResponse(models=models)
-
-
-def model_info_to_pb(manifest: Manifest, provider: str,
-                     defaults: Mapping[str, Any] | DecodingOptions | None = None,
-                     limits: ModelLimits | None = None) -> pb.ModelInfo:
-    """A ListModels entry. `defaults` are what unset request fields become; the
-    manifest's generation settings when not given (pass resolved options to
-    show the server's caps and built-ins as well). `limits`, when given, are
-    the limits the server applies to this model's requests."""
-    limit_fields: dict[str, Any] = {}
-    if limits is not None:
-        limit_fields = dict(dataclasses.asdict(limits),
-                            min_length_penalty=LENGTH_PENALTY_RANGE[0],
-                            max_length_penalty=LENGTH_PENALTY_RANGE[1])
+def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
+    """A ListModels entry: `defaults` are what unset request fields become, the
+    limits those the server applies to this model's requests."""
     return pb.ModelInfo(
-        name=manifest.name,
-        task=manifest.task,
-        source_language=manifest.source_language,
-        target_language=manifest.target_language,
-        precision=manifest.precision,
-        provider=provider,
-        max_source_length=manifest.max_source_length,
-        defaults=options_to_pb(manifest.generation if defaults is None else defaults),
-        **limit_fields,
+        name=info.name,
+        task=info.task,
+        source_language=info.source_language,
+        target_language=info.target_language,
+        precision=info.precision,
+        provider=info.provider,
+        max_source_length=info.max_source_length,
+        defaults=options_to_pb(info.defaults),
+        min_length_penalty=LENGTH_PENALTY_RANGE[0],
+        max_length_penalty=LENGTH_PENALTY_RANGE[1],
+        **dataclasses.asdict(info.limits),
     )
 
 

@@ -1,10 +1,11 @@
-"""Service errors and the one interceptor that maps them to gRPC status codes.
+"""The one interceptor that maps every handler's exceptions to gRPC status codes.
 
-Handlers raise; they never call `context.abort` themselves. The project's own
-validation errors (ServiceError, options.InvalidOptions, config.ConfigError) are
-the client's; anything else, a stray ValueError included, is a bug here: logged
+Handlers raise; they never call `context.abort` themselves. The application's
+errors (core.errors.ServiceError, by its ErrorKind) and the project's own
+validation errors (options.InvalidOptions, config.ConfigError) are the
+client's; anything else, a stray ValueError included, is a bug here: logged
 with its traceback and the RPC's name, and answered INTERNAL without leaking
-internals to the client. Messages echo client values only bounded (`echo`).
+internals to the client.
 """
 
 from __future__ import annotations
@@ -18,60 +19,30 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from seq2serve.server.config import ConfigError
+from seq2serve.server.core.errors import ErrorKind, InvalidArgument, ServiceError
 from seq2serve.server.engine.options import InvalidOptions
 
 log = logging.getLogger("seq2serve.server")
 # gRPC sends the status message as a header; past ~8 KB of headers the client gets
 # "Stream removed" (RESOURCE_EXHAUSTED) instead of the status, at random.
-ECHO_CHARS = 64
 MAX_STATUS_MESSAGE = 2000
 TRANSLATOR_PREFIX = "/seq2serve.v1.Translator/"
 
-
-class ServiceError(Exception):
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class InvalidArgument(ServiceError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class NotFound(ServiceError):
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class ResourceExhausted(ServiceError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class Unavailable(ServiceError):
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class DeadlineExceeded(ServiceError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class Cancelled(ServiceError):
-    code = grpc.StatusCode.CANCELLED
-
-
-def echo(value: object, limit: int = ECHO_CHARS) -> str:
-    """A client's value for an error message: repr'd, cut to `limit` characters."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) > limit:
-        return repr(text[:limit]) + f"... ({len(text)} characters)"
-    return repr(text)
+# The one table from the application's error kinds to gRPC status codes.
+STATUS: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+}
 
 
 def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     """The one table from exceptions to gRPC status codes and client messages."""
     if isinstance(error, ServiceError):
-        code, message = error.code, error.message
+        code, message = STATUS[error.kind], error.message
     elif isinstance(error, (InvalidOptions, ConfigError)):
         code, message = grpc.StatusCode.INVALID_ARGUMENT, str(error)
     elif isinstance(error, (asyncio.CancelledError, GeneratorExit)):
@@ -126,7 +97,13 @@ class _Parser:
             raise error from None
 
 
-def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], parse: _Parser):
+# A handler as gRPC calls it: (request, context). grpc ships no type information,
+# so messages and contexts are Any here.
+UnaryBehavior = Callable[[Any, Any], Awaitable[Any]]
+StreamBehavior = Callable[[Any, Any], AsyncIterator[Any]]
+
+
+def _wrap_unary(behavior: UnaryBehavior, parse: _Parser) -> UnaryBehavior:
     async def wrapped(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await behavior(parse(raw), context)
@@ -138,7 +115,7 @@ def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], parse: _Parser):
     return wrapped
 
 
-def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]], parse: _Parser):
+def _wrap_stream(behavior: StreamBehavior, parse: _Parser) -> StreamBehavior:
     async def wrapped(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
             async for item in behavior(parse(raw), context):
@@ -151,14 +128,16 @@ def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]], parse: _Par
     return wrapped
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
     """Maps every handler's exceptions through `status_of`; `on_undecodable` hears of
     Translator calls whose request could not be decoded."""
 
     def __init__(self, on_undecodable: UndecodableHook | None = None) -> None:
         self.on_undecodable = on_undecodable
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+            handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None

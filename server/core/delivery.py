@@ -1,17 +1,19 @@
 """Results from the engine threads to the asyncio loop that awaits them.
 
-A worker thread resolves a work item by calling its `deliver`; for an asyncio
-caller that hop goes through the loop's one mailbox, so that a decoder step that
-finishes or streams to 64 texts wakes the loop once.
+A worker thread resolves a work item by calling its `deliver` (and streams its
+tokens through `on_token`); for an asyncio caller that hop goes through the
+loop's one mailbox, so that a decoder step that finishes or streams to 64 texts
+wakes the loop once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -85,3 +87,35 @@ def deliver_to_future(loop: asyncio.AbstractEventLoop,
         box.post(settle, result)
 
     return deliver
+
+
+class PieceEvents:
+    """What the engine reports about a streamed request's pieces, on the loop, in
+    order: (piece, token) as it chooses a token, (piece, None) once the piece's
+    future is done (its result comes through the same mailbox, after its tokens)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
+        self._box = mailbox(loop)
+
+    def token_sink(self, index: int) -> Callable[[int], None]:
+        """A `WorkItem.on_token` for piece `index`."""
+
+        def on_token(token: int) -> None:  # runs on the engine's thread
+            self._box.post(self._queue.put_nowait, (index, token))
+
+        return on_token
+
+    def watch(self, futures: Sequence[asyncio.Future[Any]]) -> None:
+        for i, future in enumerate(futures):
+            future.add_done_callback(functools.partial(self._done, i))
+
+    def _done(self, index: int, _: asyncio.Future[Any]) -> None:
+        self._queue.put_nowait((index, None))
+
+    async def arrived(self) -> list[tuple[int, int | None]]:
+        """Everything that arrived since the last call, waiting for at least one."""
+        events = [await self._queue.get()]
+        while not self._queue.empty():
+            events.append(self._queue.get_nowait())
+        return events

@@ -124,6 +124,45 @@ def stream_text(plan: Plan, done: Mapping[int, str],
     return reassemble(plan.segmented, texts, partial=True)
 
 
+class StreamedText:
+    """A planned text as its pieces stream in, told out as text deltas.
+
+    Tokens of the piece still growing show as they come (`token`); a finished
+    piece's best is decoded once (`finish`). Pieces show in order: a later
+    piece's tokens wait for the earlier ones to finish."""
+
+    def __init__(self, plan: Plan, decode: Decode) -> None:
+        self.plan, self.decode = plan, decode
+        self.done: dict[int, str] = {}
+        self.partial: dict[int, list[int]] = {i: [] for i in range(len(plan.pieces))}
+        self.emitted = ""  # the deltas so far, joined
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.plan.pieces)
+
+    def token(self, index: int, token: int) -> None:
+        self.partial[index].append(token)
+
+    def finish(self, index: int, token_ids: Sequence[int]) -> None:
+        self.done[index] = self.decode(list(token_ids))
+
+    def delta(self) -> str:
+        """The text added since the last delta; "" when none was, or when the text
+        so far no longer starts with what was told (decoding one more token can
+        change the characters before it): it waits until it does again."""
+        text = stream_text(self.plan, self.done, self.partial, self.decode)
+        if len(text) > len(self.emitted) and text.startswith(self.emitted):
+            delta, self.emitted = text[len(self.emitted):], text
+            return delta
+        return ""
+
+    def rest(self, final: str) -> str:
+        """What `final`, the whole text's best, adds to what was told ("" when it
+        does not start with it)."""
+        return final[len(self.emitted):] if final.startswith(self.emitted) else ""
+
+
 def whole(hypothesis: PieceHypothesis, decode: Decode) -> Joined:
     """A hypothesis of a text sent as one piece, uncut (a summary's source)."""
     return Joined(decode(list(hypothesis.token_ids)), hypothesis.score,

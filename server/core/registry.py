@@ -24,10 +24,10 @@ from pathlib import Path
 
 from seq2serve.export.package import MANIFEST, Manifest, ModelPackage, PackageError, load_package
 from seq2serve.export.tokenizer import PackageTokenizer
-from seq2serve.server.api.grpc_errors import InvalidArgument, NotFound, Unavailable, echo
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.config import ServerConfig
+from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider, physical_cores

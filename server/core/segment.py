@@ -178,8 +178,10 @@ def _split(text: str, levels: tuple[re.Pattern[str], ...],
     i = 0
     while i < len(units):
         # chunk = units[i:i + n], the most units that fit
-        n = _most_that_fit(len(units) - i, lambda n, i=i:
-                           count_tokens(text[units[i][0]:units[i + n - 1][1]]) <= limit)
+        def fits(n: int, i: int = i) -> bool:
+            return count_tokens(text[units[i][0]:units[i + n - 1][1]]) <= limit
+
+        n = _most_that_fit(len(units) - i, fits)
         chunk = text[units[i][0]:units[i + n - 1][1]]
         if n == 1 and count_tokens(chunk) > limit:
             _split(chunk, levels[1:], count_tokens, limit, builder)
@@ -193,7 +195,10 @@ def _split(text: str, levels: tuple[re.Pattern[str], ...],
 def _split_characters(text: str, count_tokens: Callable[[str], int], limit: int,
                       builder: _Builder) -> None:
     while text:
-        n = _most_that_fit(len(text), lambda n, text=text: count_tokens(text[:n]) <= limit)
+        def fits(n: int, text: str = text) -> bool:
+            return count_tokens(text[:n]) <= limit
+
+        n = _most_that_fit(len(text), fits)
         builder.piece(text[:n])
         text = text[n:]
 

@@ -19,7 +19,7 @@ from serving import RunningServer, server_config
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
-from seq2serve.server.api.grpc_service import TranslatorService
+from seq2serve.server.core.translator import Translator
 
 TWO_SENTENCES = f"{CORPUS[0]} {CORPUS[1]}"
 
@@ -105,7 +105,7 @@ def test_a_stray_value_error_is_internal_and_logged_with_the_method(
     def broken(*args: Any) -> Any:
         raise ValueError("a bug, not the client's fault")
 
-    monkeypatch.setattr(TranslatorService, "_plan_translation", broken)
+    monkeypatch.setattr(Translator, "_plan", broken)
     with pytest.raises(grpc.RpcError) as err, caplog.at_level(logging.ERROR):
         stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=30)
     assert err.value.code() == grpc.StatusCode.INTERNAL

@@ -6,10 +6,19 @@ from dataclasses import dataclass
 
 import pytest
 
-from seq2serve.export.package import Manifest
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert
 from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.requests import (
+    ModelInfo,
+    ModelLimits,
+    StreamChunk,
+    SummarizeResult,
+    Summary,
+    TranslateRequest,
+    TranslateResult,
+    Translation,
+)
 from seq2serve.server.engine.options import DecodingOptions
 
 
@@ -109,55 +118,68 @@ def test_numpy_ids_convert() -> None:
     assert list(message.token_ids) == [3, 4] and message.score == -0.5
 
 
-def test_translation_carries_each_joined_hypothesis_with_the_requested_extras() -> None:
-    joined = [Joined("a b", -1.5, [3, 4], [0, 2], "length"), Joined("a", None, [3], None, "eos")]
-    translation = convert.translation_to_pb(
-        joined, pb.DecodingOptions(return_scores=True, return_alignment=True))
+def test_requests_from_pb() -> None:
+    request = convert.translate_request_from_pb(pb.TranslateRequest(
+        texts=["a", "b"], model="m", source_language="en", target_language="de",
+        options=pb.DecodingOptions(beam_size=2)))
+    assert request == TranslateRequest(texts=("a", "b"), model="m", source_language="en",
+                                       target_language="de",
+                                       options=DecodingOptions(beam_size=2, return_scores=False,
+                                                               return_alignment=False))
+    summarize = convert.summarize_request_from_pb(pb.SummarizeRequest(texts=["a"],
+                                                                      truncate=True))
+    assert summarize.texts == ("a",) and summarize.truncate and summarize.model == ""
+
+
+def test_results_carry_each_joined_hypothesis_with_the_requested_extras() -> None:
+    joined = (Joined("a b", -1.5, [3, 4], [0, 2], "length"), Joined("a", None, [3], None, "eos"))
+    options = pb.DecodingOptions(return_scores=True, return_alignment=True)
+    translation = convert.translation_to_pb(joined, options)
     assert translation == pb.Translation(hypotheses=[
         pb.Hypothesis(text="a b", score=-1.5, alignment=[0, 2],
                       finish_reason=pb.FINISH_REASON_LENGTH),
         pb.Hypothesis(text="a", finish_reason=pb.FINISH_REASON_EOS)])
-    response = convert.translate_response_to_pb("m", [translation])
+    response = convert.translate_response_to_pb(
+        TranslateResult("m", (Translation(joined),)), options)
     assert response.model == "m" and list(response.translations) == [translation]
-    summary = convert.summary_to_pb(joined[:1], True, pb.DecodingOptions(return_token_ids=True))
-    assert summary == pb.Summary(truncated=True, hypotheses=[pb.Hypothesis(
-        text="a b", token_ids=[3, 4], finish_reason=pb.FINISH_REASON_LENGTH)])
-    assert convert.summarize_response_to_pb("m", [summary]).summaries[0] == summary
+    summaries = convert.summarize_response_to_pb(
+        SummarizeResult("m", (Summary(joined[:1], True),)),
+        pb.DecodingOptions(return_token_ids=True))
+    assert summaries.model == "m"
+    assert list(summaries.summaries) == [pb.Summary(truncated=True, hypotheses=[pb.Hypothesis(
+        text="a b", token_ids=[3, 4], finish_reason=pb.FINISH_REASON_LENGTH)])]
 
 
 def test_only_the_chunk_with_the_translation_is_final() -> None:
-    growing = convert.chunk_to_pb("Hal")
+    growing = convert.chunk_to_pb(StreamChunk("Hal"), pb.DecodingOptions())
     assert growing.text_delta == "Hal" and not growing.final
     assert not growing.HasField("translation")
-    translation = pb.Translation(hypotheses=[pb.Hypothesis(text="Hallo")])
-    last = convert.chunk_to_pb("lo", translation)
-    assert last.final and last.text_delta == "lo" and last.translation == translation
+    translation = Translation((Joined("Hallo", -0.5, [7], None, "eos"),))
+    last = convert.chunk_to_pb(StreamChunk("lo", translation), pb.DecodingOptions())
+    assert last.final and last.text_delta == "lo"
+    assert last.translation == pb.Translation(hypotheses=[pb.Hypothesis(
+        text="Hallo", finish_reason=pb.FINISH_REASON_EOS)])
+
+
+LIMITS = ModelLimits(max_length=200, max_positions=256, max_beam_size=8,
+                     max_texts_per_request=32, max_text_chars=5000)
 
 
 def test_model_info() -> None:
-    manifest = Manifest(
-        name="opus-mt-en-de", task="translate", source_language="en", target_language="de",
-        config={}, special_tokens={}, tokenizer={}, precision="int8", max_source_length=512,
-        generation={"beam_size": 4, "num_hypotheses": 1, "max_length_ratio": 2.0})
-    info = convert.model_info_to_pb(manifest, "CPUExecutionProvider")
-    assert (info.name, info.task, info.source_language, info.target_language, info.precision,
-            info.provider, info.max_source_length) == (
+    info = ModelInfo(name="opus-mt-en-de", task="translate", source_language="en",
+                     target_language="de", precision="int8", provider="CPUExecutionProvider",
+                     max_source_length=512,
+                     defaults={"beam_size": 4, "num_hypotheses": 1, "max_length_ratio": 2.0,
+                               "early_stopping": True, "seed": None},
+                     limits=LIMITS)
+    message = convert.model_info_to_pb(info)
+    assert (message.name, message.task, message.source_language, message.target_language,
+            message.precision, message.provider, message.max_source_length) == (
         "opus-mt-en-de", "translate", "en", "de", "int8", "CPUExecutionProvider", 512)
-    assert info.defaults == pb.DecodingOptions(beam_size=4, num_hypotheses=1,
-                                               max_length_ratio=2.0)
-    resolved = DecodingOptions().resolve(manifest.generation)
-    shown = convert.model_info_to_pb(manifest, "CPUExecutionProvider", resolved).defaults
-    assert shown.beam_size == 4 and shown.HasField("min_length") and shown.min_length == 0
-    assert info.max_length == 0  # no limits given, none shown
-
-
-def test_model_info_limits() -> None:
-    manifest = Manifest(
-        name="m", task="translate", source_language="en", target_language="de", config={},
-        special_tokens={}, tokenizer={}, precision="fp32", max_source_length=256, generation={})
-    limits = convert.ModelLimits(max_length=200, max_positions=256, max_beam_size=8,
-                                 max_texts_per_request=32, max_text_chars=5000)
-    info = convert.model_info_to_pb(manifest, "CPUExecutionProvider", limits=limits)
-    assert (info.max_length, info.max_positions, info.max_beam_size,
-            info.max_texts_per_request, info.max_text_chars, info.min_length_penalty,
-            info.max_length_penalty) == (200, 256, 8, 32, 5000, -1.0, 10.0)
+    # early_stopping is not in the contract, an unset seed stays unset
+    assert message.defaults == pb.DecodingOptions(beam_size=4, num_hypotheses=1,
+                                                  max_length_ratio=2.0)
+    assert (message.max_length, message.max_positions, message.max_beam_size,
+            message.max_texts_per_request, message.max_text_chars, message.min_length_penalty,
+            message.max_length_penalty) == (200, 256, 8, 32, 5000, -1.0, 10.0)
+    assert convert.list_models_to_pb([info]).models == [message]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from seq2serve.server.core.pieces import Joined, Plan, join, plan, stream_text, whole
+from seq2serve.server.core.pieces import (
+    Joined,
+    Plan,
+    StreamedText,
+    join,
+    plan,
+    stream_text,
+    whole,
+)
 from seq2serve.server.core.segment import reassemble
 from seq2serve.server.engine.search import Hypothesis
 
@@ -104,6 +112,35 @@ def test_stream_text_is_finished_pieces_in_order_then_the_growing_one() -> None:
     assert stream_text(planned, {0: "<4>", 1: "<9>"}, {2: [7]}, _decode) == "<4>  <9>\n<7>"
     assert stream_text(planned, {0: "<4>", 1: "<9>", 2: "<7>"}, {}, _decode) == \
         "<4>  <9>\n<7>"
+
+
+def test_streamed_text_tells_each_addition_once_in_piece_order() -> None:
+    streamed = StreamedText(_three_pieces(), _decode)
+    assert streamed.delta() == "" and not streamed.finished
+    streamed.token(1, 9)  # a later piece waits for the earlier ones
+    assert streamed.delta() == ""
+    streamed.token(0, 4)
+    assert streamed.delta() == "<4>"
+    assert streamed.delta() == ""  # told once
+    streamed.finish(0, [4, 5])
+    assert streamed.delta() == " <5>  <9>"  # the gap, then the next piece's tokens so far
+    streamed.finish(1, [9])
+    streamed.finish(2, [7])
+    assert streamed.finished and streamed.delta() == "\n<7>"
+    assert streamed.emitted == "<4> <5>  <9>\n<7>"
+    assert streamed.rest("<4> <5>  <9>\n<7> <8>") == " <8>"
+    assert streamed.rest("something else") == ""
+
+
+def test_streamed_text_waits_while_the_text_so_far_changes() -> None:
+    words = {4: "Hal", 5: "lo"}
+    streamed = StreamedText(plan("Hello", "en", _encode, limit=16),
+                            lambda ids: "".join(words[i] for i in ids) if ids != [4, 5] else "Hi")
+    streamed.token(0, 4)
+    assert streamed.delta() == "Hal"
+    streamed.token(0, 5)
+    assert streamed.delta() == ""  # "Hi" does not continue "Hal": nothing told
+    assert streamed.rest("Hallo") == "lo"
 
 
 def test_whole_is_one_hypothesis_decoded() -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from seq2serve.server.api.grpc_errors import NotFound
 from seq2serve.server.batching.scheduler import (
     BatchLimits,
     Draining,
@@ -23,6 +22,7 @@ from seq2serve.server.batching.scheduler import (
 )
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.core.delivery import deliver_to_future, mailbox
+from seq2serve.server.core.errors import NotFound
 from seq2serve.server.engine.engine import GenerateStats, Generation, StepStats
 from seq2serve.server.engine.options import InvalidOptions
 from seq2serve.server.metrics import Metrics

@@ -1,0 +1,71 @@
+"""The application's errors, transport-neutral: what went wrong, as an `ErrorKind`.
+
+Each front door maps the kinds with its own one table (gRPC status codes in
+api/grpc_errors.py, HTTP status codes in the HTTP door). Messages are written
+for the client and echo client values only bounded (`echo`).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# A status message travels as a header: client values in it stay short.
+ECHO_CHARS = 64
+
+
+class ErrorKind(str, Enum):
+    """Why a request was refused or not finished (names as gRPC's status codes)."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the client's input: fix it, do not retry
+    NOT_FOUND = "NOT_FOUND"  # no served model fits
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the queue or the answer is too big
+    UNAVAILABLE = "UNAVAILABLE"  # loading or stopping: retry, elsewhere if need be
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+
+
+class ServiceError(Exception):
+    """A request the service refuses or could not finish, with a message for the client."""
+
+    def __init__(self, kind: ErrorKind, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.INVALID_ARGUMENT, message)
+
+
+class NotFound(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.NOT_FOUND, message)
+
+
+class ResourceExhausted(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.RESOURCE_EXHAUSTED, message)
+
+
+class Unavailable(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.UNAVAILABLE, message)
+
+
+class DeadlineExceeded(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.DEADLINE_EXCEEDED, message)
+
+
+class Cancelled(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.CANCELLED, message)
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value for an error message: repr'd, cut to `limit` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    return repr(text)

@@ -1,0 +1,333 @@
+"""The application core: validate, plan, queue, await, join. Every front door calls this.
+
+One work item per sentence-sized piece goes to the model's scheduler; a request
+awaits every piece and reassembles the answer in input order (the pure parts of
+that in pieces.py). All of a request's pieces enter the queue together, so the
+texts of one request batch with each other and with everyone else's. Refusals
+raise core.errors.ServiceError (or options.InvalidOptions); the scheduler's
+exceptions become ServiceErrors here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
+from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
+from seq2serve.server.core.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
+from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
+from seq2serve.server.core.registry import ModelHandle, ModelRegistry
+from seq2serve.server.core.requests import (
+    Call,
+    ModelInfo,
+    ModelLimits,
+    OptionValue,
+    StreamChunk,
+    SummarizeRequest,
+    SummarizeResult,
+    Summary,
+    TranslateRequest,
+    TranslateResult,
+    Translation,
+)
+from seq2serve.server.engine.engine import Hypothesis, Result
+from seq2serve.server.engine.options import DecodingOptions
+
+# The core's whole surface: the Translator and the values it takes and returns.
+__all__ = ["Call", "ModelInfo", "ModelLimits", "StreamChunk", "SummarizeRequest",
+           "SummarizeResult", "Summary", "TranslateRequest", "TranslateResult", "Translation",
+           "Translator"]
+
+T = TypeVar("T")
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
+
+
+class ResolvedOptions(Protocol):
+    """What the core reads from the engine's resolved options (every field set)."""
+
+    @property
+    def num_hypotheses(self) -> int | None: ...
+    @property
+    def decoding(self) -> str: ...  # "greedy", "sampling" or "beam"
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A request past admission: its model, its checked texts, its resolved options."""
+
+    handle: ModelHandle
+    texts: tuple[str, ...]
+    options: ResolvedOptions
+    count: int  # hypotheses per text
+
+
+class Translator:
+    """Translate, summarize, stream and list models, for any front door."""
+
+    def __init__(self, registry: ModelRegistry, *, max_texts_per_request: int,
+                 max_text_chars: int) -> None:
+        self.registry = registry
+        self.max_texts_per_request = max_texts_per_request
+        self.max_text_chars = max_text_chars
+
+    # -- the calls -----------------------------------------------------------------
+
+    async def translate(self, request: TranslateRequest, call: Call) -> TranslateResult:
+        job = self._admit("translate", request.model, request.source_language,
+                          request.target_language, request.texts, request.options, call)
+        # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
+        # which must keep answering health checks and other calls meanwhile.
+        plans = await _off_loop(lambda: [self._plan(job.handle, t) for t in job.texts])
+        futures = self._queue(job, [p.source_ids for pl in plans for p in pl.pieces], call)
+        results = await _gather(futures, call)
+
+        def answer() -> TranslateResult:
+            it = iter(results)
+            return TranslateResult(job.handle.name, tuple(
+                _translation(job, pl, [next(it) for _ in pl.pieces]) for pl in plans))
+
+        return await _off_loop(answer)
+
+    async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
+        job = self._admit("summarize", request.model, "", "", request.texts, request.options,
+                          call)
+        sources, truncated = await _off_loop(
+            lambda: _summary_sources(job.handle, job.texts, request.truncate))
+        wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
+        futures = self._queue(job, [s for s, w in zip(sources, wanted, strict=True) if w], call)
+        results = await _gather(futures, call)
+
+        def answer() -> SummarizeResult:
+            it = iter(results)
+            decode = job.handle.tokenizer.decode
+            summaries = []
+            for want, cut in zip(wanted, truncated, strict=True):
+                hyps = _enough(next(it).hypotheses, job.count) if want else [_EMPTY] * job.count
+                summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]), cut))
+            return SummarizeResult(job.handle.name, tuple(summaries))
+
+        return await _off_loop(answer)
+
+    async def stream(self, request: TranslateRequest,
+                     call: Call) -> AsyncGenerator[StreamChunk, None]:
+        """One text's translation as it grows: text deltas as the engine chooses tokens
+        (greedy, sampling), each finished piece at once (beam, whose best is known only
+        at the end), then a final chunk carrying the whole translation."""
+        job = self._admit("translate", request.model, request.source_language,
+                          request.target_language, request.texts, request.options, call)
+        if len(job.texts) != 1:
+            raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
+                                  f"got {len(job.texts)}")
+        planned = await _off_loop(lambda: self._plan(job.handle, job.texts[0]))
+        events = PieceEvents(asyncio.get_running_loop())
+        tokens = job.options.decoding != "beam"
+        futures = self._queue(job, [p.source_ids for p in planned.pieces], call,
+                              [events.token_sink(i) if tokens else None
+                               for i in range(len(planned.pieces))])
+        events.watch(futures)
+        streamed = StreamedText(planned, job.handle.tokenizer.decode)
+        waiter = _gathered(futures)
+        try:
+            failed = False
+            while not (streamed.finished or failed):
+                for index, token in await events.arrived():  # all of them: one chunk
+                    failed |= _take(streamed, futures[index], index, token)
+                if delta := streamed.delta():
+                    yield StreamChunk(delta)
+            nbests = await waiter  # a failed piece fails the request at once
+        except (ItemDropped, Draining) as e:
+            raise _dropped(e, call) from None
+        finally:
+            if not waiter.done():  # the client left, or a piece failed
+                call.cancel()
+                waiter.cancel()
+        translation = _translation(job, planned, nbests)
+        yield StreamChunk(streamed.rest(translation.hypotheses[0].text), translation)
+
+    def list_models(self) -> list[ModelInfo]:
+        return [self._model_info(h) for h in self.registry.handles()]
+
+    # -- admission -----------------------------------------------------------------
+
+    def _admit(self, task: str, model: str, source_language: str, target_language: str,
+               texts: Sequence[str], options: DecodingOptions, call: Call) -> _Job:
+        """Pick the model, check the texts, resolve the options: in that order, so
+        that an error names the first problem a client should fix."""
+        handle = self.registry.pick(task, model, source_language, target_language)
+        call.serve_with(handle.name)
+        checked = self._texts(texts)
+        # The engine's resolve adds what this model allows (position cap, alignment).
+        resolved: ResolvedOptions = handle.engine.resolve(options)
+        return _Job(handle, checked, resolved, _hypotheses_wanted(resolved))
+
+    def _texts(self, texts: Sequence[str]) -> tuple[str, ...]:
+        if not texts:
+            raise InvalidArgument("texts must hold at least one text, got 0")
+        if len(texts) > self.max_texts_per_request:
+            raise InvalidArgument(f"texts must hold at most {self.max_texts_per_request} "
+                                  f"texts per request, got {len(texts)}")
+        for i, text in enumerate(texts):
+            if len(text) > self.max_text_chars:
+                raise InvalidArgument(f"texts[{i}] must be at most {self.max_text_chars} "
+                                      f"characters, got {len(text)}")
+        return tuple(texts)
+
+    def _plan(self, handle: ModelHandle, text: str) -> Plan:
+        return plan(text, handle.manifest.source_language, handle.tokenizer.encode,
+                    handle.manifest.max_source_length)
+
+    def _queue(self, job: _Job, sources: list[list[int]], call: Call,
+               on_token: Sequence[Callable[[int], None] | None] = ()
+               ) -> list[asyncio.Future[Result]]:
+        """All of a request's work items enter the queue together, or none does."""
+        scheduler = job.handle.scheduler
+        size = scheduler.limits.max_queue_size
+        if len(sources) > size:  # would be refused as "queue full" on every retry
+            raise InvalidArgument(f"texts split into {len(sources)} sentence-sized pieces; "
+                                  f"a request may have at most {size} (the queue size): send "
+                                  "fewer or shorter texts")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
+        items = [WorkItem(source=src, options=job.options, deliver=deliver_to_future(loop, fut),
+                          deadline=call.deadline, cancelled=call.cancelled,
+                          on_token=on_token[i] if on_token else None)
+                 for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
+        try:
+            scheduler.submit_many(items)
+        except QueueFull as e:
+            raise ResourceExhausted(str(e)) from None
+        except Draining:
+            raise Unavailable("the server is shutting down; retry on another replica") from None
+        return futures
+
+    # -- models --------------------------------------------------------------------
+
+    def _model_info(self, handle: ModelHandle) -> ModelInfo:
+        engine, manifest = handle.engine, handle.manifest
+        # The manifest's defaults as they apply here (a max_length above the cap, capped).
+        applied = engine.resolve(DecodingOptions())
+        defaults: dict[str, OptionValue] = {
+            name: getattr(applied, name) for name in manifest.generation.as_dict()
+            if name in _OPTION_NAMES}
+        limits = ModelLimits(
+            max_length=engine.limits.max_length, max_positions=engine.runner.max_positions,
+            max_beam_size=engine.limits.max_beam_size,
+            max_texts_per_request=self.max_texts_per_request,
+            max_text_chars=self.max_text_chars)
+        return ModelInfo(
+            name=manifest.name, task=manifest.task, source_language=manifest.source_language,
+            target_language=manifest.target_language, precision=manifest.precision,
+            provider=handle.provider, max_source_length=manifest.max_source_length,
+            defaults=defaults, limits=limits)
+
+
+# -- pieces and answers ------------------------------------------------------------
+
+
+def _summary_sources(handle: ModelHandle, texts: Sequence[str],
+                     truncate: bool) -> tuple[list[list[int]], list[bool]]:
+    """Token ids of each text, cut to the model's limit when `truncate` allows it."""
+    limit = handle.manifest.max_source_length
+    sources, truncated = [], []
+    for i, text in enumerate(texts):
+        ids = handle.tokenizer.encode(text)
+        if len(ids) > limit and not truncate:
+            raise InvalidArgument(
+                f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
+                "(set truncate to cut it)")
+        truncated.append(len(ids) > limit)
+        sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
+    return sources, truncated
+
+
+def _translation(job: _Job, planned: Plan, results: Sequence[Result]) -> Translation:
+    """`job.count` hypotheses of a planned text, joined from its pieces' results."""
+    joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
+                                job.count, job.handle.tokenizer.decode)
+    return Translation(tuple(joined))
+
+
+def _hypotheses_wanted(options: ResolvedOptions) -> int:
+    count = options.num_hypotheses
+    if count is None:  # resolve() sets every field
+        raise RuntimeError("num_hypotheses is not resolved")
+    return count
+
+
+def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:
+    """An answer holds every hypothesis asked for; fewer is a bug here, not the
+    client's fault (length_penalty's range exists so that beam search finds them all)."""
+    if len(nbest) < count:
+        raise RuntimeError(f"the engine returned {len(nbest)} hypotheses where {count} were "
+                           "asked for")
+    return nbest
+
+
+# The answer to a blank text, which is never sent to the engine.
+_EMPTY = Hypothesis(token_ids=[], score=0.0, finish_reason="eos")
+
+
+# -- waiting -----------------------------------------------------------------------
+
+
+async def _off_loop(work: Callable[[], T]) -> T:
+    """Run CPU work (segmenting, tokenizing, detokenizing) on the default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+async def _gather(futures: list[asyncio.Future[Result]], call: Call) -> list[Result]:
+    try:
+        return await asyncio.gather(*futures)
+    except asyncio.CancelledError:
+        call.cancel()  # the engine drops the request's items at its next step
+        raise
+    except (ItemDropped, Draining) as e:
+        raise _dropped(e, call) from None
+
+
+def _gathered(futures: list[asyncio.Future[Result]]) -> asyncio.Future[list[Result]]:
+    """All of `futures` as one; its exception (cancelled or failed) counts as seen,
+    or asyncio logs "exception was never retrieved" for every cancelled stream."""
+    waiter = asyncio.ensure_future(asyncio.gather(*futures))
+    waiter.add_done_callback(_retrieve)
+    return waiter
+
+
+def _retrieve(future: asyncio.Future[list[Result]]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _dropped(error: ItemDropped | Draining, call: Call) -> Exception:
+    """The error for work the scheduler gave up on: past its deadline, cancelled,
+    or still queued when the server had to stop."""
+    call.cancel()  # the request's other pieces leave their batches too
+    if isinstance(error, Draining):
+        return Unavailable("the server stopped before this request ran; retry on another "
+                           "replica")
+    if error.reason == "deadline":
+        return DeadlineExceeded("the deadline passed before the result was ready")
+    return Cancelled("the request was cancelled")
+
+
+def _take(streamed: StreamedText, piece: asyncio.Future[Result], index: int,
+          token: int | None) -> bool:
+    """Add one event to the streamed text; True when the piece failed (awaiting
+    the pieces then raises why)."""
+    if token is not None:
+        streamed.token(index, token)
+    elif piece.cancelled() or piece.exception() is not None:
+        return True
+    else:
+        streamed.finish(index, piece.result().hypotheses[0].token_ids)
+    return False
