@@ -204,7 +204,7 @@ def markdown_table(records: list[Record]) -> str:
 
 
 def machine_description(threads: int) -> list[str]:
-    from seq2serve.server.engine.runner import physical_cores
+    from seq2serve.server.engine.resources import usable_cores
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -222,7 +222,7 @@ def machine_description(threads: int) -> list[str]:
             pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     lines = [f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-             f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {physical_cores()} physical "
+             f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {usable_cores()} usable "
              f"cores; {platform.system()} {platform.release()}; Python "
              f"{platform.python_version()}",
              f"- threads: {threads} per system (intra-op), 1 inter-op",
@@ -241,7 +241,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only beam4 at batch 16 on the OPUS-MT shape, every system "
                         "(a few minutes)")
     parser.add_argument("--threads", type=_positive, default=None,
-                        help="intra-op threads for every system (default: physical cores)")
+                        help="intra-op threads for every system (default: the usable cores)")
     parser.add_argument("--repeats", type=_positive, default=3,
                         help="timed runs per setting; the median counts (default 3)")
     parser.add_argument("--warmup", type=int, default=1,
@@ -404,14 +404,14 @@ def _package_runs(args: argparse.Namespace, threads: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from seq2serve.server.engine.runner import physical_cores
+    from seq2serve.server.engine.resources import usable_cores
 
     problems = _check(args)
     if problems:
         for p in problems:
             print(f"seq2serve bench: error: {p}", file=sys.stderr)
         return 2
-    args.threads = args.threads or physical_cores()
+    args.threads = args.threads or usable_cores()
     header = machine_description(args.threads)  # before the run: its load average
     try:
         records = benchmark(args)

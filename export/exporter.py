@@ -17,35 +17,23 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
 from seq2serve.export.package import (
     DECODER_FILE,
     ENCODER_FILE,
-    ENCODER_INPUTS,
     GRAPH_FILES,
     MANIFEST,
-    MOVE_FILE,
-    REORDER_FILE,
-    SELECT_FILE,
-    SELECT_INPUTS,
-    SELECT_OUTPUTS,
+    PRECISIONS,
     Manifest,
-    Spec,
-    decoder_inputs,
-    decoder_outputs,
-    encoder_outputs,
+    SpecialTokens,
+    TokenizerFiles,
     load_package,
-    move_inputs,
-    move_outputs,
-    reorder_inputs,
-    reorder_outputs,
     sha256_file,
-    signature,
+    standard_graphs,
 )
 from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
 
-PRECISIONS = ("fp32", "fp16", "int8")
 FP32_LOG_PROB_TOLERANCE = 1e-4
 FP16_KEPT_FP32 = ["LogSoftmax"]  # log-probabilities are compared and summed in fp32
 
@@ -85,11 +73,6 @@ def _graph_dtypes(path: Path) -> dict[str, str]:
     graph = onnx.load(str(path), load_external_data=False).graph
     return {v.name: onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
             for v in [*graph.input, *graph.output]}
-
-
-def _with_dtypes(spec: Spec, dtypes: dict[str, str]):
-    return [{**entry, "dtype": dtypes.get(entry["name"], entry["dtype"])}
-            for entry in signature(spec)]
 
 
 def _readable_like_a_new_dir(path: Path) -> None:
@@ -206,47 +189,24 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         shutil.copyfile(source.source_spm, tmp / "source.spm")
         shutil.copyfile(source.target_spm, tmp / "target.spm")
         cfg = model.cfg
-        layers = cfg.decoder_layers
-        dtypes = {**_graph_dtypes(tmp / ENCODER_FILE), **_graph_dtypes(tmp / DECODER_FILE),
-                  **_graph_dtypes(tmp / REORDER_FILE), **_graph_dtypes(tmp / MOVE_FILE),
-                  **_graph_dtypes(tmp / SELECT_FILE)}
-        suppress = sorted({cfg.pad_id, cfg.decoder_start_id} - {cfg.eos_id})
+        dtypes = {name: dtype for graph in GRAPH_FILES
+                  for name, dtype in _graph_dtypes(tmp / graph).items()}
         manifest = Manifest(
             name=name or source.name,
             task=source.task,
             source_language=source.source_language,
             target_language=source.target_language,
-            config=cfg.to_dict(),
-            special_tokens={"pad": cfg.pad_id, "eos": cfg.eos_id, "unk": cfg.unk_id,
-                            "bos": cfg.bos_id, "decoder_start": cfg.decoder_start_id,
-                            # never generated: padding and the start token
-                            "suppress": suppress},
-            tokenizer={"type": "sentencepiece", "source_model": "source.spm",
-                       "target_model": "target.spm", "vocab": "vocab.json",
-                       "append_eos": True},
+            config=cfg,
+            special_tokens=SpecialTokens.of(cfg),
+            tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
+                                     vocab="vocab.json"),
             generation=source.generation,
             precision=precision,
             # Longer inputs were never seen in training: summarization refuses them
             # (or truncates on request), translation splits them into sentences.
             max_source_length=min(cfg.max_positions,
                                   source.trained_source_length or cfg.max_positions),
-            graphs={
-                "encoder": {"file": ENCODER_FILE, "opset": opset,
-                            "inputs": _with_dtypes(ENCODER_INPUTS, dtypes),
-                            "outputs": _with_dtypes(encoder_outputs(layers), dtypes)},
-                "decoder": {"file": DECODER_FILE, "opset": opset,
-                            "inputs": _with_dtypes(decoder_inputs(layers), dtypes),
-                            "outputs": _with_dtypes(decoder_outputs(layers), dtypes)},
-                "reorder": {"file": REORDER_FILE, "opset": opset,
-                            "inputs": _with_dtypes(reorder_inputs(layers), dtypes),
-                            "outputs": _with_dtypes(reorder_outputs(layers), dtypes)},
-                "move": {"file": MOVE_FILE, "opset": opset,
-                         "inputs": _with_dtypes(move_inputs(layers), dtypes),
-                         "outputs": _with_dtypes(move_outputs(layers), dtypes)},
-                "select": {"file": SELECT_FILE, "opset": opset,
-                           "inputs": _with_dtypes(SELECT_INPUTS, dtypes),
-                           "outputs": _with_dtypes(SELECT_OUTPUTS, dtypes)},
-            },
+            graphs=standard_graphs(cfg.decoder_layers, opset, dtypes),
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),
                       "fp32_deviation": fp32.as_dict()},

@@ -22,7 +22,7 @@ from seq2serve.export.package import (
     SELECT_FILE,
     SELECT_INPUTS,
     SELECT_OUTPUTS,
-    Spec,
+    TensorSpec,
     decoder_inputs,
     decoder_outputs,
     encoder_outputs,
@@ -41,7 +41,7 @@ class _Encoder(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor):
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         memory, cross_k, cross_v = self.model.encode(src_ids, src_mask)
         return memory, *cross_k, *cross_v
 
@@ -51,7 +51,7 @@ class _DecoderStep(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *args: torch.Tensor):
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The graph's flat inputs (decoder_inputs order) regrouped per layer."""
         layers = len(self.model.decoder_layers)
         tokens, positions, *caches, src_mask = args
@@ -62,17 +62,19 @@ class _DecoderStep(nn.Module):
         return log_probs, *new_k, *new_v, alignment
 
 
-def _dynamic_axes(spec: Spec) -> dict[str, dict[int, str]]:
+def _dynamic_axes(spec: list[TensorSpec]) -> dict[str, dict[int, str]]:
     """Every symbolic axis except the fixed model dimensions is dynamic."""
     fixed = {"H", "Dh", "D", "V"}
     return {
-        name: {i: dim for i, dim in enumerate(shape) if dim not in fixed}
-        for name, _, shape in spec
+        s.name: {i: dim for i, dim in enumerate(s.shape) if isinstance(dim, str)
+                 and dim not in fixed}
+        for s in spec
     }
 
 
 def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
-                  src_len: int = 5, cached: int = 3, seed: int = 0):
+                  src_len: int = 5, cached: int = 3, seed: int = 0
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
     """Inputs for tracing and for checking ORT against PyTorch: the encoder's
     (src_ids, src_mask) and the decoder step's, flat in decoder_inputs order."""
     cfg = model.cfg
@@ -85,7 +87,7 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
         _, cross_k, cross_v = model.encode(src_ids, src_mask)
     n = batch * beams
     head_dim = cfg.d_model // cfg.decoder_heads
-    # Rows at different steps (format 3): positions 0..cached, slots to spare.
+    # Rows at different steps: positions 0..cached, slots to spare.
     cache_shape = (n, cfg.decoder_heads, cached + 2, head_dim)
     layers = range(cfg.decoder_layers)
     step = (
@@ -116,15 +118,15 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
         torch.onnx.export(
             _Encoder(model), enc_args, str(out_dir / ENCODER_FILE), dynamo=False,
             opset_version=opset,
-            input_names=[n for n, _, _ in ENCODER_INPUTS],
-            output_names=[n for n, _, _ in enc_outputs],
+            input_names=[s.name for s in ENCODER_INPUTS],
+            output_names=[s.name for s in enc_outputs],
             dynamic_axes={**_dynamic_axes(ENCODER_INPUTS), **_dynamic_axes(enc_outputs)},
         )
         torch.onnx.export(
             _DecoderStep(model), dec_args, str(out_dir / DECODER_FILE), dynamo=False,
             opset_version=opset,
-            input_names=[n for n, _, _ in dec_inputs],
-            output_names=[n for n, _, _ in dec_outputs],
+            input_names=[s.name for s in dec_inputs],
+            output_names=[s.name for s in dec_outputs],
             dynamic_axes={**_dynamic_axes(dec_inputs), **_dynamic_axes(dec_outputs)},
         )
     write_cache_graphs(out_dir, layers, opset=opset)
@@ -147,12 +149,12 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
     elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16}[cache_dtype]
     types = {"int64": onnx.TensorProto.INT64, "float32": onnx.TensorProto.FLOAT}
 
-    def info(spec: Spec) -> list[onnx.ValueInfoProto]:
-        return [helper.make_tensor_value_info(name, types.get(dtype, elem), shape)
-                for name, dtype, shape in spec]
+    def info(spec: list[TensorSpec]) -> list[onnx.ValueInfoProto]:
+        return [helper.make_tensor_value_info(s.name, types.get(s.dtype, elem), list(s.shape))
+                for s in spec]
 
-    def save(nodes: list[onnx.NodeProto], name: str, inputs: Spec, outputs: Spec,
-             file: str) -> None:
+    def save(nodes: list[onnx.NodeProto], name: str, inputs: list[TensorSpec],
+             outputs: list[TensorSpec], file: str) -> None:
         graph = helper.make_graph(nodes, name, info(inputs), info(outputs))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                                   producer_name="seq2serve")
@@ -160,15 +162,16 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
         onnx.save(model, str(path / file))
 
     inputs, outputs = reorder_inputs(layers), reorder_outputs(layers)
-    save([helper.make_node("Gather", [src, "beam_origin"], [dst], axis=0)
-          for (src, _, _), (dst, _, _) in zip(inputs[:-1], outputs, strict=True)],
+    save([helper.make_node("Gather", [src.name, "beam_origin"], [dst.name], axis=0)
+          for src, dst in zip(inputs[:-1], outputs, strict=True)],
          "reorder_cache", inputs, outputs, REORDER_FILE)
 
     inputs, outputs = move_inputs(layers), move_outputs(layers)
     nodes = []
-    for (src, _, _), (dst, _, _) in zip(inputs[:-2], outputs, strict=True):
-        nodes += [helper.make_node("Gather", [src, "moved_from"], [f"{dst}/rows"], axis=0),
-                  helper.make_node("ScatterND", [src, "moved_rows", f"{dst}/rows"], [dst])]
+    for src, dst in zip(inputs[:-2], outputs, strict=True):
+        rows = f"{dst.name}/rows"
+        nodes += [helper.make_node("Gather", [src.name, "moved_from"], [rows], axis=0),
+                  helper.make_node("ScatterND", [src.name, "moved_rows", rows], [dst.name])]
     save(nodes, "move_cache_rows", inputs, outputs, MOVE_FILE)
 
     save([helper.make_node("TopK", ["log_probs", "k"], ["top_log_probs", "top_ids"], axis=-1,

@@ -3,34 +3,37 @@
 One directory per model: `manifest.json`, `encoder.onnx`, `decoder.onnx`,
 `reorder.onnx`, `move.onnx`, `select.onnx` and the tokenizer files. The
 manifest records the sha256 of every other file; `load_package` refuses a
-package whose files do not match, naming the file. This module needs neither torch nor onnxruntime.
+package whose files do not match, naming the file, and a manifest whose values
+have the wrong type, naming the key. This module needs neither torch nor
+onnxruntime.
+
+The graphs (format 6):
+- encoder: the sources to the memory and each decoder layer's cross K/V;
+- decoder: one step for N rows, each at its own position. The self-attention
+  cache is one (N, H, T, Dh) tensor per layer and per K/V; the step writes each
+  row's new slot with a ScatterND (in place when its output is bound to the
+  input's buffer) and masks every slot after the row's position. Row r
+  continues cache row r;
+- reorder: the cache rows a new set of rows continues (a Gather per tensor);
+- move: the rows that moved rewritten from the rows they continue, in place
+  (a Gather of those rows, then a ScatterND into the cache);
+- select: each row's best log-probs (TopK), for beam search.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-# 2: one graph input/output per decoder layer for the caches and cross K/V
-# (format 1 stacked them as (L, ...) tensors, which cost a copy of the whole
-# cache per step).
-# 3: the decoder writes each row's new key/value at the row's own position and
-# masks the cache slots after it, so rows at different steps share one call
-# (iteration-level batching).
-# 4: the decoder no longer gathers the cache by beam_origin: row r continues
-# cache row r, and a separate reorder graph moves rows only when beams moved or
-# rows joined; format 3 copied the whole cache twice per step.
-# 5: the new slot is written with a ScatterND (ScatterElements in format 4),
-# which ONNX Runtime runs in place without copying the cache when its output
-# is bound to its input's buffer.
-# 6: a move graph rewrites only the cache rows that moved (beam search), in
-# place (a Gather of those rows, then a ScatterND into the cache), where the
-# reorder graph copied every row; and a select graph (TopK) picks each row's
-# best log-probs for beam search. The server reads format 6 only: re-export
-# older packages (`seq2serve export` reads every checkpoint format it read before).
+from seq2serve.model.config import ModelConfig
+
 FORMAT_VERSION = 6
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
@@ -39,71 +42,249 @@ REORDER_FILE = "reorder.onnx"
 MOVE_FILE = "move.onnx"
 SELECT_FILE = "select.onnx"
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, MOVE_FILE, SELECT_FILE)
+TASKS = ("translate", "summarize")
+PRECISIONS = ("fp32", "fp16", "int8")
 
-Spec = list[tuple[str, str, list[str]]]
-
-# Graph signatures: (name, dtype, symbolic shape). B sources, N = B*K hypotheses,
-# S source length, T cache slots (> every row's position), H heads, Dh head size, V vocab; a name
-# `self_k.{i}` is decoder layer i's tensor.
-ENCODER_INPUTS: Spec = [("src_ids", "int64", ["B", "S"]), ("src_mask", "int64", ["B", "S"])]
+# -- graph signatures ----------------------------------------------------------------
 
 
-def per_layer(name: str, dtype: str, shape: list[str], layers: int) -> Spec:
-    return [(f"{name}.{i}", dtype, shape) for i in range(layers)]
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output. dtype: a numpy dtype name ("float32", "int64").
+    shape: per axis a symbol or a fixed size. Symbols: B sources, N rows (B x
+    beams), M rows before a reorder or the rows moved, S source length, T cache
+    slots (> every row's position), K best per row; and the model's sizes, fixed
+    in the graph: H heads, Dh head size, D model width, V target vocabulary."""
+
+    name: str
+    dtype: str
+    shape: tuple[str | int, ...]
 
 
-def encoder_outputs(layers: int) -> Spec:
-    return [("memory", "float", ["B", "S", "D"]),
-            *per_layer("cross_k", "float", ["B", "H", "S", "Dh"], layers),
-            *per_layer("cross_v", "float", ["B", "H", "S", "Dh"], layers)]
+@dataclass(frozen=True)
+class GraphSpec:
+    file: str
+    opset: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
 
-def decoder_inputs(layers: int) -> Spec:
+@dataclass(frozen=True)
+class GraphSpecs:
+    """The package's five graphs."""
+
+    encoder: GraphSpec
+    decoder: GraphSpec
+    reorder: GraphSpec
+    move: GraphSpec
+    select: GraphSpec
+
+    def by_name(self) -> dict[str, GraphSpec]:
+        """{"encoder": ..., "decoder": ..., ...}, in GRAPH_FILES order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# The cache and cross K/V dtype is "float" until the exporter knows it (float32
+# or float16): `standard_graphs(dtypes=...)` fills in what the graphs hold.
+FLOAT = "float"
+
+
+def _spec(name: str, dtype: str, *shape: str | int) -> TensorSpec:
+    return TensorSpec(name, dtype, shape)
+
+
+def per_layer(name: str, dtype: str, shape: tuple[str, ...], layers: int) -> list[TensorSpec]:
+    """`name.0` ... `name.{layers-1}`: decoder layer i's tensor is `name.i`."""
+    return [TensorSpec(f"{name}.{i}", dtype, shape) for i in range(layers)]
+
+
+_CACHE = ("N", "H", "T", "Dh")
+_CROSS = ("B", "H", "S", "Dh")
+ENCODER_INPUTS = [_spec("src_ids", "int64", "B", "S"), _spec("src_mask", "int64", "B", "S")]
+SELECT_INPUTS = [_spec("log_probs", "float32", "N", "V"), _spec("k", "int64", 1)]
+SELECT_OUTPUTS = [_spec("top_log_probs", "float32", "N", "K"),
+                  _spec("top_ids", "int64", "N", "K")]
+
+
+def encoder_outputs(layers: int) -> list[TensorSpec]:
+    return [_spec("memory", FLOAT, "B", "S", "D"),
+            *per_layer("cross_k", FLOAT, _CROSS, layers),
+            *per_layer("cross_v", FLOAT, _CROSS, layers)]
+
+
+def decoder_inputs(layers: int) -> list[TensorSpec]:
     """In the order of Seq2SeqTransformer.decode_step's arguments, lists flattened."""
-    return [("tokens", "int64", ["N"]),
-            ("positions", "int64", ["N"]),
-            *per_layer("self_k", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("self_v", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("cross_k", "float", ["B", "H", "S", "Dh"], layers),
-            *per_layer("cross_v", "float", ["B", "H", "S", "Dh"], layers),
-            ("src_mask", "int64", ["B", "S"])]
+    return [_spec("tokens", "int64", "N"),
+            _spec("positions", "int64", "N"),
+            *per_layer("self_k", FLOAT, _CACHE, layers),
+            *per_layer("self_v", FLOAT, _CACHE, layers),
+            *per_layer("cross_k", FLOAT, _CROSS, layers),
+            *per_layer("cross_v", FLOAT, _CROSS, layers),
+            _spec("src_mask", "int64", "B", "S")]
 
 
-def decoder_outputs(layers: int) -> Spec:
-    return [("log_probs", "float32", ["N", "V"]),
-            *per_layer("new_self_k", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("new_self_v", "float", ["N", "H", "T", "Dh"], layers),
-            ("alignment", "int64", ["N"])]
+def decoder_outputs(layers: int) -> list[TensorSpec]:
+    return [_spec("log_probs", "float32", "N", "V"),
+            *per_layer("new_self_k", FLOAT, _CACHE, layers),
+            *per_layer("new_self_v", FLOAT, _CACHE, layers),
+            _spec("alignment", "int64", "N")]
 
 
-def reorder_inputs(layers: int) -> Spec:
+def reorder_inputs(layers: int) -> list[TensorSpec]:
     """In the order of Seq2SeqTransformer.reorder_cache's arguments; M rows before."""
-    return [*per_layer("self_k", "float", ["M", "H", "T", "Dh"], layers),
-            *per_layer("self_v", "float", ["M", "H", "T", "Dh"], layers),
-            ("beam_origin", "int64", ["N"])]
+    rows_before = ("M", *_CACHE[1:])
+    return [*per_layer("self_k", FLOAT, rows_before, layers),
+            *per_layer("self_v", FLOAT, rows_before, layers),
+            _spec("beam_origin", "int64", "N")]
 
 
-def reorder_outputs(layers: int) -> Spec:
-    return [*per_layer("reordered_self_k", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("reordered_self_v", "float", ["N", "H", "T", "Dh"], layers)]
+def reorder_outputs(layers: int) -> list[TensorSpec]:
+    return [*per_layer("reordered_self_k", FLOAT, _CACHE, layers),
+            *per_layer("reordered_self_v", FLOAT, _CACHE, layers)]
 
 
-def move_inputs(layers: int) -> Spec:
+def move_inputs(layers: int) -> list[TensorSpec]:
     """The cache (N rows), the rows to rewrite (M, 1) and the row each copies (M,)."""
-    return [*per_layer("self_k", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("self_v", "float", ["N", "H", "T", "Dh"], layers),
-            ("moved_rows", "int64", ["M", 1]),
-            ("moved_from", "int64", ["M"])]
+    return [*per_layer("self_k", FLOAT, _CACHE, layers),
+            *per_layer("self_v", FLOAT, _CACHE, layers),
+            _spec("moved_rows", "int64", "M", 1),
+            _spec("moved_from", "int64", "M")]
 
 
-def move_outputs(layers: int) -> Spec:
-    return [*per_layer("moved_self_k", "float", ["N", "H", "T", "Dh"], layers),
-            *per_layer("moved_self_v", "float", ["N", "H", "T", "Dh"], layers)]
+def move_outputs(layers: int) -> list[TensorSpec]:
+    return [*per_layer("moved_self_k", FLOAT, _CACHE, layers),
+            *per_layer("moved_self_v", FLOAT, _CACHE, layers)]
 
 
-SELECT_INPUTS: Spec = [("log_probs", "float32", ["N", "V"]), ("k", "int64", [1])]
-SELECT_OUTPUTS: Spec = [("top_log_probs", "float32", ["N", "K"]),
-                        ("top_ids", "int64", ["N", "K"])]
+def standard_graphs(layers: int, opset: int,
+                    dtypes: Mapping[str, str] | None = None) -> GraphSpecs:
+    """The graphs of a model with `layers` decoder layers. dtypes: tensor name ->
+    dtype as the graphs hold it, replacing the placeholder "float"."""
+    dtypes = dtypes or {}
+
+    def graph(file: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> GraphSpec:
+        def typed(specs: list[TensorSpec]) -> tuple[TensorSpec, ...]:
+            return tuple(dataclasses.replace(s, dtype=dtypes.get(s.name, s.dtype))
+                         for s in specs)
+
+        return GraphSpec(file, opset, typed(inputs), typed(outputs))
+
+    return GraphSpecs(
+        encoder=graph(ENCODER_FILE, ENCODER_INPUTS, encoder_outputs(layers)),
+        decoder=graph(DECODER_FILE, decoder_inputs(layers), decoder_outputs(layers)),
+        reorder=graph(REORDER_FILE, reorder_inputs(layers), reorder_outputs(layers)),
+        move=graph(MOVE_FILE, move_inputs(layers), move_outputs(layers)),
+        select=graph(SELECT_FILE, SELECT_INPUTS, SELECT_OUTPUTS))
+
+
+# -- the manifest --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    pad: int
+    eos: int
+    unk: int
+    bos: int
+    decoder_start: int
+    suppress: tuple[int, ...] = ()  # never generated: padding and the start token
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> SpecialTokens:
+        return cls(pad=config.pad_id, eos=config.eos_id, unk=config.unk_id, bos=config.bos_id,
+                   decoder_start=config.decoder_start_id,
+                   suppress=tuple(sorted({config.pad_id, config.decoder_start_id}
+                                         - {config.eos_id})))
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The tokenizer's files in the package (SentencePiece models and the vocab
+    mapping their pieces to model ids)."""
+
+    source_model: str
+    target_model: str
+    vocab: str
+    type: str = "sentencepiece"
+    append_eos: bool = True
+
+    def files(self) -> tuple[str, str, str]:
+        return self.source_model, self.target_model, self.vocab
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The model's decoding defaults: what a request's unset options become.
+    None: not set here (the server's built-in default applies)."""
+
+    beam_size: int | None = None
+    num_hypotheses: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
+    max_length: int | None = None
+    max_length_ratio: float | None = None
+    min_length: int | None = None
+    no_repeat_ngram_size: int | None = None
+    repetition_penalty: float | None = None
+    sampling_temperature: float | None = None
+    sampling_top_k: int | None = None
+    sampling_top_p: float | None = None
+
+    def as_dict(self) -> dict[str, int | float | bool | str]:
+        """The fields this package sets, by name."""
+        return {f.name: value for f in dataclasses.fields(self)
+                if (value := getattr(self, f.name)) is not None}
+
+
+@dataclass
+class Manifest:
+    name: str
+    task: str  # one of TASKS
+    source_language: str
+    target_language: str
+    config: ModelConfig
+    special_tokens: SpecialTokens
+    tokenizer: TokenizerFiles
+    generation: GenerationDefaults
+    precision: str  # one of PRECISIONS
+    max_source_length: int
+    graphs: GraphSpecs
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    # Provenance for people (the exporter's version, its source, the measured
+    # deviation from PyTorch); the server does not read it.
+    exporter: dict[str, object] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, object]:
+        plain = _plain(self)
+        assert isinstance(plain, dict)
+        return plain
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Manifest:
+        """The manifest of a parsed manifest.json; raises ManifestError listing
+        every key that is missing, unknown or of the wrong type."""
+        problems: list[str] = []
+        manifest = _from_json(cls, dict(data), "", problems)
+        if manifest is None:
+            raise ManifestError(problems)
+        return manifest
+
+
+REQUIRED_KEYS = ("name", "task", "source_language", "target_language", "config",
+                 "special_tokens", "tokenizer", "generation", "precision", "max_source_length",
+                 "files", "graphs", "format_version")
+
+
+class ManifestError(ValueError):
+    """manifest.json does not describe a manifest; `problems` names each key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
 
 
 class PackageError(ValueError):
@@ -113,48 +294,6 @@ class PackageError(ValueError):
         self.path = path
         self.problems = problems
         super().__init__(f"model package {path} is invalid:\n  " + "\n  ".join(problems))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def signature(spec: Spec) -> list[dict[str, Any]]:
-    return [{"name": n, "dtype": t, "shape": s} for n, t, s in spec]
-
-
-@dataclass
-class Manifest:
-    name: str
-    task: str  # "translate" | "summarize"
-    source_language: str
-    target_language: str
-    config: dict[str, Any]  # ModelConfig.to_dict()
-    special_tokens: dict[str, int]
-    tokenizer: dict[str, Any]  # type, source_model, target_model, vocab (file names)
-    generation: dict[str, Any]
-    precision: str
-    max_source_length: int
-    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
-    graphs: dict[str, Any] = field(default_factory=dict)
-    exporter: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        return cls(**data)
-
-
-REQUIRED_KEYS = ("name", "task", "source_language", "target_language", "config",
-                 "special_tokens", "tokenizer", "generation", "precision", "max_source_length",
-                 "files", "graphs", "format_version")
 
 
 @dataclass
@@ -186,9 +325,31 @@ class ModelPackage:
         return self.path / name
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
     """Read and verify a package. Raises PackageError listing every problem."""
     root = Path(path)
+    data = _read_manifest(root)
+    try:
+        manifest = Manifest.from_dict(data)
+    except ManifestError as e:
+        raise PackageError(root, [f"{MANIFEST}: {p}" for p in e.problems]) from None
+    problems = [f"{MANIFEST}: {p}" for p in _manifest_problems(manifest)]
+    problems += _file_problems(root, manifest.files, verify_hashes)
+    if problems:
+        raise PackageError(root, problems)
+    return ModelPackage(root, manifest)
+
+
+def _read_manifest(root: Path) -> dict[str, object]:
+    """manifest.json as a JSON object of a readable format version, or PackageError."""
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         raise PackageError(root, [f"{MANIFEST}: missing"])
@@ -198,26 +359,57 @@ def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
         raise PackageError(root, [f"{MANIFEST}: not valid JSON ({e})"]) from None
     if not isinstance(data, dict):
         raise PackageError(root, [f"{MANIFEST}: expected a JSON object"])
-    problems = [f"{MANIFEST}: missing key {k!r}" for k in REQUIRED_KEYS if k not in data]
-    if problems:
-        raise PackageError(root, problems)
+    missing = [f"{MANIFEST}: missing key {k!r}" for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise PackageError(root, missing)
     if data["format_version"] != FORMAT_VERSION:
         raise PackageError(root, [f"{MANIFEST}: format_version {data['format_version']} is not "
                                   f"supported (this seq2serve reads {FORMAT_VERSION}); re-export "
                                   "it with `seq2serve export`"])
-    unknown = sorted(set(data) - set(Manifest.__dataclass_fields__))
-    if unknown:
-        problems.append(f"{MANIFEST}: unknown keys {unknown}")
-    files: dict[str, str] = data["files"]
-    tokenizer_files = []
-    for key in ("source_model", "target_model", "vocab"):
-        if isinstance(data["tokenizer"].get(key), str):
-            tokenizer_files.append(data["tokenizer"][key])
-        else:
-            problems.append(f"{MANIFEST}: tokenizer.{key} must name a file")
-    for required in (*GRAPH_FILES, *tokenizer_files):
-        if required not in files:
-            problems.append(f"{MANIFEST}: 'files' does not list {required}")
+    return data
+
+
+def _manifest_problems(manifest: Manifest) -> list[str]:
+    """What a well-typed manifest may still get wrong: values out of their sets,
+    files not listed, graphs that are not the ones the server runs."""
+    problems = [f"config: {p}" for p in manifest.config.problems()]
+    if manifest.task not in TASKS:
+        problems.append(f"task must be one of {', '.join(TASKS)}, got {manifest.task!r}")
+    if manifest.precision not in PRECISIONS:
+        problems.append(f"precision must be one of {', '.join(PRECISIONS)}, "
+                        f"got {manifest.precision!r}")
+    for required in (*GRAPH_FILES, *manifest.tokenizer.files()):
+        if required not in manifest.files:
+            problems.append(f"'files' does not list {required}")
+    expected = standard_graphs(manifest.config.decoder_layers, 0)
+    for name, graph in manifest.graphs.by_name().items():
+        want = getattr(expected, name)
+        if graph.file != want.file:
+            problems.append(f"graphs.{name}.file must be {want.file!r}, got {graph.file!r}")
+        for kind in ("inputs", "outputs"):
+            problems += _name_problems(f"graphs.{name}.{kind}", getattr(graph, kind),
+                                       getattr(want, kind), manifest.config.decoder_layers)
+    return problems
+
+
+def _name_problems(where: str, listed: tuple[TensorSpec, ...], wanted: tuple[TensorSpec, ...],
+                   layers: int) -> list[str]:
+    """The tensors the server binds by name must be the ones listed."""
+    have, want = [s.name for s in listed], [s.name for s in wanted]
+    if have == want:
+        return []
+    missing = [n for n in want if n not in have]
+    unknown = [n for n in have if n not in want]
+    detail = "; ".join(part for part in (
+        f"missing {', '.join(map(repr, missing))}" if missing else "",
+        f"not expected {', '.join(map(repr, unknown))}" if unknown else "",
+        "" if missing or unknown else "in another order") if part)
+    return [f"{where} are not those of a format {FORMAT_VERSION} graph for {layers} decoder "
+            f"layers: {detail}"]
+
+
+def _file_problems(root: Path, files: dict[str, str], verify_hashes: bool) -> list[str]:
+    problems = []
     for name, expected in sorted(files.items()):
         file_path = root / name
         if "/" in name or name.startswith("."):
@@ -226,6 +418,118 @@ def load_package(path: str | Path, verify_hashes: bool = True) -> ModelPackage:
             problems.append(f"{name}: missing")
         elif verify_hashes and sha256_file(file_path) != expected:
             problems.append(f"{name}: sha256 mismatch (file is corrupt, truncated or modified)")
-    if problems:
-        raise PackageError(root, problems)
-    return ModelPackage(root, Manifest.from_dict(data))
+    return problems
+
+
+# -- JSON <-> dataclasses ------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class _Mismatch(Exception):
+    """A JSON value is not of its field's type."""
+
+    def __init__(self, where: str, expected: str, value: object):
+        super().__init__(f"{where} must be {expected}, got {_short(value)}")
+
+
+class _Reported(Exception):
+    """A nested object's problems are already listed."""
+
+
+def _plain(value: object) -> object:
+    """Dataclasses as JSON objects (fields that are None left out), tuples as arrays."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not None}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _from_json(cls: type[T], data: object, where: str, problems: list[str]) -> T | None:
+    """An instance of the dataclass `cls` from a JSON object, or None with every
+    problem (a key missing, unknown, or of the wrong type) added to `problems`.
+    `where` prefixes the keys in messages ("graphs.decoder.")."""
+    if not isinstance(data, dict):
+        problems.append(f"{where.rstrip('.') or 'the manifest'} must be an object, "
+                        f"got {_short(data)}")
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass: every caller passes one
+    before = len(problems)
+    problems += [f"{where}{k}: unknown key" for k in sorted(set(data) - set(fields))]
+    values: dict[str, object] = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                problems.append(f"{where}{name}: missing")
+            continue
+        try:
+            values[name] = _convert(hints[name], data[name], f"{where}{name}", problems)
+        except _Mismatch as e:
+            problems.append(str(e))
+        except _Reported:
+            pass
+    if len(problems) > before:
+        return None
+    return cls(**values)
+
+
+def _convert(hint: object, value: object, where: str, problems: list[str]) -> object:
+    """`value` as the type `hint`: JSON arrays become tuples, numbers become floats
+    where a float is wanted, objects become the dataclass wanted. Raises _Mismatch
+    naming the key and the type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin is typing.Union or origin is types.UnionType:
+        for arg in args:
+            try:
+                return _convert(arg, value, where, problems)
+            except _Mismatch:
+                continue
+        raise _Mismatch(where, " or ".join(_describe(a) for a in args), value)
+    if hint is type(None) and value is None:
+        return None
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, str):
+        return value
+    if origin is tuple and isinstance(value, list):
+        return tuple(_convert(args[0], v, f"{where}[{i}]", problems)
+                     for i, v in enumerate(value))
+    if origin is dict and isinstance(value, dict):
+        return {str(k): _convert(args[1], v, f"{where}.{k}", problems)
+                for k, v in value.items()}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        converted = _from_json(hint, value, f"{where}.", problems)
+        if converted is None:
+            raise _Reported
+        return converted
+    raise _Mismatch(where, _describe(hint), value)
+
+
+_TYPE_NAMES: tuple[tuple[object, str], ...] = (
+    (bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string"),
+    (type(None), "null"))
+
+
+def _describe(hint: object) -> str:
+    for known, name in _TYPE_NAMES:
+        if hint is known:
+            return name
+    if typing.get_origin(hint) is tuple:
+        return "an array"
+    return "an object"
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."

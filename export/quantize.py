@@ -3,8 +3,8 @@
 ONNX Runtime's dynamic quantization (`quantize_dynamic`) puts one
 `DynamicQuantizeLinear` before each quantized MatMul: one scale and zero point
 for the whole activation tensor, so a row's rounding depends on the largest
-value of any row in the batch, padding included. Served that way, a text's
-translation changed with its batch-mates (issue 10: 14% of texts in a soak).
+value of any row in the batch, padding included: a text's translation would
+change with its batch-mates.
 
 `per_row_activations` replaces each of those nodes with a per-row symmetric
 quantizer, the scheme CTranslate2 uses on CPU (one scale per token), on the
@@ -19,12 +19,10 @@ fast u8 x s8 kernel; int8 x int8 takes a slow path on AVX2 machines): its int32
 sums are exact whatever the batch, and the kernel converts them to float times the
 weight scale as it writes them. One `Mul` by the per-row scale follows, and for
 rank > 2 a Reshape restores the leading axes. So every row's result depends on that
-row alone: padded positions and batch-mates cannot move it by a single bit.
-
-Before, `MatMulInteger` wrote int32 sums and one `DequantizeLinear` along axis 0
-scaled them: ONNX Runtime's DequantizeLinear over int32 is a slow pass (11% of the
-int8 decoder's kernel time at beam 4 x batch 16 on the OPUS-MT shape, where the
-fused conversion and a Mul take 4% less wall time per decoding).
+row alone: padded positions and batch-mates cannot move it by a single bit. The
+fused conversion and the Mul take less time than int32 sums scaled by a
+`DequantizeLinear` over int32, a slow pass in ONNX Runtime (11% of the int8
+decoder's kernel time at beam 4 x batch 16 on the OPUS-MT shape).
 
 The quantizer's `Cast -> Mul(x_scale * w_scale)` rescale is not kept: ONNX
 Runtime's MatMulIntegerToFloatFusion would match it with the per-row x_scale,

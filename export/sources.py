@@ -7,11 +7,13 @@ Every problem a loader finds is collected and raised together.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seq2serve.export.package import GenerationDefaults
 from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.model.marian import ConversionError, load_marian
 from seq2serve.model.transformer import Seq2SeqTransformer
@@ -43,7 +45,7 @@ class Source:
     source_spm: Path
     target_spm: Path
     vocab: dict[str, int]
-    generation: dict[str, Any] = field(default_factory=dict)
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     origin: dict[str, Any] = field(default_factory=dict)
     # The longest source (tokens, EOS included) the model was trained on, where
     # known; the package's max_source_length is no more than this.
@@ -55,17 +57,10 @@ class Source:
                                 unk_id=cfg.unk_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
 
 
-def default_generation(max_positions: int, beam_size: int = 4) -> dict[str, Any]:
-    return {
-        "beam_size": beam_size,
-        "num_hypotheses": 1,
-        "length_penalty": 1.0,
-        "max_length": min(256, max_positions),
-        "max_length_ratio": 2.0,
-        "min_length": 0,
-        "no_repeat_ngram_size": 0,
-        "repetition_penalty": 1.0,
-    }
+def default_generation(max_positions: int, beam_size: int = 4) -> GenerationDefaults:
+    return GenerationDefaults(beam_size=beam_size, num_hypotheses=1, length_penalty=1.0,
+                              max_length=min(256, max_positions), max_length_ratio=2.0,
+                              min_length=0, no_repeat_ngram_size=0, repetition_penalty=1.0)
 
 
 def detect(path: Path) -> str | None:
@@ -151,9 +146,10 @@ def load_marian_source(path: Path) -> Source:
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
         hf = json.loads(gen_file.read_text(encoding="utf-8"))
-        generation["beam_size"] = int(hf.get("num_beams", generation["beam_size"]))
-        generation["max_length"] = min(int(hf.get("max_length", 256)), model.cfg.max_positions)
-        generation["length_penalty"] = float(hf.get("length_penalty", 1.0))
+        generation = dataclasses.replace(
+            generation, beam_size=int(hf.get("num_beams", generation.beam_size)),
+            max_length=min(int(hf.get("max_length", 256)), model.cfg.max_positions),
+            length_penalty=float(hf.get("length_penalty", 1.0)))
     src, tgt = _marian_languages(path)
     return Source(
         kind="marian",

@@ -44,7 +44,8 @@ class PackageTokenizer:
             if i in self.special_ids or i not in self.id_to_piece:
                 continue
             pieces.append(self.id_to_piece[i])
-        return self.target.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
+        text = str(self.target.decode_pieces(pieces))
+        return text.replace(SPIECE_UNDERLINE, " ").strip()
 
     @staticmethod
     def vocab_from_sentencepiece(model_file: Path) -> dict[str, int]:

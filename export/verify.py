@@ -74,7 +74,7 @@ def _decode(encoder: ort.InferenceSession, decoder: ort.InferenceSession,
                 if o.name != "memory"}
     b = src_ids.shape[0]
     _, heads, _, head_dim = cross_kv["cross_k.0"].shape
-    # Format 3 writes each step at its own slot: the cache holds every step.
+    # Each step is written at its own slot: the cache holds every step.
     empty = np.zeros((b, heads, steps, head_dim), dtype=cross_kv["cross_k.0"].dtype)
     cache = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("self_")}
     cache_outputs = [o.name for o in decoder.get_outputs() if o.name.startswith("new_self_")]
@@ -129,7 +129,8 @@ def ort_teacher_forced(encoder: ort.InferenceSession, decoder: ort.InferenceSess
 def path_mask(path: np.ndarray, eos_id: int) -> np.ndarray:
     """(B, T) True up to and including each row's first EOS (padding after it)."""
     ended_before = np.cumsum(path == eos_id, axis=1) - (path == eos_id)
-    return ended_before == 0
+    valid: np.ndarray = ended_before == 0
+    return valid
 
 
 def argmax_flips(log_probs: np.ndarray, path: np.ndarray, valid: np.ndarray
@@ -162,19 +163,20 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
     encoder = cpu_session(encoder_path, provider)
     decoder = cpu_session(decoder_path, provider)
     enc_args, dec_args = sample_inputs(model, batch=3, beams=3, src_len=7, cached=4, seed=1)
-    enc_feed = {n: t.numpy() for (n, _, _), t in zip(ENCODER_INPUTS, enc_args, strict=True)}
+    enc_feed = {s.name: t.numpy() for s, t in zip(ENCODER_INPUTS, enc_args, strict=True)}
     memory, *cross = encoder.run(None, feed(encoder, enc_feed))  # cross_k.*, cross_v.*
     layers = model.cfg.decoder_layers
-    dec_feed = {n: t.numpy() for (n, _, _), t
+    dec_feed = {s.name: t.numpy() for s, t
                 in zip(decoder_inputs(layers), dec_args, strict=True)}
     # log_probs, new_self_k.*, new_self_v.*, alignment
     log_probs, *new_cache, alignment = decoder.run(None, feed(decoder, dec_feed))
     with torch.no_grad():
         ref_memory, ref_cross_k, ref_cross_v = model.encode(*enc_args)
-        tokens, positions, *caches, src_mask = dec_args
-        per_layer = [caches[i * layers:(i + 1) * layers] for i in range(4)]
+        tokens, positions, *caches, step_mask = dec_args
+        self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
+                                            for i in range(4))
         ref_log_probs, ref_new_k, ref_new_v, ref_alignment = model.decode_step(
-            tokens, positions, *per_layer, src_mask)
+            tokens, positions, self_k, self_v, cross_k, cross_v, step_mask)
 
     cfg = model.cfg
     width = max(len(s) for s in sentences)

@@ -1,16 +1,21 @@
 """`seq2serve serve`: the gRPC server process.
 
-Start-up order: both ports are bound first (a busy one fails the start with one
+Every listener and worker is a part of one lifecycle (lifecycle.py): a new
+listener is one `self.lifecycle.add(Stage.FRONT, NAME, part)` in Server.
+
+Start-up order: the ports are bound first (a busy one fails the start with one
 line naming it), health says NOT_SERVING while the models load and warm up,
 then SERVING. Every model package directory must load, or nothing is served
-(unless `--serve-valid-models`; see models.py).
+(unless `--serve-valid-models`; see core/registry.py).
 
 SIGTERM/SIGINT drains in two phases, the way load balancers need it:
 1. health turns NOT_SERVING for `drain_delay_s` while calls are still accepted
    and served, so Kubernetes' readiness probe and gRPC-aware balancers stop
    routing here before anything is refused;
-2. the listener closes (new calls are refused, new connections too) and calls
-   in flight get `grace_period_s` to finish; then the process exits 0.
+2. the listeners close (new calls are refused, new connections too) and calls
+   in flight get `grace_period_s` to finish. When it ends, the calls still in
+   flight are cancelled (UNAVAILABLE), queued work fails, the engines' ONNX
+   Runtime runs are terminated and their threads joined; the process exits 0.
 A second signal during phase 1 skips the rest of the drain delay.
 """
 
@@ -23,7 +28,6 @@ import logging
 import signal
 import socket
 import sys
-import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -37,6 +41,7 @@ from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
 from seq2serve.server.core.translator import Translator
+from seq2serve.server.lifecycle import Lifecycle, Stage
 from seq2serve.server.metrics import Metrics, MetricsServer
 
 log = logging.getLogger("seq2serve.server")
@@ -76,17 +81,73 @@ def check_bindable(host: str, port: int, what: str) -> None:
                                f"{e.strerror}{hint}") from None
 
 
+class GrpcListener:
+    """The gRPC server as a lifecycle part (FRONT). Its port is bound before
+    anything starts; stop() refuses new calls at once and cancels the calls still
+    in flight when the grace period ends (their clients see UNAVAILABLE)."""
+
+    def __init__(self, server: grpc.aio.Server, where: str, security: str) -> None:
+        self.server, self.where, self.security = server, where, security
+
+    async def start(self) -> None:
+        await self.server.start()
+        log.info("listening on %s (%s; health NOT_SERVING while models load)", self.where,
+                 self.security)
+
+    async def stop(self, grace: float) -> None:
+        # grpc.aio returns as soon as the last call ends, or cancels them at `grace`.
+        await self.server.stop(grace)
+
+
+class MetricsListener:
+    """The Prometheus /metrics endpoint as a lifecycle part (SIDE)."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
+        self.metrics, self.host, self.port = metrics, host, port
+        self.server: MetricsServer | None = None
+
+    async def start(self) -> None:
+        try:
+            self.server = self.metrics.start_http(self.port, self.host)
+        except OSError as e:
+            hint = BUSY_HINT if e.errno == errno.EADDRINUSE else ""
+            raise StartupError(f"cannot listen for /metrics on {address(self.host, self.port)}: "
+                               f"{e.strerror}{hint}") from None
+        log.info("metrics on http://%s/metrics", address(self.host, self.server.port))
+
+    async def stop(self, grace: float) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            await asyncio.get_running_loop().run_in_executor(None, server.stop)
+
+
+class ModelWorkers:
+    """The served models as a lifecycle part (BACK): start() loads and warms them
+    up, stop() ends their workers (see ModelRegistry.close)."""
+
+    def __init__(self, registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -> None:
+        self.registry, self.config, self.metrics = registry, config, metrics
+
+    async def start(self) -> None:
+        # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
+        # health checks meanwhile.
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.registry.load, self.config, self.metrics)
+
+    async def stop(self, grace: float) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.registry.close(drain=False, timeout=grace))
+
+
 class Server:
     """One server: gRPC + health + reflection + metrics over a model registry.
-    Binds the gRPC port on creation; raises StartupError when it cannot."""
+    Binds the gRPC port on creation; raises StartupError when it cannot. Every
+    listener and worker is a part of one lifecycle (lifecycle.py)."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
         self.registry = ModelRegistry()
-        self.translator = Translator(self.registry,
-                                     max_texts_per_request=config.max_texts_per_request,
-                                     max_text_chars=config.max_text_chars)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else \
             health.HealthServicer()
         limit = config.max_message_bytes
@@ -97,16 +158,32 @@ class Server:
                      # gRPC sets SO_REUSEPORT by default: a second server on the same
                      # port would silently take half of the new connections.
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_TranslatorServicer_to_server(
+        self.translator = Translator(self.registry,
+                                     max_texts_per_request=config.max_texts_per_request,
+                                     max_text_chars=config.max_text_chars)
+        pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.translator, config, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         if config.reflection:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), self.grpc)
         self.port = self._bind()
-        self.metrics_server: MetricsServer | None = None
+        self._metrics = MetricsListener(self.metrics, config.metrics_address,
+                                        config.metrics_port)
+        security = "mutual TLS" if config.tls_client_ca else "TLS" if config.tls else "plaintext"
+        self.lifecycle = Lifecycle()
+        if config.metrics_port:
+            self.lifecycle.add(Stage.SIDE, "/metrics", self._metrics)
+        self.lifecycle.add(Stage.FRONT, "gRPC", GrpcListener(
+            self.grpc, address(config.host, self.port), security))
+        self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
+                                                              self.metrics))
         self._signals = 0
         self._signalled = asyncio.Event()
+
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        return self._metrics.server
 
     def _bind(self) -> int:
         config = self.config
@@ -116,8 +193,8 @@ class Server:
             if config.tls_cert is not None and config.tls_key is not None:
                 credentials = server_credentials(config.tls_cert, config.tls_key,
                                                  config.tls_client_ca)
-                return self.grpc.add_secure_port(where, credentials)
-            return self.grpc.add_insecure_port(where)
+                return int(self.grpc.add_secure_port(where, credentials))
+            return int(self.grpc.add_insecure_port(where))
         except TLSError as e:
             raise StartupError(str(e)) from None
         except RuntimeError:  # taken between the probe and here, or refused by gRPC
@@ -133,33 +210,17 @@ class Server:
                 await result
 
     async def start(self) -> None:
-        config = self.config
+        """Start every part; SERVING once the models are loaded. A part that fails
+        stops the ones started before it."""
         await self._set_health(False)
-        if config.metrics_port:
-            host = config.metrics_address
-            try:
-                self.metrics_server = self.metrics.start_http(config.metrics_port, host)
-            except OSError as e:
-                raise StartupError(f"cannot listen for /metrics on "
-                                   f"{address(host, config.metrics_port)}: {e.strerror}"
-                                   f"{BUSY_HINT if e.errno == errno.EADDRINUSE else ''}"
-                                   ) from None
-            log.info("metrics on http://%s/metrics",
-                     address(host, self.metrics_server.port))
-        await self.grpc.start()
-        log.info("listening on %s (%s; health NOT_SERVING while models load)",
-                 address(config.host, self.port),
-                 "mutual TLS" if config.tls_client_ca else "TLS" if config.tls else "plaintext")
-        # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
-        # health checks meanwhile.
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.registry.load, self.config, self.metrics)
+        await self.lifecycle.start()
         await self._set_health(True)
         log.info("SERVING %s", ", ".join(h.name for h in self.registry.handles()))
 
     async def stop(self, grace: float | None = None, drain_delay: float | None = None) -> None:
         """Drain: NOT_SERVING but still serving for the drain delay, then close the
-        listener and let in-flight calls finish within the grace period."""
+        listeners and let in-flight calls finish within the grace period; what still
+        runs then is ended, and every worker thread joined."""
         grace = self.config.grace_period_s if grace is None else grace
         delay = self.config.drain_delay_s if drain_delay is None else drain_delay
         await self._set_health(False)
@@ -174,14 +235,7 @@ class Server:
                 pass
         log.info("closing the listener: %d call(s) in flight get up to %gs to finish",
                  self.metrics.active_requests, grace)
-        end = time.monotonic() + grace  # one grace period for calls and workers together
-        # grpc.aio refuses new calls at once and returns as soon as the last call ends.
-        await self.grpc.stop(grace)
-        left = max(0.0, end - time.monotonic())
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.registry.close(drain=False, timeout=left))
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
+        await self.lifecycle.stop(grace)
         log.info("stopped")
 
     def _on_signal(self) -> None:
@@ -198,13 +252,7 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
-        try:
-            await self.start()
-        except BaseException:
-            await self.grpc.stop(0)
-            if self.metrics_server is not None:
-                self.metrics_server.stop()
-            raise
+        await self.start()
         await self._next_signal(0)
         await self.stop()
 

@@ -119,7 +119,7 @@ class Seq2ServeClient:
         self.target = target
         self.timeout = timeout
         self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.TranslatorStub(self._channel)
+        self._stub = pb_grpc.TranslatorStub(self._channel)  # type: ignore[no-untyped-call]  # grpc_tools generates it unannotated
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def translate(self, texts: str | Sequence[str], model: str | None = None,
@@ -163,7 +163,7 @@ class Seq2ServeClient:
         service raises grpc.RpcError with NOT_FOUND."""
         response = self._health.Check(health_pb2.HealthCheckRequest(service=service),
                                       timeout=self.timeout)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     def wait_until_serving(self, timeout: float) -> None:
         """Poll health until SERVING; raise the last RpcError or TimeoutError after

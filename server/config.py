@@ -5,8 +5,9 @@ Every field has a flag (`--max-batch-size`) and an environment variable
 Containers are configured by environment, people at a shell by flags, so both
 must reach the same object. An empty variable counts as unset (`docker run -e X=`).
 
-`validate()` reports every problem at once, each naming the field and its valid
-range (vLLM / CTranslate2 style), so one failed start shows everything to fix.
+`validate()` reports every problem at once, each a `Problem` naming the field
+and its valid range (vLLM / CTranslate2 style), so one failed start shows
+everything to fix.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 
 from seq2serve.server.batching.scheduler import BatchLimits
 from seq2serve.server.engine.options import OptionLimits
+from seq2serve.server.engine.resources import PROVIDERS, usable_cores
+from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
 
 ENV_PREFIX = "SEQ2SERVE_"
-PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
 MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
@@ -39,9 +41,13 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 class ConfigError(ValueError):
     """One or more configuration problems; `problems` lists each on its own."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
-        super().__init__("invalid server configuration:\n  " + "\n  ".join(self.problems))
+        super().__init__("invalid server configuration:\n  " + "\n  ".join(self.messages))
+
+    @property
+    def messages(self) -> list[str]:
+        return [p.message for p in self.problems]
 
 
 def default_models_dir() -> Path | None:
@@ -53,32 +59,8 @@ def default_models_dir() -> Path | None:
 
 
 def default_threads() -> int:
-    """Physical cores this process may use: ONNX Runtime's intra-op threads gain
-    nothing from SMT siblings, and more threads than a container's CPU quota
-    only get throttled."""
-    logical = os.cpu_count() or 1
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
-    cores: set[tuple[str, str]] = set()
-    try:
-        physical = ""
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "physical id":
-                    physical = value.strip()
-                elif key.strip() == "core id":
-                    cores.add((physical, value.strip()))
-    except OSError:
-        pass
-    per_core = max(1, logical // len(cores)) if cores else 1
-    threads = max(1, usable // per_core)
-    try:  # cgroup v2 quota, e.g. a Kubernetes CPU limit: "200000 100000" = 2 CPUs
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            threads = min(threads, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return threads
+    """The cores this process may use (`resources.usable_cores`)."""
+    return usable_cores()
 
 
 def _meta(help_text: str, metavar: str | None = None) -> dict[str, Any]:
@@ -113,7 +95,8 @@ class ServerConfig:
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
     threads: int = field(default_factory=default_threads, metadata=_meta(
         "ONNX Runtime intra-op threads per model, shared out among its engines (0 = "
-        "physical cores, as the runner counts them)", "N"))
+        "the usable cores: the physical cores of the CPU affinity mask, within the cgroup "
+        "CPU quota)", "N"))
     engines: int = field(default=0, metadata=_meta(
         "engines per model: each runs its own batches on its own ONNX Runtime sessions, "
         "in parallel, from the model's one queue; 0 = auto: on CPU one per thread of "
@@ -158,67 +141,77 @@ class ServerConfig:
     log_level: str = field(default="INFO", metadata=_meta(
         f"logging level: one of {', '.join(LOG_LEVELS)}", "LEVEL"))
 
-    def problems(self) -> list[str]:
+    def problems(self) -> list[Problem]:
         """Every problem at once, each naming the field and its valid range."""
-        out: list[str] = []
-        if self.models_dir is None:
-            out.append("models_dir is required (no shipped models/ folder was found): pass "
-                       f"--models-dir or set {env_name('models_dir')}")
-        elif not Path(self.models_dir).is_dir():
-            out.append(f"models_dir must be an existing directory, got {str(self.models_dir)!r}")
-        if not isinstance(self.host, str) or not self.host:
-            out.append(f"host must be a non-empty address, got {self.host!r}")
-        if not isinstance(self.metrics_host, str):
-            out.append(f"metrics_host must be an address or empty, got {self.metrics_host!r}")
-        _int_in(out, "port", self.port, 1, MAX_PORT)
-        _int_in(out, "metrics_port", self.metrics_port, 0, MAX_PORT, "0 = disabled")
-        if self.metrics_port and self.metrics_port == self.port:
-            out.append(f"metrics_port must differ from port ({self.port}), got {self.metrics_port}")
-        if self.provider not in PROVIDERS:
-            out.append(f"provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
-        _int_in(out, "threads", self.threads, 0, 1024, "0 = physical cores")
-        _int_in(out, "engines", self.engines, 0, 64, "0 = auto")
-        _int_in(out, "max_running_rows", self.max_running_rows, 0, None,
-                "0 = request-level batching")
-        _int_in(out, "max_running_beam", self.max_running_beam, 1, MAX_BEAM_SIZE)
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
-                     "max_texts_per_request", "max_text_chars", "max_length_cap"):
-            _int_in(out, name, getattr(self, name), 1, None)
-        _int_in(out, "max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE)
-        _float_in(out, "max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0)
-        _float_in(out, "drain_delay_s", self.drain_delay_s, 0.0, 3600.0)
-        _float_in(out, "grace_period_s", self.grace_period_s, 0.0, 3600.0)
-        _int_in(out, "max_message_bytes", self.max_message_bytes, 1024, MAX_MESSAGE_BYTES)
-        if (_is_int(self.max_queue_size) and _is_int(self.max_texts_per_request)
-                and 1 <= self.max_queue_size < self.max_texts_per_request):
-            # Otherwise a request at the per-request cap could never be queued whole.
-            out.append(f"max_queue_size must be >= max_texts_per_request "
-                       f"({self.max_texts_per_request}), got {self.max_queue_size}")
-        if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
-            out.append(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
-                       f"got {self.log_level!r}")
-        for name in ("serve_valid_models", "reflection"):
-            if not isinstance(getattr(self, name), bool):
-                out.append(f"{name} must be true or false, got {getattr(self, name)!r}")
-        out.extend(self._tls_problems())
-        return out
+        found = [
+            self._models_dir_problem(),
+            _text_problem("host", self.host, "a non-empty address", allow_empty=False),
+            _text_problem("metrics_host", self.metrics_host, "an address or empty"),
+            int_problem("port", self.port, 1, MAX_PORT),
+            int_problem("metrics_port", self.metrics_port, 0, MAX_PORT, note="0 = disabled"),
+            self._metrics_port_clash(),
+            _choice_problem("provider", self.provider, PROVIDERS),
+            int_problem("threads", self.threads, 0, 1024, note="0 = the usable cores"),
+            int_problem("engines", self.engines, 0, 64, note="0 = auto"),
+            int_problem("max_running_rows", self.max_running_rows, 0,
+                        note="0 = request-level batching"),
+            int_problem("max_running_beam", self.max_running_beam, 1, MAX_BEAM_SIZE),
+            *(int_problem(name, getattr(self, name), 1) for name in (
+                "max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
+                "max_texts_per_request", "max_text_chars", "max_length_cap")),
+            int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
+            float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
+            float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),
+            float_problem("grace_period_s", self.grace_period_s, 0.0, 3600.0),
+            int_problem("max_message_bytes", self.max_message_bytes, 1024, MAX_MESSAGE_BYTES),
+            self._queue_fits_a_request(),
+            _choice_problem("log_level", self.log_level, LOG_LEVELS, upper=True),
+            *(_bool_problem(name, getattr(self, name))
+              for name in ("serve_valid_models", "reflection")),
+            *self._tls_problems(),
+        ]
+        return [p for p in found if p is not None]
 
-    def _tls_problems(self) -> list[str]:
+    def _models_dir_problem(self) -> Problem | None:
+        if self.models_dir is None:
+            return Problem("models_dir", "models_dir is required (no shipped models/ folder "
+                           f"was found): pass --models-dir or set {env_name('models_dir')}")
+        if not Path(self.models_dir).is_dir():
+            return Problem("models_dir", "models_dir must be an existing directory, got "
+                           f"{str(self.models_dir)!r}")
+        return None
+
+    def _metrics_port_clash(self) -> Problem | None:
+        if self.metrics_port and self.metrics_port == self.port:
+            return Problem("metrics_port", f"metrics_port must differ from port ({self.port}), "
+                           f"got {self.metrics_port}")
+        return None
+
+    def _queue_fits_a_request(self) -> Problem | None:
+        # Otherwise a request at the per-request cap could never be queued whole.
+        if (is_int(self.max_queue_size) and is_int(self.max_texts_per_request)
+                and 1 <= self.max_queue_size < self.max_texts_per_request):
+            return Problem("max_queue_size", "max_queue_size must be >= max_texts_per_request "
+                           f"({self.max_texts_per_request}), got {self.max_queue_size}")
+        return None
+
+    def _tls_problems(self) -> list[Problem]:
         """Which files are given and whether they exist; their contents are checked
         when the server loads them (tls.py), with the same one-line messages."""
-        out: list[str] = []
+        out: list[Problem] = []
         if (self.tls_cert is None) != (self.tls_key is None):
             given, missing = ("tls_cert", "tls_key") if self.tls_key is None else (
                 "tls_key", "tls_cert")
-            out.append(f"{missing} is required with {given} (TLS needs both the certificate "
-                       f"and its key): pass {flag_name(missing)} or set {env_name(missing)}")
+            out.append(Problem(missing, f"{missing} is required with {given} (TLS needs both "
+                               f"the certificate and its key): pass {flag_name(missing)} or "
+                               f"set {env_name(missing)}"))
         if self.tls_client_ca is not None and self.tls_cert is None:
-            out.append("tls_client_ca needs tls_cert and tls_key (mutual TLS is TLS with "
-                       "client certificates)")
+            out.append(Problem("tls_client_ca", "tls_client_ca needs tls_cert and tls_key "
+                               "(mutual TLS is TLS with client certificates)"))
         for name in TLS_FILES:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
-                out.append(f"{name} must be an existing file, got {str(path)!r}")
+                out.append(Problem(name, f"{name} must be an existing file, got {str(path)!r}"))
         return out
 
     @property
@@ -231,6 +224,7 @@ class ServerConfig:
         return self.metrics_host or self.host
 
     def validate(self) -> ServerConfig:
+        """This config, or ConfigError listing every problem."""
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
@@ -272,7 +266,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parse = _parser_for(f.name)
         default = _default_of(f)
         if f.name == "threads":
-            default = f"physical cores, here {default}"
+            default = f"the usable cores, here {default}"
         elif f.name == "models_dir" and default is None:
             default = "the shipped models/ folder, not found here"
         elif f.name == "metrics_host":
@@ -294,7 +288,7 @@ def from_args(args: argparse.Namespace | None = None,
     listing bad variables and out-of-range values together."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     env_bad: set[str] = set()
     from_env: set[str] = set()
     for f in dataclasses.fields(ServerConfig):
@@ -307,7 +301,7 @@ def from_args(args: argparse.Namespace | None = None,
             try:
                 values[f.name] = _parser_for(f.name)(raw.strip())
             except ValueError as e:
-                problems.append(f"{env_name(f.name)} {e}")
+                problems.append(Problem(f.name, f"{env_name(f.name)} {e}"))
                 env_bad.add(f.name)
     config = ServerConfig(**values)
     if isinstance(config.log_level, str):
@@ -315,10 +309,10 @@ def from_args(args: argparse.Namespace | None = None,
     # A variable that failed to parse already has its message; its default
     # standing in for it must not add a second, misleading one.
     for problem in config.problems():
-        name = problem.split(" ", 1)[0]
-        if name in env_bad:
+        if problem.field in env_bad:
             continue
-        problems.append(f"{problem} (from {env_name(name)})" if name in from_env else problem)
+        problems.append(problem.with_note(f"from {env_name(problem.field)}")
+                        if problem.field in from_env else problem)
     if problems:
         raise ConfigError(problems)
     return config
@@ -378,22 +372,21 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _text_problem(name: str, value: object, what: str,
+                  allow_empty: bool = True) -> Problem | None:
+    if isinstance(value, str) and (allow_empty or value):
+        return None
+    return Problem(name, f"{name} must be {what}, got {value!r}")
 
 
-def _int_in(out: list[str], name: str, value: Any, low: int, high: int | None,
-            note: str | None = None) -> None:
-    extra = f" ({note})" if note else ""
-    if high is None:
-        ok, rng = _is_int(value) and value >= low, f"must be >= {low}"
-    else:
-        ok, rng = _is_int(value) and low <= value <= high, f"must be in [{low}, {high}]"
-    if not ok:
-        out.append(f"{name} {rng}{extra}, got {value!r}")
+def _choice_problem(name: str, value: object, choices: tuple[str, ...],
+                    upper: bool = False) -> Problem | None:
+    if isinstance(value, str) and (value.upper() if upper else value) in choices:
+        return None
+    return Problem(name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def _float_in(out: list[str], name: str, value: Any, low: float, high: float) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and low <= value <= high):
-        out.append(f"{name} must be in [{low:g}, {high:g}], got {value!r}")
+def _bool_problem(name: str, value: object) -> Problem | None:
+    if isinstance(value, bool):
+        return None
+    return Problem(name, f"{name} must be true or false, got {value!r}")

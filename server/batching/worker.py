@@ -73,19 +73,39 @@ class ModelWorker:
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> bool:
         """Stop the loop. drain: close the scheduler and serve everything queued
-        first; otherwise finish only the batch in flight and fail the queued items
-        with `Draining`. True when the thread has ended within `timeout`."""
+        first; otherwise fail the queued items with `Draining` now and finish only
+        the work in flight. True when the thread has ended within `timeout`;
+        `terminate()` ends what is still running."""
         if not drain:
             self._stop.set()  # before close(): a closed queue hands out batches at once
         self.scheduler.close()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                return False
         if not drain:
-            self.scheduler.abort(Draining("the server stopped before this text was run"))
-        return True
+            self._abort_queued()
+        ended = self._join(timeout)
+        if ended and not drain:
+            self._abort_queued()  # what a racing next_batch() left behind
+        return ended
+
+    def terminate(self, timeout: float | None = None) -> bool:
+        """Stop without waiting for the work in flight: the queued items fail with
+        `Draining`, the engine's ONNX Runtime runs in progress end (their items
+        fail, or were cancelled already), and the thread is joined. True when it
+        has ended within `timeout`. The engine cannot run again."""
+        self._stop.set()
+        self.scheduler.close()
+        self._abort_queued()
+        self.engine.runner.terminate()
+        return self._join(timeout)
+
+    def _abort_queued(self) -> None:
+        self.scheduler.abort(Draining("the server stopped before this text was run"))
+
+    def _join(self, timeout: float | None) -> bool:
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
 
     # -- the loop ----------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("seq2serve.model.data.corpus", "build translation and summarization corpora from "
-             "Debian's package-description translations (DDTP)"),
+    "data": ("seq2serve.model.data.corpus", "build training corpora from Debian: "
+             "translation and summarization from its translated package descriptions (DDTP), "
+             "translation from the gettext message catalogs of its programs, and their mix"),
     "train": ("seq2serve.model.train.trainer", "train a tokenizer and a transformer on a corpus "
               "(resumable)"),
     "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "

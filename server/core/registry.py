@@ -30,19 +30,21 @@ from seq2serve.server.config import ServerConfig
 from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
-from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider, physical_cores
+from seq2serve.server.engine.resources import usable_cores
+from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider
 from seq2serve.server.metrics import Metrics
 
 log = logging.getLogger("seq2serve.server")
+# After ONNX Runtime runs are terminated, how long their threads may take to end
+# (the flag is checked between kernels: milliseconds).
+TERMINATE_JOIN_S = 10.0
 
 
 def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
-    m = package.manifest
-    return PackageTokenizer(package.file(m.tokenizer["source_model"]),
-                            package.file(m.tokenizer["target_model"]),
-                            package.file(m.tokenizer["vocab"]),
-                            unk_id=m.special_tokens["unk"], eos_id=m.special_tokens["eos"],
-                            pad_id=m.special_tokens["pad"])
+    files, tokens = package.manifest.tokenizer, package.manifest.special_tokens
+    return PackageTokenizer(package.file(files.source_model), package.file(files.target_model),
+                            package.file(files.vocab), unk_id=tokens.unk, eos_id=tokens.eos,
+                            pad_id=tokens.pad)
 
 
 # On 2 CPU cores, two engines with one intra-op thread each decode 1.76x (beam 4)
@@ -54,10 +56,10 @@ MAX_AUTO_ENGINES = 4
 
 def engine_layout(threads: int, engines: int, provider: str) -> tuple[int, int]:
     """(engines, intra-op threads per engine) for one model: `threads` (0 = the
-    physical cores) shared out among `engines` (0 = auto: one per thread up to
+    usable cores) shared out among `engines` (0 = auto: one per thread up to
     MAX_AUTO_ENGINES on CPU; one on CUDA, where a second session only splits the
     same device)."""
-    total = threads or physical_cores()
+    total = threads or usable_cores()
     if engines == 0:
         engines = 1 if provider == CUDA else min(total, MAX_AUTO_ENGINES)
     return engines, max(1, total // engines)
@@ -237,13 +239,25 @@ class ModelRegistry:
                               f"available: {served}")
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop every model's worker; `timeout` bounds the whole close, not each model."""
-        handles = list(self._handles.values())
-        workers = [w for handle in handles for w in handle.workers]
+        """Stop every model's workers, all at once, within `timeout` for the whole
+        close (None: as long as they take). drain: serve what is queued first;
+        otherwise queued work fails with `Draining` (UNAVAILABLE) at once. What is
+        still running at the deadline is terminated (its ONNX Runtime runs end),
+        and every engine thread is joined before this returns."""
+        workers = [w for handle in self._handles.values() for w in handle.workers]
         for worker in workers:  # all stop at once ...
             worker.stop(drain=drain, timeout=0)
         end = None if timeout is None else time.monotonic() + timeout
         for worker in workers:  # ... then share one deadline for the joins
             left = None if end is None else max(0.0, end - time.monotonic())
             worker.stop(drain=drain, timeout=left)
-
+        late = [w for w in workers if w.running]
+        for worker in late:  # every run ends at once ...
+            worker.terminate(timeout=0)
+        end = time.monotonic() + TERMINATE_JOIN_S
+        for worker in late:  # ... and the threads are joined
+            if not worker.terminate(timeout=max(0.0, end - time.monotonic())):
+                log.error("model %s: an engine thread is still running %gs after its runs "
+                          "were terminated", worker.name, TERMINATE_JOIN_S)
+        if late:
+            log.info("terminated the work in flight of %d engine(s) at the deadline", len(late))

@@ -130,19 +130,17 @@ class Engine:
         self.package = package if isinstance(package, ModelPackage) else load_package(package)
         self.runner = Runner(self.package, runner)
         manifest = self.package.manifest
-        cfg = manifest.config
-        self.eos_id = int(manifest.special_tokens["eos"])
-        self.pad_id = int(manifest.special_tokens["pad"])
-        self.special = Special(int(manifest.special_tokens["decoder_start"]), self.eos_id,
-                               tuple(int(t) for t in manifest.special_tokens.get("suppress",
-                                                                                 [])))
-        self.src_vocab_size = int(cfg["src_vocab_size"])
-        self.max_source_length = int(manifest.max_source_length)
+        tokens = manifest.special_tokens
+        self.eos_id = tokens.eos
+        self.pad_id = tokens.pad
+        self.special = Special(tokens.decoder_start, self.eos_id, tokens.suppress)
+        self.src_vocab_size = manifest.config.src_vocab_size
+        self.max_source_length = manifest.max_source_length
         limits = limits or OptionLimits()
         # The decoder's positions end at max_positions: one per generated token.
         self.limits = OptionLimits(limits.max_beam_size,
                                    min(limits.max_length, self.runner.max_positions))
-        self.defaults = dict(manifest.generation)
+        self.defaults = manifest.generation.as_dict()
         self.stop_rules: tuple[StopRule, ...] = (EosStop(self.eos_id), LengthStop())
 
     # -- requests ----------------------------------------------------------------------

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from seq2serve.server.problems import int_problem
+
 EARLY_STOPPING = (False, True, "never")
 # Beam search ranks finished hypotheses by sum(log p) / length ** length_penalty in
 # float32 and marks empty or blocked slots with -1e9 (Hugging Face's convention,
@@ -204,10 +206,9 @@ def _integer(name: str, value: Any) -> None:
 
 
 def _int_in(name: str, value: Any, low: int, high: int, upper_name: str | None = None) -> None:
-    _integer(name, value)
-    if not low <= value <= high:
-        raise InvalidOptions(name, f"{name} must be in [{low}, {upper_name or high}], "
-                             f"got {value}")
+    problem = int_problem(name, value, low, high, high_name=upper_name)
+    if problem is not None:
+        raise InvalidOptions(problem.field, problem.message)
 
 
 def _finite(name: str, value: Any) -> None:

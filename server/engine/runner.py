@@ -1,7 +1,12 @@
 """The Runner owns the ONNX Runtime sessions of one model package.
 
-It runs the two graphs and keeps their tensors where the provider computes
-them; it makes no decoding or scheduling decisions (see engine.py).
+Five sessions, one per graph of the package: the encoder, the decoder step,
+the cache's reorder and move graphs, and select (TopK). The runner keeps their
+tensors where the provider computes them; it makes no decoding or scheduling
+decisions (see engine.py). At load it checks every session's inputs and
+outputs against the manifest's graph specs (names, dtypes, ranks, and the
+model's sizes where the graph fixes them) and refuses a package that does not
+match, naming the file and the tensor.
 
 Providers: `cpu`, `cuda` (CUDAExecutionProvider), or `auto` (CUDA when this
 onnxruntime build has it, logged either way). Both go through I/O binding:
@@ -10,54 +15,57 @@ the next step's inputs, so on CUDA they never leave the device; only the
 (N, V) log-probs are copied to the host each step, into one reused buffer.
 Tokens, positions and beam origins are small host arrays copied per step.
 
-The self-attention cache (package format 5): one (N, H, Tc, Dh) tensor per
-layer and per K/V; row r keeps step t in slot t, and the graph masks every
-slot after the row's position, so rows at different steps share one call.
-Row r of a call continues cache row r: the decoder graph writes each row's
-new slot with a ScatterND whose output the runner binds to the input's own
-buffer on CPU, so a step copies no cache (ONNX Runtime's ScatterND skips its
-copy when output and input are one buffer; ScatterElements does not). When
-rows moved (beam search reordering hypotheses, rows joining past the cache's
-rows, a compaction) the reorder graph gathers the rows first, one copy;
-format 3 gathered and scattered into a fresh tensor, two copies of the whole
-cache every step. When the rows stay the same and only some moved (beam
-search: 28% of rows per step in the benchmark's decoding), the move graph
-(format 6) rewrites just those rows, in place on CPU. On
-CUDA the outputs are fresh device tensors (one copy; ONNX Runtime does not
-promise in-place writes, and this was only measured on CPU).
+The self-attention cache: one (N, H, Tc, Dh) tensor per layer and per K/V;
+row r keeps step t in slot t, and the graph masks every slot after the row's
+position, so rows at different steps share one call. Row r of a call continues
+cache row r: the decoder graph writes each row's new slot with a ScatterND
+whose output the runner binds to the input's own buffer on CPU, so a step
+copies no cache (ONNX Runtime's ScatterND skips its copy when output and input
+are one buffer). When rows moved (beam search reordering hypotheses, rows
+joining past the cache's rows, a compaction) the reorder graph gathers the
+rows, one copy. When the rows stay the same and only some moved (beam search:
+28% of rows per step in the benchmark's decoding), the move graph rewrites
+just those rows, in place on CPU. On CUDA the outputs are fresh device
+tensors (one copy; ONNX Runtime does not promise in-place writes, and this
+was only measured on CPU).
 
 The select graph (TopK) gives beam search each row's best log-probs: ONNX
 Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k log-probs
-where numpy took 3.9 ms. The runner
-resizes Tc on the host in whole blocks of CACHE_BLOCK slots: it grows when a
-row's position reaches it (a copy every CACHE_BLOCK steps) and shrinks once a
-whole block lies past every live row's position (a running batch's longest
-row left). A row that joins later continues whatever row it is placed on and
-its stale slots stay masked.
+where numpy took 3.9 ms. The runner resizes Tc on the host in whole blocks of
+CACHE_BLOCK slots: it grows when a row's position reaches it (a copy every
+CACHE_BLOCK steps) and shrinks once a whole block lies past every live row's
+position (a running batch's longest row left). A row that joins later
+continues whatever row it is placed on and its stale slots stay masked.
 
 Finished sources leave the batch: their rows idle (engine.py) until a
 newcomer takes them or the batch compacts; the cross K/V keep one slot per
 source (source_slots.py), written when a source is admitted. On CUDA those go
 through the host (an upload per admission, not per step), as the server has
 no device array library to index with.
+
+Every run gets the runner's RunOptions: `terminate()` ends the runs in
+progress (ONNX Runtime checks the flag between kernels) and fails every later
+one with RunTerminated, so a stopping server can join its engine threads.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from seq2serve.export.package import ModelPackage
+from seq2serve.export.package import MANIFEST, GraphSpec, ModelPackage, PackageError, TensorSpec
+from seq2serve.model.config import ModelConfig
+from seq2serve.server.engine.resources import PROVIDERS, Provider, usable_cores
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 OPTIMIZATION_LEVELS = {
@@ -66,8 +74,8 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-             "tensor(int64)": np.int64}
+# ONNX Runtime's tensor element types by the numpy names the manifest uses.
+_ORT_DTYPES = {"float": "float32", "double": "float64"}
 # Source widths are padded to a multiple of this. ONNX Runtime's CPU kernels
 # reduce over the source axis (cross-attention softmax and weighted sum) in
 # vector blocks with a scalar tail, so a row's floats depended on how far its
@@ -87,28 +95,10 @@ def padded_width(longest: int, multiple: int = SOURCE_WIDTH_MULTIPLE) -> int:
     return -(-longest // multiple) * multiple
 
 
-def physical_cores() -> int:
-    """Physical cores this process may use (hyper-threads share a core's units,
-    so ORT's intra-op threads scale with cores, not logical CPUs)."""
-    try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:  # not Linux
-        return max(1, (os.cpu_count() or 2) // 2)
-    cores: set[tuple[str, str]] = set()
-    try:
-        for cpu in allowed:
-            topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
-            with open(f"{topo}/physical_package_id") as pkg, open(f"{topo}/core_id") as core:
-                cores.add((pkg.read().strip(), core.read().strip()))
-    except OSError:
-        return len(allowed)
-    return max(1, len(cores))
-
-
 @dataclass(frozen=True)
 class RunnerConfig:
-    provider: str = "auto"
-    intra_op_threads: int = 0  # 0 = the physical cores
+    provider: str = Provider.AUTO.value
+    intra_op_threads: int = 0  # 0 = the usable cores (resources.usable_cores)
     inter_op_threads: int = 1  # the graphs are sequential chains; parallelism is intra-op
     graph_optimization: str = "all"
     device_id: int = 0
@@ -134,9 +124,9 @@ class RunnerConfig:
 
 def choose_provider(requested: str, available: list[str] | None = None) -> str:
     available = ort.get_available_providers() if available is None else available
-    if requested == "cpu":
+    if requested == Provider.CPU:
         return CPU
-    if requested == "cuda":
+    if requested == Provider.CUDA:
         if CUDA not in available:
             raise RuntimeError("provider 'cuda' requested but this onnxruntime has no "
                                f"{CUDA} (available: {', '.join(available)}); install "
@@ -199,6 +189,10 @@ class DecoderCache:
         return int(self.self_k[0].shape()[2])
 
 
+class RunTerminated(RuntimeError):
+    """A run ended, or was refused, because the runner was terminated."""
+
+
 class Runner:
     def __init__(self, package: ModelPackage, config: RunnerConfig | None = None):
         self.config = (config or RunnerConfig()).validate()
@@ -206,7 +200,8 @@ class Runner:
         self.provider = choose_provider(self.config.provider)
         self.device = "cuda" if self.provider == CUDA else "cpu"
         self.device_id = self.config.device_id if self.device == "cuda" else 0
-        self.threads = self.config.intra_op_threads or physical_cores()
+        self.threads = self.config.intra_op_threads or usable_cores()
+        self._run_options = ort.RunOptions()
         self.encoder = self._session(str(package.encoder_path))
         self.decoder = self._session(str(package.decoder_path))
         self.reorder = self._session(str(package.reorder_path))
@@ -214,14 +209,20 @@ class Runner:
         # Selection runs on the host's log-probs (processed there), so always on CPU.
         self.select = self._session(str(package.select_path), cpu_only=True)
         cfg = package.manifest.config
-        self.layers = int(cfg["decoder_layers"])
-        self.heads = int(cfg["decoder_heads"])
-        self.head_dim = int(cfg["d_model"]) // self.heads
-        self.vocab_size = int(cfg["tgt_vocab_size"])
-        self.max_positions = int(cfg["max_positions"])
-        types = {i.name: i.type for i in self.decoder.get_inputs()}
-        self.cache_dtype = _NP_TYPES[types["self_k.0"]]
-        self.output_names = [o.name for o in self.decoder.get_outputs()]
+        graphs = package.manifest.graphs
+        check_sessions(package, [(graphs.encoder, self.encoder), (graphs.decoder, self.decoder),
+                                 (graphs.reorder, self.reorder), (graphs.move, self.move),
+                                 (graphs.select, self.select)])
+        self.layers = cfg.decoder_layers
+        self.heads = cfg.decoder_heads
+        self.head_dim = cfg.d_model // self.heads
+        self.vocab_size = cfg.tgt_vocab_size
+        self.max_positions = cfg.max_positions
+        self.decoder_start_id = cfg.decoder_start_id
+        self.eos_id = cfg.eos_id
+        cache_spec = {s.name: s for s in graphs.decoder.inputs}["self_k.0"]
+        self.cache_dtype = np.dtype(cache_spec.dtype)
+        self.output_names = [o.name for o in graphs.decoder.outputs]
         self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
         # On CPU the new cache is written into the old one's buffers.
         self.in_place = self.device == "cpu"
@@ -230,12 +231,36 @@ class Runner:
                               for i in range(self.layers)]
         self._move_names = [*(f"self_k.{i}" for i in range(self.layers)),
                             *(f"self_v.{i}" for i in range(self.layers))]
-        self.cross_outputs = [o.name for o in self.encoder.get_outputs()
+        self.cross_outputs = [o.name for o in graphs.encoder.outputs
                               if o.name.startswith("cross_")]
         self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
         self.warmup_seconds = 0.0
         if self.config.warmup:
-            self.warmup_seconds = self._warmup(cfg)
+            self.warmup_seconds = self._warmup()
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        """End the runs in progress and refuse later ones (RunTerminated). Safe to
+        call from any thread; the runner cannot run again."""
+        self._run_options.terminate = True
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self._run_options.terminate)
+
+    @contextmanager
+    def _terminable(self) -> Iterator[None]:
+        """Around every run (each passes `self._run_options`): refused once
+        terminated, and a run the flag ended raises RunTerminated."""
+        if self.terminated:
+            raise RunTerminated("the runner was terminated: the server is stopping")
+        try:
+            yield
+        except Exception as error:
+            if self.terminated:  # ONNX Runtime's own error names only its flag
+                raise RunTerminated("the run was terminated: the server is stopping") from error
+            raise
 
     def _session(self, path: str, cpu_only: bool = False) -> ort.InferenceSession:
         opts = ort.SessionOptions()
@@ -255,14 +280,14 @@ class Runner:
                                f"(got {session.get_providers()})")
         return session
 
-    def _warmup(self, cfg: dict[str, Any]) -> float:
+    def _warmup(self) -> float:
         """First runs allocate arenas and (on CUDA) pick kernels; do it before serving."""
         start = time.perf_counter()
-        ids = np.array([[cfg["eos_id"], cfg["eos_id"]]], dtype=np.int64)
+        ids = np.array([[self.eos_id, self.eos_id]], dtype=np.int64)
         enc = self.encode(ids, np.ones_like(ids))
         cache = self.empty_cache(1)
         for step in range(2):
-            tokens = np.full(1, cfg["decoder_start_id"], dtype=np.int64)
+            tokens = np.full(1, self.decoder_start_id, dtype=np.int64)
             _, cache, _ = self.step(tokens, np.full(1, step, dtype=np.int64), cache, enc)
         cache = self.reorder_cache(cache, np.zeros(2, dtype=np.int64))
         self.reorder_cache(cache, np.array([1, 0], dtype=np.int64))  # the move graph
@@ -305,7 +330,8 @@ class Runner:
         binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
         for name in self.cross_outputs:  # the memory output is not bound: nobody reads it
             binding.bind_output(name, self.device, self.device_id)
-        self.encoder.run_with_iobinding(binding)
+        with self._terminable():
+            self.encoder.run_with_iobinding(binding, self._run_options)
         cross = tuple(binding.get_outputs())
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
         return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
@@ -330,7 +356,8 @@ class Runner:
                 binding.bind_ortvalue_output(f"moved_{name}", value)  # in place
             binding.bind_cpu_input("moved_rows", moved[:, None])
             binding.bind_cpu_input("moved_from", origin[moved])
-            self.move.run_with_iobinding(binding)
+            with self._terminable():
+                self.move.run_with_iobinding(binding, self._run_options)
             return cache
         binding = self.reorder.io_binding()
         for i in range(self.layers):
@@ -339,7 +366,8 @@ class Runner:
         binding.bind_cpu_input("beam_origin", origin)
         for output in self.reorder.get_outputs():
             binding.bind_output(output.name, self.device, self.device_id)
-        self.reorder.run_with_iobinding(binding)
+        with self._terminable():
+            self.reorder.run_with_iobinding(binding, self._run_options)
         moved_values = binding.get_outputs()  # reordered_self_k.*, reordered_self_v.*
         return DecoderCache(tuple(moved_values[:self.layers]),
                             tuple(moved_values[self.layers:]))
@@ -347,9 +375,10 @@ class Runner:
     def top_k(self, log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each row's k best values of log_probs (N, V) float32 on the host, sorted
         descending (ties: the lower id first), and their ids (N, k) int64."""
-        values, ids = self.select.run(None, {
-            "log_probs": np.ascontiguousarray(log_probs, dtype=np.float32),
-            "k": np.array([min(k, log_probs.shape[1])], dtype=np.int64)})
+        feeds = {"log_probs": np.ascontiguousarray(log_probs, dtype=np.float32),
+                 "k": np.array([min(k, log_probs.shape[1])], dtype=np.int64)}
+        with self._terminable():
+            values, ids = self.select.run(None, feeds, self._run_options)
         return values, ids
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, cache: DecoderCache,
@@ -397,7 +426,8 @@ class Runner:
             else:
                 binding.bind_output(name, self.device, self.device_id)
         binding.bind_output("alignment", "cpu")
-        self.decoder.run_with_iobinding(binding)
+        with self._terminable():
+            self.decoder.run_with_iobinding(binding, self._run_options)
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
         if self.in_place:
             # The bound buffers now hold the new cache. (The binding's own
@@ -405,3 +435,65 @@ class Runner:
             return log_probs, cache, alignment.numpy()
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
+
+
+# -- the sessions against the manifest -------------------------------------------------
+
+
+def check_sessions(package: ModelPackage, sessions: list[tuple[GraphSpec, Any]]) -> None:
+    """Raise PackageError unless every session's inputs and outputs are the ones
+    its graph spec in the manifest lists: the same names, dtypes and ranks, fixed
+    axes the same size, and the model's sizes (H, Dh, D, V) those of its config.
+    Each problem names the file and the tensor."""
+    sizes = model_sizes(package.manifest.config)
+    problems: list[str] = []
+    for spec, session in sessions:
+        problems += _io_problems(spec.file, "input", spec.inputs, session.get_inputs(), sizes)
+        problems += _io_problems(spec.file, "output", spec.outputs, session.get_outputs(), sizes)
+    if problems:
+        raise PackageError(package.path, problems)
+
+
+def model_sizes(config: ModelConfig) -> dict[str, int]:
+    """What the graph specs' model-size symbols stand for in this model."""
+    return {"H": config.decoder_heads, "Dh": config.d_model // config.decoder_heads,
+            "D": config.d_model, "V": config.tgt_vocab_size}
+
+
+def ort_dtype(ort_type: str) -> str:
+    """"tensor(float)" -> "float32", "tensor(int64)" -> "int64"."""
+    element = ort_type.removeprefix("tensor(").removesuffix(")")
+    return _ORT_DTYPES.get(element, element)
+
+
+def _io_problems(file: str, kind: str, specs: tuple[TensorSpec, ...], args: list[Any],
+                 sizes: dict[str, int]) -> list[str]:
+    graph = {a.name: a for a in args}
+    listed = {s.name: s for s in specs}
+    problems = [f"{file}: {kind} {name!r} is listed in {MANIFEST} but the graph has no such "
+                f"{kind} (it has {', '.join(graph) or 'none'})"
+                for name in listed if name not in graph]
+    problems += [f"{file}: the graph's {kind} {name!r} is not listed in {MANIFEST}"
+                 for name in graph if name not in listed]
+    for name in listed.keys() & graph.keys():
+        problems += _tensor_problems(f"{file}: {kind} {name!r}", listed[name], graph[name],
+                                     sizes)
+    return problems
+
+
+def _tensor_problems(where: str, spec: TensorSpec, arg: Any, sizes: dict[str, int]) -> list[str]:
+    dtype = ort_dtype(arg.type)
+    if dtype != spec.dtype:
+        return [f"{where} is {dtype} in the graph but {spec.dtype} in {MANIFEST}"]
+    shape = list(arg.shape)
+    if len(shape) != len(spec.shape):
+        return [f"{where} has {len(shape)} axes in the graph but {len(spec.shape)} in "
+                f"{MANIFEST} {list(spec.shape)}"]
+    problems = []
+    for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        size = sizes.get(want) if isinstance(want, str) else want
+        # A symbolic axis of the graph (or one it leaves unnamed) takes any size.
+        if size is not None and isinstance(have, int) and have != size:
+            what = f"{want} = {size} in the model config" if isinstance(want, str) else str(size)
+            problems.append(f"{where} axis {axis} is {have} in the graph, expected {what}")
+    return problems

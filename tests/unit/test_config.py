@@ -10,6 +10,8 @@ import pytest
 import seq2serve.server
 from seq2serve.server import config as cfg
 from seq2serve.server.config import ConfigError, ServerConfig
+from seq2serve.server.engine.resources import usable_cores
+from seq2serve.server.problems import Problem
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,11 +69,14 @@ def test_bad_env_value_names_the_variable(tmp_path: Path) -> None:
            "SEQ2SERVE_MAX_BATCH_SIZE": "0"}
     with pytest.raises(ConfigError) as e:
         load(["--models-dir", str(tmp_path)], env)
-    assert e.value.problems == [
+    assert e.value.messages == [
         "SEQ2SERVE_PORT must be an integer, got 'fifty'",
         "SEQ2SERVE_MAX_QUEUE_DELAY_MS must be a finite number, got 'inf'",
         "max_batch_size must be >= 1, got 0 (from SEQ2SERVE_MAX_BATCH_SIZE)",
     ]
+    # Each problem names its field: no parsing of the message needed.
+    assert [p.field for p in e.value.problems] == ["port", "max_queue_delay_ms",
+                                                   "max_batch_size"]
 
 
 def test_bad_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +96,7 @@ BAD = {
     "port": (0, "port must be in [1, 65535], got 0"),
     "metrics_port": (70000, "metrics_port must be in [0, 65535] (0 = disabled), got 70000"),
     "provider": ("tpu", "provider must be one of auto, cpu, cuda, got 'tpu'"),
-    "threads": (-1, "threads must be in [0, 1024] (0 = physical cores), got -1"),
+    "threads": (-1, "threads must be in [0, 1024] (0 = the usable cores), got -1"),
     "max_batch_size": (0, "max_batch_size must be >= 1, got 0"),
     "max_batch_tokens": (0, "max_batch_tokens must be >= 1, got 0"),
     "max_queue_delay_ms": (-1.0, "max_queue_delay_ms must be in [0, 60000], got -1.0"),
@@ -114,18 +119,19 @@ def test_each_error_names_field_and_range(name: str, tmp_path: Path) -> None:
     value, message = BAD[name]
     with pytest.raises(ConfigError) as e:
         ServerConfig(models_dir=tmp_path, **{name: value}).validate()
-    assert e.value.problems == [message]
+    assert e.value.problems == [Problem(name, message)]
 
 
 def test_all_problems_reported_at_once(tmp_path: Path) -> None:
     c = ServerConfig(models_dir=tmp_path / "missing", port=0, metrics_port=0, max_beam_size=0,
                      max_queue_size=8, max_texts_per_request=9)
     problems = c.problems()
-    assert problems == [
-        f"models_dir must be an existing directory, got {str(tmp_path / 'missing')!r}",
-        "port must be in [1, 65535], got 0",
-        "max_beam_size must be in [1, 128], got 0",
-        "max_queue_size must be >= max_texts_per_request (9), got 8",
+    assert [(p.field, p.message) for p in problems] == [
+        ("models_dir",
+         f"models_dir must be an existing directory, got {str(tmp_path / 'missing')!r}"),
+        ("port", "port must be in [1, 65535], got 0"),
+        ("max_beam_size", "max_beam_size must be in [1, 128], got 0"),
+        ("max_queue_size", "max_queue_size must be >= max_texts_per_request (9), got 8"),
     ]
     with pytest.raises(ConfigError, match="port must be in"):
         c.validate()
@@ -133,9 +139,9 @@ def test_all_problems_reported_at_once(tmp_path: Path) -> None:
 
 def test_cross_field_checks(tmp_path: Path) -> None:
     assert ServerConfig(models_dir=tmp_path, port=9000, metrics_port=9000).problems() == [
-        "metrics_port must differ from port (9000), got 9000"]
+        Problem("metrics_port", "metrics_port must differ from port (9000), got 9000")]
     assert ServerConfig(models_dir=tmp_path, port=9000, metrics_port=0).problems() == []
-    assert ServerConfig(models_dir=None).problems()[0].startswith(
+    assert ServerConfig(models_dir=None).problems()[0].message.startswith(
         "models_dir is required (no shipped models/ folder was found): pass --models-dir or "
         "set SEQ2SERVE_MODELS_DIR")
 
@@ -157,13 +163,14 @@ def test_drain_delay_from_flag_and_env(tmp_path: Path) -> None:
     assert load(["--models-dir", str(tmp_path), "--drain-delay-s", "0"], env).drain_delay_s == 0
     with pytest.raises(ConfigError) as e:
         load(["--models-dir", str(tmp_path)], {"SEQ2SERVE_DRAIN_DELAY_S": "-1"})
-    assert e.value.problems == [
-        "drain_delay_s must be in [0, 3600], got -1.0 (from SEQ2SERVE_DRAIN_DELAY_S)"]
+    assert e.value.problems == [Problem(
+        "drain_delay_s", "drain_delay_s must be in [0, 3600], got -1.0 (from "
+        "SEQ2SERVE_DRAIN_DELAY_S)")]
 
 
 def test_engine_layout_shares_the_threads_among_the_engines() -> None:
     from seq2serve.server.core.registry import MAX_AUTO_ENGINES, engine_layout
-    from seq2serve.server.engine.runner import CPU, CUDA, physical_cores
+    from seq2serve.server.engine.runner import CPU, CUDA
 
     assert engine_layout(2, 0, CPU) == (2, 1)  # auto on CPU: one engine per thread
     assert engine_layout(1, 0, CPU) == (1, 1)
@@ -171,6 +178,15 @@ def test_engine_layout_shares_the_threads_among_the_engines() -> None:
     assert engine_layout(8, 0, CUDA) == (1, 8)  # one session per device
     assert engine_layout(4, 2, CPU) == (2, 2)
     assert engine_layout(1, 3, CPU) == (3, 1)  # never fewer than one thread each
-    assert engine_layout(0, 1, CPU) == (1, physical_cores())
+    assert engine_layout(0, 1, CPU) == (1, usable_cores())
     problems = ServerConfig(engines=-1).problems()
-    assert any("engines" in p and "0 = auto" in p for p in problems)
+    assert any(p.field == "engines" and "0 = auto" in p.message for p in problems)
+
+
+def test_a_value_of_the_wrong_type_is_named() -> None:
+    problems = ServerConfig(port="50051", host=None, reflection="yes").problems()  # type: ignore[arg-type]  # values as a careless caller passes them
+    assert [(p.field, p.message) for p in problems if p.field != "models_dir"] == [
+        ("host", "host must be a non-empty address, got None"),
+        ("port", "port must be an integer, got '50051'"),
+        ("reflection", "reflection must be true or false, got 'yes'"),
+    ]

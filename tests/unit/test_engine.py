@@ -28,7 +28,6 @@ from seq2serve.server.engine.runner import (
     EncoderState,
     RunnerConfig,
     padded_width,
-    physical_cores,
 )
 from seq2serve.server.engine.source_slots import COMPACT_WHEN, SourceSlots
 
@@ -271,7 +270,6 @@ def test_reduced_precision_package_runs(marian_dir: Path, tmp_path: Path,
 
 
 def test_runner_config() -> None:
-    assert physical_cores() >= 1
     with pytest.raises(ValueError, match="provider must be one of"):
         RunnerConfig(provider="tpu").validate()
     if "CUDAExecutionProvider" not in ort.get_available_providers():

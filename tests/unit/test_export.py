@@ -3,6 +3,7 @@ bad sources, and the package loader's verification."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -27,9 +28,9 @@ MAX_NEW = 24
 def package_tokenizer(path: Path) -> PackageTokenizer:
     m = load_package(path).manifest
     t = m.tokenizer
-    return PackageTokenizer(path / t["source_model"], path / t["target_model"], path / t["vocab"],
-                            unk_id=m.special_tokens["unk"], eos_id=m.special_tokens["eos"],
-                            pad_id=m.special_tokens["pad"])
+    return PackageTokenizer(path / t.source_model, path / t.target_model, path / t.vocab,
+                            unk_id=m.special_tokens.unk, eos_id=m.special_tokens.eos,
+                            pad_id=m.special_tokens.pad)
 
 
 def package_greedy(path: Path, texts: list[str]) -> tuple[list[list[int]], list[str]]:
@@ -39,14 +40,14 @@ def package_greedy(path: Path, texts: list[str]) -> tuple[list[list[int]], list[
     tok = package_tokenizer(path)
     rows = [tok.encode(t) for t in texts]
     width = max(map(len, rows))
-    ids = np.full((len(rows), width), cfg["pad_id"], dtype=np.int64)
+    ids = np.full((len(rows), width), cfg.pad_id, dtype=np.int64)
     mask = np.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, : len(r)], mask[i, : len(r)] = r, 1
     out = ort_greedy(cpu_session(package.encoder_path), cpu_session(package.decoder_path),
-                     ids, mask, start_id=cfg["decoder_start_id"], eos_id=cfg["eos_id"],
-                     pad_id=cfg["pad_id"], max_len=MAX_NEW)
-    tokens = [[int(t) for t in row if t != cfg["pad_id"]] for row in out]
+                     ids, mask, start_id=cfg.decoder_start_id, eos_id=cfg.eos_id,
+                     pad_id=cfg.pad_id, max_len=MAX_NEW)
+    tokens = [[int(t) for t in row if t != cfg.pad_id] for row in out]
     return tokens, [tok.decode(t) for t in tokens]
 
 
@@ -111,11 +112,11 @@ def test_seq2serve_checkpoint_round_trip(tmp_path: Path) -> None:
 def test_tied_output_projection_is_stored_once(marian_package: Path) -> None:
     cfg = load_package(marian_package).manifest.config
     graph = onnx.load(str(marian_package / "decoder.onnx")).graph
-    big = [i for i in graph.initializer if cfg["tgt_vocab_size"] in i.dims and len(i.dims) == 2]
+    big = [i for i in graph.initializer if cfg.tgt_vocab_size in i.dims and len(i.dims) == 2]
     assert len(big) == 1
     # The fixture's final-logits bias is all zeros, as OPUS-MT's: no bias at all, so the
     # output product feeds LogSoftmax directly (no pass over the logits between them).
-    assert not cfg["final_logits_bias"]
+    assert not cfg.final_logits_bias
     [product] = [n for n in graph.node if big[0].name in n.input
                  and n.op_type in ("MatMul", "Gemm")]
     assert [n.op_type for n in graph.node if product.output[0] in n.input] == ["LogSoftmax"]
@@ -124,14 +125,14 @@ def test_tied_output_projection_is_stored_once(marian_package: Path) -> None:
 def test_decoder_graph_takes_one_tensor_per_layer(marian_package: Path) -> None:
     """Per-layer caches and cross K/V: no Split or stacking Concat of the whole cache."""
     manifest = load_package(marian_package).manifest
-    layers = manifest.config["decoder_layers"]
-    inputs = [i["name"] for i in manifest.graphs["decoder"]["inputs"]]
+    layers = manifest.config.decoder_layers
+    inputs = [i.name for i in manifest.graphs.decoder.inputs]
     for kind in ("self_k", "self_v", "cross_k", "cross_v"):
         assert [n for n in inputs if n.startswith(kind + ".")] == [
             f"{kind}.{i}" for i in range(layers)]
     graph = onnx.load(str(marian_package / "decoder.onnx")).graph
     assert not [n for n in graph.node if n.op_type == "Split"]
-    # Format 5: each cache input's data is read by exactly one node, the
+    # Each cache input's data is read by exactly one node, the
     # ScatterND that writes the row's slot and is the new cache; so the runner
     # may bind the output to the input's buffer (in place) without another node
     # seeing the write (a Shape reads no data).
@@ -150,15 +151,15 @@ def test_cache_graphs_move_cache_rows(marian_package: Path) -> None:
     graph ranks like a sort."""
     check_cache_graphs(marian_package)
     manifest = load_package(marian_package).manifest
-    cache = [i for i in manifest.graphs["decoder"]["inputs"] if i["name"].startswith("self_")]
-    assert manifest.graphs["reorder"]["inputs"][:-1] == [{**i, "shape": ["M", *i["shape"][1:]]}
-                                                         for i in cache]
-    assert manifest.graphs["move"]["inputs"][:-2] == cache
+    cache = [i for i in manifest.graphs.decoder.inputs if i.name.startswith("self_")]
+    assert list(manifest.graphs.reorder.inputs[:-1]) == [
+        dataclasses.replace(i, shape=("M", *i.shape[1:])) for i in cache]
+    assert list(manifest.graphs.move.inputs[:-2]) == cache
     # Each cache tensor is read by one Gather (of the moved rows) and one ScatterND,
     # whose output the runner binds to the input: the rest of the cache is not copied.
     graph = onnx.load(str(marian_package / "move.onnx")).graph
     for entry in cache:
-        readers = sorted(n.op_type for n in graph.node if entry["name"] in n.input)
+        readers = sorted(n.op_type for n in graph.node if entry.name in n.input)
         assert readers == ["Gather", "ScatterND"]
 
 
@@ -182,9 +183,9 @@ def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision:
     assert dev["finite"]
     assert 0 < dev["log_probs"] < 0.5  # reduced precision deviates, but not wildly
     assert report.fp32_deviation["log_probs"] <= 1e-4
-    decoder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["decoder"]["inputs"]}
+    decoder_inputs = {i.name: i.dtype for i in manifest.graphs.decoder.inputs}
     assert decoder_inputs["self_k.0"] == ("float16" if precision == "fp16" else "float32")
-    reorder_inputs = {i["name"]: i["dtype"] for i in manifest.graphs["reorder"]["inputs"]}
+    reorder_inputs = {i.name: i.dtype for i in manifest.graphs.reorder.inputs}
     assert reorder_inputs["self_k.0"] == decoder_inputs["self_k.0"]
     tokens, _ = package_greedy(report.package, CORPUS[:3])
     assert all(tokens)
@@ -323,11 +324,9 @@ def test_argmax_flips_counts_only_steps_on_the_path() -> None:
 def test_greedy_flip_fails_export_only_past_the_tolerance(
         marian_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, margin: float,
         fails: bool) -> None:
-    """Issue 10: a near-tie argmax flipped by float rounding (an OPUS-MT-shaped
-    Marian, 1 seed of 4) failed a valid export. The rule: a flip fails the export
-    only when ONNX Runtime prefers its token by more than the log-prob tolerance."""
-    import dataclasses
-
+    """A near-tie argmax flipped by float rounding (an OPUS-MT-shaped Marian) is
+    no failure: a flip fails the export only when ONNX Runtime prefers its token by
+    more than the log-prob tolerance."""
     from seq2serve.export import verify
 
     real_compare = verify.compare
@@ -368,7 +367,7 @@ def _shipped_translation_models() -> list[str]:
 def test_shipped_tokenizers_give_back_every_character(name: str) -> None:
     """German and French letters, typographic quotes, €, digits and ASCII
     punctuation round-trip through each shipped package's tokenizers, both ways
-    serving decodes, without <unk> (issue 13)."""
+    serving decodes, without <unk>."""
     from seq2serve.model.tokenizer import round_trip_failures
 
     manifest = json.loads((SHIPPED / name / "manifest.json").read_text(encoding="utf-8"))
