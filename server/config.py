@@ -58,11 +58,6 @@ def default_models_dir() -> Path | None:
     return shipped if shipped.is_dir() else None
 
 
-def default_threads() -> int:
-    """The cores this process may use (`resources.usable_cores`)."""
-    return usable_cores()
-
-
 def _meta(help_text: str, metavar: str | None = None) -> dict[str, Any]:
     return {"help": help_text, "metavar": metavar}
 
@@ -93,7 +88,7 @@ class ServerConfig:
         "serve gRPC reflection (lists the services and their messages to any client)"))
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
-    threads: int = field(default_factory=default_threads, metadata=_meta(
+    threads: int = field(default_factory=usable_cores, metadata=_meta(
         "ONNX Runtime intra-op threads per model, shared out among its engines (0 = "
         "the usable cores: the physical cores of the CPU affinity mask, within the cgroup "
         "CPU quota)", "N"))

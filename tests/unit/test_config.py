@@ -33,7 +33,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.drain_delay_s, c.metrics_host, c.metrics_address) == (5.0, "", "0.0.0.0")
     assert (c.reflection, c.serve_valid_models, c.tls) == (True, False, False)
     assert c.max_message_bytes == 4 * 1024 * 1024 and c.log_level == "INFO"
-    assert c.threads >= 1 and c.threads == cfg.default_threads()
+    assert c.threads >= 1 and c.threads == usable_cores()
     # iteration-level batching for greedy and sampling, request-level for beams
     assert (c.max_running_rows, c.max_running_beam) == (256, 1)
     assert c.batch_limits().iterates(1) and not c.batch_limits().iterates(2)
