@@ -255,6 +255,12 @@ class Manifest:
     exporter: dict[str, object] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
+    @property
+    def digest(self) -> str:
+        """One sha256 over the manifest itself, which holds every file's sha256: two
+        packages with one digest compute the same outputs."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
     def to_dict(self) -> dict[str, object]:
         plain = _plain(self)
         assert isinstance(plain, dict)

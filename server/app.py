@@ -37,9 +37,16 @@ from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
 from seq2serve.server.api.grpc_service import TranslatorService
+from seq2serve.server.api.http.access import Access, read_api_keys
+from seq2serve.server.api.http.app import HttpSettings, build_app
+from seq2serve.server.api.http.libretranslate import LibreSettings
+from seq2serve.server.api.http.listener import HttpListener, ListenError
+from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
+from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
+from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.lifecycle import Lifecycle, Stage
 from seq2serve.server.metrics import Metrics, MetricsServer
@@ -158,11 +165,14 @@ class Server:
                      # gRPC sets SO_REUSEPORT by default: a second server on the same
                      # port would silently take half of the new connections.
                      ("grpc.so_reuseport", 0)])
+        cache: ResponseCache[Translation] = ResponseCache(int(config.cache_mb * 2**20))
+        self.metrics.watch_cache(cache.stats)
         self.translator = Translator(self.registry,
                                      max_texts_per_request=config.max_texts_per_request,
-                                     max_text_chars=config.max_text_chars)
+                                     max_text_chars=config.max_text_chars, cache=cache)
+        self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
-            TranslatorService(self.translator, config, self.metrics), self.grpc)
+            TranslatorService(self.proto_api, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         if config.reflection:
             reflection.enable_server_reflection(
@@ -176,8 +186,13 @@ class Server:
             self.lifecycle.add(Stage.SIDE, "/metrics", self._metrics)
         self.lifecycle.add(Stage.FRONT, "gRPC", GrpcListener(
             self.grpc, address(config.host, self.port), security))
+        self.http: HttpListener | None = None
+        if config.http_port:
+            self.http = self._http_listener()
+            self.lifecycle.add(Stage.FRONT, "HTTP", self.http)
         self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
                                                               self.metrics))
+        self.serving = False
         self._signals = 0
         self._signalled = asyncio.Event()
 
@@ -201,7 +216,28 @@ class Server:
             raise StartupError(f"cannot listen for gRPC on {where} (gRPC could not bind "
                                "it; GRPC_VERBOSITY=debug shows why)") from None
 
+    def _http_listener(self) -> HttpListener:
+        config = self.config
+        keys = read_api_keys(config.api_keys) if config.api_keys is not None else ()
+        access = Access(keys, require_key=config.require_api_key,
+                        per_minute=config.rate_limit,
+                        trusted_proxies=config.trusted_networks())
+        settings = HttpSettings(
+            libre=LibreSettings(char_limit=config.max_text_chars,
+                                batch_limit=config.max_texts_per_request,
+                                alternatives_limit=config.max_beam_size - 1),
+            max_body_bytes=config.max_message_bytes,
+            cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()))
+        app = build_app(self.translator, self.proto_api, settings, self.metrics,
+                        lambda: self.serving, access)
+        try:
+            return HttpListener(app, config.host, config.http_port, config.tls_cert,
+                                config.tls_key, config.tls_client_ca)
+        except ListenError as e:
+            raise StartupError(str(e)) from None
+
     async def _set_health(self, serving: bool) -> None:
+        self.serving = serving
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for service in ("", SERVICE_NAME):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -33,7 +34,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
-PATH_FIELDS = ("models_dir", *TLS_FILES)
+PATH_FIELDS = ("models_dir", "api_keys", *TLS_FILES)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -77,6 +79,27 @@ class ServerConfig:
         "address of the Prometheus /metrics endpoint; empty = the same as --host", "HOST"))
     metrics_port: int = field(default=8000, metadata=_meta(
         "port of the Prometheus /metrics endpoint; 0 disables it", "PORT"))
+    http_port: int = field(default=5000, metadata=_meta(
+        "port of the HTTP front door on --host (LibreTranslate's API, the .proto's JSON, "
+        "the translation page); 0 disables it", "PORT"))
+    cache_mb: float = field(default=64.0, metadata=_meta(
+        "exact response cache shared by both front doors, in MiB (a text's answer never "
+        "depends on its batch, so a hit is the same answer bit for bit); 0 disables it",
+        "MIB"))
+    api_keys: Path | None = field(default=None, metadata=_meta(
+        "HTTP API keys, one per line (# comments); a request with a key not in the file "
+        "gets 403", "FILE"))
+    require_api_key: bool = field(default=False, metadata=_meta(
+        "HTTP requests without a valid key get 403 (needs --api-keys)"))
+    rate_limit: int = field(default=0, metadata=_meta(
+        "HTTP requests per minute per API key, or per client address without one (a list "
+        "of texts costs its length; moving window); 0 = unlimited", "N"))
+    trusted_proxies: str = field(default="", metadata=_meta(
+        "comma-separated networks (CIDR) of proxies whose X-Forwarded-For names the HTTP "
+        "client; empty = the peer address is the client", "CIDRS"))
+    cors_origins: str = field(default="*", metadata=_meta(
+        "comma-separated origins allowed to call the HTTP API from a browser (* = any, as "
+        "LibreTranslate)", "ORIGINS"))
     tls_cert: Path | None = field(default=None, metadata=_meta(
         "PEM certificate chain of the gRPC server; with --tls-key, gRPC is served over TLS "
         "only", "FILE"))
@@ -145,6 +168,12 @@ class ServerConfig:
             int_problem("port", self.port, 1, MAX_PORT),
             int_problem("metrics_port", self.metrics_port, 0, MAX_PORT, note="0 = disabled"),
             self._metrics_port_clash(),
+            int_problem("http_port", self.http_port, 0, MAX_PORT, note="0 = disabled"),
+            self._http_port_clash(),
+            float_problem("cache_mb", self.cache_mb, 0.0, 1_048_576.0),
+            int_problem("rate_limit", self.rate_limit, 0, note="0 = unlimited"),
+            self._trusted_proxies_problem(),
+            self._api_keys_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
             int_problem("threads", self.threads, 0, 1024, note="0 = the usable cores"),
             int_problem("engines", self.engines, 0, 64, note="0 = auto"),
@@ -162,7 +191,7 @@ class ServerConfig:
             self._queue_fits_a_request(),
             _choice_problem("log_level", self.log_level, LOG_LEVELS, upper=True),
             *(_bool_problem(name, getattr(self, name))
-              for name in ("serve_valid_models", "reflection")),
+              for name in ("serve_valid_models", "reflection", "require_api_key")),
             *self._tls_problems(),
         ]
         return [p for p in found if p is not None]
@@ -181,6 +210,32 @@ class ServerConfig:
             return Problem("metrics_port", f"metrics_port must differ from port ({self.port}), "
                            f"got {self.metrics_port}")
         return None
+
+    def _http_port_clash(self) -> Problem | None:
+        if self.http_port and self.http_port in (self.port, self.metrics_port):
+            return Problem("http_port", f"http_port must differ from port ({self.port}) and "
+                           f"metrics_port ({self.metrics_port}), got {self.http_port}")
+        return None
+
+    def _trusted_proxies_problem(self) -> Problem | None:
+        try:
+            self.trusted_networks()
+        except ValueError as e:
+            return Problem("trusted_proxies", "trusted_proxies must be comma-separated "
+                           f"networks such as 10.0.0.0/8: {e}")
+        return None
+
+    def _api_keys_problem(self) -> Problem | None:
+        if self.api_keys is not None and not Path(self.api_keys).is_file():
+            return Problem("api_keys", f"api_keys must be an existing file, got "
+                           f"{str(self.api_keys)!r}")
+        if self.require_api_key is True and self.api_keys is None:
+            return Problem("require_api_key", "require_api_key needs api_keys (a file of keys)")
+        return None
+
+    def trusted_networks(self) -> tuple[Network, ...]:
+        return tuple(ipaddress.ip_network(spec.strip(), strict=False)
+                     for spec in self.trusted_proxies.split(",") if spec.strip())
 
     def _queue_fits_a_request(self) -> Problem | None:
         # Otherwise a request at the per-request cap could never be queued whole.

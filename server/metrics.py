@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from types import TracebackType
 from typing import Any
@@ -24,8 +24,11 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from seq2serve.server.api.grpc_errors import status_of
+from seq2serve.server.core.cache import CacheStats
 
 NAMESPACE = "seq2serve"
 
@@ -126,6 +129,10 @@ class Metrics:
         """Read the queue depth at scrape time, so the gauge is never stale."""
         self.queue_depth.labels(model).set_function(depth)
 
+    def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
+        """The exact response cache's counters, read at scrape time."""
+        self.registry.register(_CacheCollector(stats))
+
     def track(self, method: str, model: str = "") -> RequestTracker:
         """`with metrics.track("Translate") as t: t.bind(model); ...; t.ok()`: in-flight
         gauge, duration histogram and the request counter with its status code."""
@@ -186,6 +193,23 @@ class MetricsServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+class _CacheCollector(Collector):
+    def __init__(self, stats: Callable[[], CacheStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.stats()
+        for name, help_text, value in (
+                ("hits", "answers served from the exact response cache", s.hits),
+                ("misses", "texts looked up in the cache and not found", s.misses),
+                ("evictions", "entries evicted to stay within --cache-mb", s.evictions)):
+            yield CounterMetricFamily(f"{NAMESPACE}_cache_{name}", help_text, value=value)
+        yield GaugeMetricFamily(f"{NAMESPACE}_cache_bytes", "bytes the response cache holds",
+                                value=s.bytes)
+        yield GaugeMetricFamily(f"{NAMESPACE}_cache_capacity_bytes", "the response cache's "
+                                "budget (--cache-mb)", value=s.capacity_bytes)
 
 
 class RequestTracker:

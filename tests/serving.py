@@ -32,8 +32,8 @@ def serve_env(models_dir: Path, port: int, **settings: object) -> dict[str, str]
     """The environment of a test server: loopback only, CPU, no metrics port unless given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEQ2SERVE_")}
     values: dict[str, object] = dict(models_dir=models_dir, port=port, host="127.0.0.1",
-                                     metrics_port=0, provider="cpu", threads=1,
-                                     drain_delay_s=0)
+                                     metrics_port=0, http_port=0, provider="cpu",
+                                     threads=1, drain_delay_s=0)
     values.update(settings)
     env.update({f"SEQ2SERVE_{k.upper()}": str(v) for k, v in values.items()})
     return env
@@ -134,6 +134,9 @@ class RunningServer:
         self.server: Server = self.call(self._create(config))
         self.call(self.server.start())
         self.target = f"127.0.0.1:{self.server.port}"
+        http = self.server.http
+        self.http_port = http.port if http is not None else None
+        self.http_url = f"http://127.0.0.1:{http.port}" if http is not None else None
 
     @staticmethod
     async def _create(config: ServerConfig) -> Server:
@@ -150,7 +153,7 @@ class RunningServer:
 
 def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
     values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
-                  provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0,
+                  http_port=0, provider="cpu", threads=1, max_queue_delay_ms=20.0, grace_period_s=5.0,
                   drain_delay_s=0.0)
     values.update(overrides)
     return ServerConfig(**values)

@@ -17,6 +17,7 @@ as an error (and counts them in `seq2serve_broken_packages`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -77,6 +78,10 @@ class ModelHandle:
     @property
     def manifest(self) -> Manifest:
         return self.package.manifest
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return self.manifest.digest
 
     @property
     def batches(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
+from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
 from seq2serve.server.core.errors import (
     Cancelled,
@@ -60,6 +61,9 @@ class ResolvedOptions(Protocol):
     @property
     def decoding(self) -> str: ...  # "greedy", "sampling" or "beam"
 
+    @property
+    def seed(self) -> int | None: ...
+
 
 @dataclass(frozen=True)
 class _Job:
@@ -75,33 +79,43 @@ class Translator:
     """Translate, summarize, stream and list models, for any front door."""
 
     def __init__(self, registry: ModelRegistry, *, max_texts_per_request: int,
-                 max_text_chars: int) -> None:
+                 max_text_chars: int, cache: ResponseCache[Translation] | None = None) -> None:
         self.registry = registry
         self.max_texts_per_request = max_texts_per_request
         self.max_text_chars = max_text_chars
+        self.cache: ResponseCache[Translation] = cache or ResponseCache(0)
 
     # -- the calls -----------------------------------------------------------------
 
     async def translate(self, request: TranslateRequest, call: Call) -> TranslateResult:
         job = self._admit("translate", request.model, request.source_language,
                           request.target_language, request.texts, request.options, call)
-        # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
-        # which must keep answering health checks and other calls meanwhile.
-        plans = await _off_loop(lambda: [self._plan(job.handle, t) for t in job.texts])
-        futures = self._queue(job, [p.source_ids for pl in plans for p in pl.pieces], call)
-        results = await _gather(futures, call)
+        # A text's answer depends on nothing but these: a hit is exact, and never queued.
+        keys = [_cache_key(job, text) for text in job.texts]
+        found = [self.cache.get(k) if k is not None else None for k in keys]
+        todo = [i for i, hit in enumerate(found) if hit is None]
+        if todo:
+            # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
+            # which must keep answering health checks and other calls meanwhile.
+            plans = await off_loop(lambda: [self._plan(job.handle, job.texts[i]) for i in todo])
+            futures = self._queue(job, [p.source_ids for pl in plans for p in pl.pieces], call)
+            results = await _gather(futures, call)
 
-        def answer() -> TranslateResult:
-            it = iter(results)
-            return TranslateResult(job.handle.name, tuple(
-                _translation(job, pl, [next(it) for _ in pl.pieces]) for pl in plans))
+            def answer() -> list[Translation]:
+                it = iter(results)
+                return [_translation(job, pl, [next(it) for _ in pl.pieces]) for pl in plans]
 
-        return await _off_loop(answer)
+            for i, translation in zip(todo, await off_loop(answer), strict=True):
+                found[i] = translation
+                key = keys[i]
+                if key is not None:
+                    self.cache.put(key, translation, _size(translation))
+        return TranslateResult(job.handle.name, tuple(t for t in found if t is not None))
 
     async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
         job = self._admit("summarize", request.model, "", "", request.texts, request.options,
                           call)
-        sources, truncated = await _off_loop(
+        sources, truncated = await off_loop(
             lambda: _summary_sources(job.handle, job.texts, request.truncate))
         wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
         futures = self._queue(job, [s for s, w in zip(sources, wanted, strict=True) if w], call)
@@ -116,7 +130,7 @@ class Translator:
                 summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]), cut))
             return SummarizeResult(job.handle.name, tuple(summaries))
 
-        return await _off_loop(answer)
+        return await off_loop(answer)
 
     async def stream(self, request: TranslateRequest,
                      call: Call) -> AsyncGenerator[StreamChunk, None]:
@@ -128,7 +142,7 @@ class Translator:
         if len(job.texts) != 1:
             raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
                                   f"got {len(job.texts)}")
-        planned = await _off_loop(lambda: self._plan(job.handle, job.texts[0]))
+        planned = await off_loop(lambda: self._plan(job.handle, job.texts[0]))
         events = PieceEvents(asyncio.get_running_loop())
         tokens = job.options.decoding != "beam"
         futures = self._queue(job, [p.source_ids for p in planned.pieces], call,
@@ -250,6 +264,21 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
     return sources, truncated
 
 
+def _cache_key(job: _Job, text: str) -> tuple[str, str, str, str] | None:
+    """What a text's answer depends on: the package (its digest covers every file),
+    the task, the text and the resolved options; None when it depends on chance
+    (sampling without a seed)."""
+    if job.options.decoding == "sampling" and job.options.seed is None:
+        return None
+    return (job.handle.digest, "translate", text, repr(job.options))
+
+
+def _size(translation: Translation) -> int:
+    """About what a cached translation holds, in bytes."""
+    return sum(len(h.text.encode()) + 8 * (len(h.token_ids or ()) + len(h.alignment or ()))
+               + 64 for h in translation.hypotheses) + 2 * 64
+
+
 def _translation(job: _Job, planned: Plan, results: Sequence[Result]) -> Translation:
     """`job.count` hypotheses of a planned text, joined from its pieces' results."""
     joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
@@ -280,7 +309,7 @@ _EMPTY = Hypothesis(token_ids=[], score=0.0, finish_reason="eos")
 # -- waiting -----------------------------------------------------------------------
 
 
-async def _off_loop(work: Callable[[], T]) -> T:
+async def off_loop(work: Callable[[], T]) -> T:
     """Run CPU work (segmenting, tokenizing, detokenizing) on the default executor."""
     return await asyncio.get_running_loop().run_in_executor(None, work)
 

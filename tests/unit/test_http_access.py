@@ -10,9 +10,9 @@ from seq2serve.server.api.http.access import (
     Access,
     AccessDenied,
     RateLimited,
-    parse_networks,
     read_api_keys,
 )
+from seq2serve.server.config import ServerConfig
 
 
 def test_keys_file_skips_comments_and_blank_lines(tmp_path: Path) -> None:
@@ -50,7 +50,8 @@ def test_a_key_has_its_own_budget_whatever_the_address() -> None:
 
 
 def test_forwarded_for_is_read_only_behind_a_trusted_proxy() -> None:
-    access = Access(trusted_proxies=parse_networks(["127.0.0.1/32", "10.1.0.0/16"]))
+    networks = ServerConfig(trusted_proxies="127.0.0.1/32, 10.1.0.0/16").trusted_networks()
+    access = Access(trusted_proxies=networks)
     # From a trusted proxy: the nearest hop it did not add.
     assert access.client_address("127.0.0.1", "203.0.113.7, 10.1.2.3") == "203.0.113.7"
     # From anyone else the header is the client's own claim: ignored.

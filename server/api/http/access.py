@@ -20,7 +20,7 @@ from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from seq2serve.server.config import Network
 
 
 class AccessDenied(Exception):
@@ -38,10 +38,6 @@ def read_api_keys(path: Path) -> tuple[str, ...]:
         if key:
             keys.append(key)
     return tuple(keys)
-
-
-def parse_networks(specs: Sequence[str]) -> tuple[Network, ...]:
-    return tuple(ipaddress.ip_network(spec.strip(), strict=False) for spec in specs if spec.strip())
 
 
 @dataclass(frozen=True)

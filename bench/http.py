@@ -1,0 +1,199 @@
+"""seq2serve's HTTP API beside LibreTranslate's, through the same LibreTranslate API.
+
+    python -m seq2serve.bench.http --texts data/messages/en-de/test.src \
+        --concurrency 1,8,32,64 --batch 1,16 --requests 512 --json http.json
+
+Starts both servers on 127.0.0.1 on the same model (the shipped en-de: seq2serve
+serves models/en-de, LibreTranslate an Argos package made from the same
+checkpoint, bench/libretranslate_peer.py), or takes running ones with
+`--seq2serve URL` / `--libretranslate URL`. One closed-loop load generator
+drives both: N clients, each sending its next `POST /translate` (`q` a list of
+`--batch` texts, source en, target de) when the last one is answered. Levels run
+round robin over the systems, `--repeats` times; the table shows medians.
+Every level is bounded: at most `--requests` requests, none sent after
+`--level-seconds`.
+
+Reported per system and level: requests/s, texts/s, p50/p99 latency; and how
+many of the first `--agree` texts both translate identically (alone, `q` one
+text, beam 4 on both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Level:
+    system: str
+    batch: int
+    clients: int
+    requests: int
+    errors: int
+    seconds: float
+    requests_per_s: float
+    texts_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+async def translate(client: httpx.AsyncClient, url: str, texts: Sequence[str]) -> list[str]:
+    response = await client.post(f"{url}/translate", json={
+        "q": list(texts), "source": "en", "target": "de", "format": "text"})
+    response.raise_for_status()
+    translated = response.json()["translatedText"]
+    if not isinstance(translated, list) or len(translated) != len(texts):
+        raise RuntimeError(f"{url} answered {str(translated)[:80]} for {len(texts)} texts")
+    return [str(t) for t in translated]
+
+
+async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, clients: int,
+                      max_requests: int, max_seconds: float) -> Level:
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
+        started = time.perf_counter()
+        deadline = started + max_seconds
+
+        async def one_client(index: int) -> None:
+            nonlocal sent, errors
+            while sent < max_requests and time.perf_counter() < deadline:
+                start = sent * batch
+                sent += 1
+                chunk = [texts[(start + j) % len(texts)] for j in range(batch)]
+                t0 = time.perf_counter()
+                try:
+                    await translate(client, url, chunk)
+                except (httpx.HTTPError, RuntimeError, KeyError, ValueError):
+                    errors += 1
+                    continue
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(one_client(i) for i in range(clients)))
+        seconds = time.perf_counter() - started
+    done = len(latencies)
+    lat = np.array(latencies or [float("nan")]) * 1000
+    return Level(system=system, batch=batch, clients=clients, requests=done, errors=errors,
+                 seconds=round(seconds, 3), requests_per_s=round(done / seconds, 2),
+                 texts_per_s=round(done * batch / seconds, 2),
+                 p50_ms=round(float(np.percentile(lat, 50)), 1),
+                 p99_ms=round(float(np.percentile(lat, 99)), 1))
+
+
+async def agreement(urls: dict[str, str], texts: Sequence[str]) -> tuple[int, int]:
+    """How many texts every system translates identically, each text alone."""
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        answers = {name: [(await translate(client, url, [t]))[0] for t in texts]
+                   for name, url in urls.items()}
+    columns = list(answers.values())
+    same = sum(len({column[i] for column in columns}) == 1 for i in range(len(texts)))
+    return same, len(texts)
+
+
+def medians(levels: Sequence[Level]) -> list[Level]:
+    groups: dict[tuple[str, int, int], list[Level]] = {}
+    for level in levels:
+        groups.setdefault((level.system, level.batch, level.clients), []).append(level)
+    out = []
+    for runs in groups.values():
+        med = {name: statistics.median(getattr(r, name) for r in runs)
+               for name in ("requests", "errors", "seconds", "requests_per_s", "texts_per_s",
+                            "p50_ms", "p99_ms")}
+        out.append(Level(system=runs[0].system, batch=runs[0].batch, clients=runs[0].clients,
+                         requests=int(med["requests"]), errors=int(med["errors"]),
+                         seconds=med["seconds"], requests_per_s=med["requests_per_s"],
+                         texts_per_s=med["texts_per_s"], p50_ms=med["p50_ms"],
+                         p99_ms=med["p99_ms"]))
+    return out
+
+
+def table(levels: Sequence[Level], reference: str = "seq2serve") -> str:
+    rows = ["| q | clients | system | requests/s | texts/s | p50 ms | p99 ms | errors | "
+            f"texts/s vs others |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    by_level: dict[tuple[int, int], dict[str, Level]] = {}
+    for level in levels:
+        by_level.setdefault((level.batch, level.clients), {})[level.system] = level
+    for (batch, clients), systems in sorted(by_level.items()):
+        ours = systems.get(reference)
+        for name, level in sorted(systems.items()):
+            ratio = ""
+            if ours is not None and name != reference and level.texts_per_s > 0:
+                ratio = f"{reference} {ours.texts_per_s / level.texts_per_s:.2f}x"
+            rows.append(f"| {batch} | {clients} | {name} | {level.requests_per_s:.1f} | "
+                        f"{level.texts_per_s:.1f} | {level.p50_ms:.0f} | {level.p99_ms:.0f} | "
+                        f"{level.errors} | {ratio} |")
+    return "\n".join(rows)
+
+
+async def run(urls: dict[str, str], texts: Sequence[str], batches: Sequence[int],
+              concurrency: Sequence[int], repeats: int, max_requests: int,
+              max_seconds: float) -> list[Level]:
+    levels = []
+    names = list(urls)
+    for repeat in range(repeats):
+        for batch in batches:
+            for clients in concurrency:
+                order = names if repeat % 2 == 0 else names[::-1]  # round robin
+                for name in order:
+                    level = await closed_loop(name, urls[name], texts, batch, clients,
+                                              max_requests, max_seconds)
+                    print(f"  {asdict(level)}", file=sys.stderr, flush=True)
+                    levels.append(level)
+    return levels
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.http",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--texts", type=Path, required=True, help="English sentences, one a line")
+    parser.add_argument("--seq2serve", help="a running seq2serve HTTP API (else one is started)")
+    parser.add_argument("--libretranslate", help="a running LibreTranslate (else one is started)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("models/checkpoints/en-de"),
+                        help="LibreTranslate's model is made from this checkpoint")
+    parser.add_argument("--models-dir", type=Path, default=None,
+                        help="seq2serve's packages (default: the shipped models/)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/seq2serve-bench-http"))
+    parser.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64])
+    parser.add_argument("--batch", type=_ints, default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--level-seconds", type=float, default=20.0)
+    parser.add_argument("--agree", type=int, default=100)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    texts = [line.strip() for line in args.texts.read_text().splitlines() if line.strip()]
+    from seq2serve.bench.peers import http_peers
+
+    with http_peers(args.seq2serve, args.libretranslate, args.checkpoint, args.models_dir,
+                    args.work) as urls:
+        same, total = asyncio.run(agreement(urls, texts[: args.agree]))
+        levels = asyncio.run(run(urls, texts, args.batch, args.concurrency, args.repeats,
+                                 args.requests, args.level_seconds))
+    result = medians(levels)
+    print(table(result))
+    print(f"\nidentical translations, each text alone: {same} of {total}")
+    if args.json:
+        args.json.write_text(json.dumps({"levels": [asdict(x) for x in levels],
+                                         "agreement": [same, total]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The HTTP app: routes, error bodies, CORS, limits, metrics, the page.
+
+FastAPI (on Starlette) because it is the Python ecosystem's convention for an
+ASGI API with an OpenAPI description and interactive docs; uvicorn serves it
+inside the gRPC server's event loop (server.py), so both front doors share one
+process, one application core, one metrics registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+from prometheus_client import Counter, Histogram
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from seq2serve.server.api.http.access import Access, AccessDenied, RateLimited
+from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
+from seq2serve.server.api.http.proto_json import ProtoJsonApi
+from seq2serve.server.api.proto_api import ProtoApi
+from seq2serve.server.core.errors import ErrorKind, ServiceError
+from seq2serve.server.core.translator import Translator
+from seq2serve.server.engine.options import InvalidOptions
+from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
+
+log = logging.getLogger("seq2serve.server.http")
+STATIC = Path(__file__).resolve().parent / "static"
+
+# The one table from the core's error kinds to HTTP status codes.
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.RESOURCE_EXHAUSTED: 429,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.DEADLINE_EXCEEDED: 504,
+    ErrorKind.CANCELLED: 499,
+}
+# Every asset comes from this server; no inline script or style.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+# The interactive docs page loads its script and style from a CDN; it gets its own policy.
+DOCS_PATHS = ("/docs", "/redoc")
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    libre: LibreSettings
+    max_body_bytes: int
+    cors_origins: tuple[str, ...]
+
+
+class HttpMetrics:
+    def __init__(self, metrics: Metrics) -> None:
+        r = metrics.registry
+        self.requests = Counter(f"{NAMESPACE}_http_requests", "HTTP requests answered, by "
+                                "route and status code", ["route", "status"], registry=r)
+        self.duration = Histogram(f"{NAMESPACE}_http_request_duration_seconds",
+                                  "HTTP request duration from arrival to answer", ["route"],
+                                  buckets=REQUEST_BUCKETS, registry=r)
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    """LibreTranslate's error body: {"error": message}, with the kind's status."""
+    if isinstance(error, ServiceError):
+        return JSONResponse({"error": error.message}, status_code=HTTP_STATUS[error.kind])
+    if isinstance(error, InvalidOptions):
+        return JSONResponse({"error": str(error)}, status_code=400)
+    if isinstance(error, AccessDenied):
+        return JSONResponse({"error": str(error)}, status_code=403)
+    if isinstance(error, RateLimited):
+        return JSONResponse({"error": str(error)}, status_code=429)
+    log.error("unhandled error in an HTTP request", exc_info=error)
+    return JSONResponse({"error": "internal error (logged on the server)"}, status_code=500)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
+              metrics: Metrics, serving: Callable[[], bool], access: Access) -> FastAPI:
+    """The whole HTTP front door; `serving()` is the health state the gRPC health
+    service reports (False while loading and draining)."""
+    app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
+                  "API and the seq2serve.v1 .proto as JSON", version="1")
+    observed = HttpMetrics(metrics)
+    libre = LibreTranslateApi(translator, access, settings.libre)
+    proto = ProtoJsonApi(proto_api, access)
+
+    def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
+              doc: str = "") -> None:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                response = await handler(request)
+            except Exception as error:  # noqa: BLE001 - every error becomes a status + body
+                response = error_response(error)
+            observed.requests.labels(path, str(response.status_code)).inc()
+            observed.duration.labels(path).observe(time.perf_counter() - started)
+            return response
+
+        endpoint.__doc__ = doc or handler.__doc__
+        app.add_api_route(path, endpoint, methods=methods, name=name or handler.__name__,
+                          response_class=JSONResponse, summary=doc or None)
+
+    async def health(request: Request) -> Response:
+        if serving():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    route("/translate", libre.translate, ["POST"], doc="Translate text (LibreTranslate)")
+    route("/languages", libre.languages, ["GET"], doc="Supported languages (LibreTranslate)")
+    route("/detect", libre.detect, ["POST"], doc="Detect the language of a text (LibreTranslate)")
+    route("/translate_file", libre.translate_file, ["POST"], doc="Translate a .txt or .html file")
+    route("/download_file/{filename}", libre.download_file, ["GET"], name="download_file",
+          doc="Download a translated file")
+    route("/frontend/settings", libre.frontend_settings, ["GET"], doc="Page settings")
+    route("/suggest", libre.suggest, ["POST"], doc="Suggestions (disabled)")
+    route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
+    route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
+    proto.register(route)
+    app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Handler) -> Response:
+        response = await call_next(request)
+        if not request.url.path.startswith(DOCS_PATHS):
+            response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        return response
+
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                       allow_methods=["GET", "POST"],
+                       allow_headers=["Authorization", "Content-Type"],
+                       expose_headers=["Authorization"], max_age=60 * 60 * 24 * 20)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

@@ -1,0 +1,329 @@
+"""LibreTranslate's HTTP API over the application core, so that the tools that
+speak it (Weblate, Mastodon, Discourse, browser extensions, libretranslatepy)
+work unchanged: /translate, /languages, /detect, /translate_file,
+/download_file, /frontend/settings, /suggest, plus /summarize in the same style.
+
+A list `q` is one core request: its texts batch with every other request's
+(LibreTranslate translates them one at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from seq2serve.server.api.http.access import Access
+from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
+from seq2serve.server.core.detect import Detector, language_name
+from seq2serve.server.core.errors import InvalidArgument, NotFound
+from seq2serve.server.core.markup import extract
+from seq2serve.server.core.translator import (
+    Call,
+    ModelInfo,
+    SummarizeRequest,
+    TranslateRequest,
+    Translator,
+)
+from seq2serve.server.engine.options import DecodingOptions
+
+FILE_FORMATS = (".txt", ".html", ".htm")
+# Translated files wait for their download this long, at most this many.
+FILE_TTL_S = 600.0
+MAX_STORED_FILES = 64
+
+
+@dataclass(frozen=True)
+class LibreSettings:
+    char_limit: int  # per text, as LibreTranslate's --char-limit
+    batch_limit: int  # texts per request
+    alternatives_limit: int  # the widest n-best beyond the best
+    frontend_timeout_ms: int = 500
+    suggestions: bool = False
+
+
+@dataclass(frozen=True)
+class Pair:
+    model: str
+    source: str
+    target: str
+
+
+class LibreTranslateApi:
+    def __init__(self, translator: Translator, access: Access, settings: LibreSettings) -> None:
+        self.translator = translator
+        self.access = access
+        self.settings = settings
+        self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        self._detector: Detector | None = None
+
+    # -- languages -------------------------------------------------------------------
+
+    def _models(self) -> list[ModelInfo]:
+        return [m for m in self.translator.list_models() if m.task == "translate"]
+
+    def pairs(self) -> dict[tuple[str, str], Pair]:
+        return {(m.source_language, m.target_language):
+                Pair(m.name, m.source_language, m.target_language) for m in self._models()}
+
+    def detector(self) -> Detector:
+        if self._detector is None:
+            # Every served language, so that a text in a language that is only a
+            # target is named as such ("fr is not supported"), not mistaken for another.
+            self._detector = Detector(sorted({code for pair in self.pairs() for code in pair}))
+        return self._detector
+
+    async def languages(self, request: Request) -> Response:
+        pairs = self.pairs()
+        codes = sorted({code for pair in pairs for code in pair})
+        return JSONResponse([
+            {"code": code, "name": language_name(code),
+             "targets": sorted(t for s, t in pairs if s == code)} for code in codes])
+
+    async def frontend_settings(self, request: Request) -> Response:
+        pairs = self.pairs()
+        target = sorted(t for _, t in pairs)[0] if pairs else "en"
+        return JSONResponse({
+            "charLimit": self.settings.char_limit,
+            "frontendTimeout": self.settings.frontend_timeout_ms,
+            "apiKeys": self.access.uses_keys,
+            "keyRequired": self.access.require_key,
+            "suggestions": self.settings.suggestions,
+            "filesTranslation": True,
+            "supportedFilesFormat": list(FILE_FORMATS),
+            "language": {"source": {"code": "auto", "name": "Auto Detect"},
+                         "target": {"code": target, "name": language_name(target)}},
+        })
+
+    # -- translate -------------------------------------------------------------------
+
+    async def translate(self, request: Request) -> Response:
+        fields = await read_fields(request)
+        texts, as_list = fields.texts("q")
+        self._admit(request, fields, cost=len(texts))
+        source = _required(fields, "source")
+        target = _required(fields, "target")
+        text_format = fields.text("format") or "text"
+        if text_format not in ("text", "html"):
+            raise invalid(f"{text_format[:64]} format is not supported")
+        alternatives = fields.integer("alternatives", 0)
+        if not 0 <= alternatives <= self.settings.alternatives_limit:
+            raise invalid(f"Invalid request: alternatives parameter must be between 0 and "
+                          f"{self.settings.alternatives_limit}, got {alternatives}")
+        self._check_sizes(texts)
+        detected = await self._sources(texts, source)
+        translated = await self._translate_all(texts, [d[0] for d in detected], target,
+                                               text_format, alternatives)
+        best = [options[0] for options in translated]
+        body: dict[str, object] = {"translatedText": best if as_list else best[0]}
+        if alternatives > 0:
+            alts = [_unique(options[1:], options[0]) for options in translated]
+            body["alternatives"] = alts if as_list else alts[0]
+        if source == "auto":
+            found = [{"confidence": confidence, "language": language}
+                     for language, confidence in detected]
+            body["detectedLanguage"] = found if as_list else found[0]
+        return JSONResponse(body)
+
+    def _check_sizes(self, texts: Sequence[str]) -> None:
+        if len(texts) > self.settings.batch_limit:
+            raise invalid(f"Invalid request: request ({len(texts)}) exceeds text limit "
+                          f"({self.settings.batch_limit})")
+        for text in texts:
+            if len(text) > self.settings.char_limit:
+                raise invalid(f"Invalid request: request ({len(text)}) exceeds character "
+                              f"limit ({self.settings.char_limit})")
+
+    async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
+        """Each text's source language and the confidence in it (100 when given)."""
+        sources = {s for s, _ in self.pairs()}
+        if source != "auto":
+            if source not in sources:
+                raise invalid(f"{source[:16]} is not supported")
+            return [(source, 100.0)] * len(texts)
+        detector = self.detector()
+        found = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: [detector.detect(text) for text in texts])
+        default = sorted(sources)[0] if sources else "en"
+        return [(d[0].language, float(d[0].confidence)) if d else (default, 0.0)
+                for d in found]
+
+    def _pair(self, source: str, target: str) -> Pair:
+        pairs = self.pairs()
+        if (source, target) in pairs:
+            return pairs[(source, target)]
+        if target not in {t for _, t in pairs}:
+            raise invalid(f"{target[:16]} is not supported")
+        raise invalid(f"{language_name(target)} ({target}) is not available as a target "
+                      f"language from {language_name(source)} ({source[:16]})")
+
+    async def _translate_all(self, texts: Sequence[str], sources: Sequence[str], target: str,
+                             text_format: str, alternatives: int) -> list[list[str]]:
+        """Every text's best translation and alternatives; one core request per source
+        language (one in all unless `auto` found several)."""
+        out: list[list[str]] = [[] for _ in texts]
+        groups: dict[str, list[int]] = {}
+        for i, source in enumerate(sources):
+            groups.setdefault(source, []).append(i)
+        jobs = []
+        for source, members in groups.items():
+            pair = self._pair(source, target)
+            jobs.append(self._translate_group(pair, [texts[i] for i in members], text_format,
+                                              alternatives))
+        for members, results in zip(groups.values(), await asyncio.gather(*jobs), strict=True):
+            for i, result in zip(members, results, strict=True):
+                out[i] = result
+        return out
+
+    async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
+                               alternatives: int) -> list[list[str]]:
+        options = self._options(pair.model, alternatives)
+        if text_format == "text":
+            result = await self.translator.translate(
+                TranslateRequest(texts=tuple(texts), model=pair.model, options=options), Call())
+            return [[h.text for h in t.hypotheses] for t in result.translations]
+        # HTML: only the text runs go to the model, all documents' runs in one request.
+        documents = [extract(text) for text in texts]
+        runs = [run for document in documents for run in document.texts]
+        translated: list[str] = []
+        if runs:
+            result = await self.translator.translate(
+                TranslateRequest(texts=tuple(runs), model=pair.model,
+                                 options=self._options(pair.model, 0)), Call())
+            translated = [t.hypotheses[0].text for t in result.translations]
+        rendered, start = [], 0
+        for document in documents:
+            end = start + len(document.texts)
+            rendered.append([document.render(translated[start:end])])
+            start = end
+        return rendered  # no alternatives for HTML, as LibreTranslate
+
+    def _options(self, model: str, alternatives: int) -> DecodingOptions:
+        if alternatives == 0:
+            return DecodingOptions()
+        beam = next((b for m in self._models() if m.name == model
+                     and isinstance(b := m.defaults.get("beam_size"), int)), 1)
+        return DecodingOptions(beam_size=max(beam, alternatives + 1),
+                               num_hypotheses=alternatives + 1)
+
+    # -- summarize, detect -----------------------------------------------------------
+
+    async def summarize(self, request: Request) -> Response:
+        fields = await read_fields(request)
+        texts, as_list = fields.texts("q")
+        self._admit(request, fields, cost=len(texts))
+        self._check_sizes(texts)
+        model = fields.text("model") or ""
+        try:
+            result = await self.translator.summarize(
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=True), Call())
+        except NotFound as error:
+            raise InvalidArgument(str(error)) from None
+        summaries = [s.hypotheses[0].text for s in result.summaries]
+        return JSONResponse({"summary": summaries if as_list else summaries[0]})
+
+    async def detect(self, request: Request) -> Response:
+        fields = await read_fields(request)
+        texts, _ = fields.texts("q")
+        self._admit(request, fields, cost=1)
+        self._check_sizes(texts[:1])
+        detector = self.detector()
+        found = await asyncio.get_running_loop().run_in_executor(
+            None, detector.detect, texts[0])
+        if not found:  # nothing to go by (digits, symbols): as LibreTranslate answers
+            sources = sorted({s for s, _ in self.pairs()})
+            return JSONResponse([{"confidence": 0.0, "language": sources[0] if sources
+                                  else "en"}])
+        return JSONResponse([{"confidence": float(d.confidence), "language": d.language}
+                             for d in found])
+
+    async def suggest(self, request: Request) -> Response:
+        return JSONResponse({"error": "Suggestions are disabled on this server."},
+                            status_code=403)
+
+    # -- files -----------------------------------------------------------------------
+
+    async def translate_file(self, request: Request) -> Response:
+        fields = await read_fields(request)
+        self._admit(request, fields, cost=1)
+        upload = fields.files.get("file")
+        if upload is None:
+            raise missing("file")
+        source = _required(fields, "source")
+        target = _required(fields, "target")
+        name = PurePath(upload.filename or "file.txt").name
+        suffix = PurePath(name).suffix.lower()
+        if suffix not in FILE_FORMATS:
+            raise invalid("Invalid request: file format not supported")
+        raw = await upload.read()
+        if not raw:
+            raise invalid("Invalid request: empty file")
+        try:
+            content = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid("Invalid request: the file is not UTF-8 text") from None
+        if suffix == ".txt":
+            lines = content.split("\n")
+            wanted = [i for i, line in enumerate(lines) if line.strip()]
+            self._check_sizes([lines[i] for i in wanted][:1])
+            [language] = [s for s, _ in await self._sources([content[:2000]], source)]
+            done = await self._translate_all([lines[i] for i in wanted],
+                                             [language] * len(wanted), target, "text", 0)
+            for i, translated in zip(wanted, done, strict=True):
+                lines[i] = translated[0]
+            output = "\n".join(lines)
+        else:
+            [language] = [s for s, _ in await self._sources([content[:2000]], source)]
+            [[output]] = await self._translate_all([content], [language], target, "html", 0)
+        key = f"{uuid.uuid4().hex}.{name}"
+        self._store(key, output.encode("utf-8"))
+        url = str(request.url_for("download_file", filename=key))
+        return JSONResponse({"translatedFileUrl": url})
+
+    def _store(self, key: str, data: bytes) -> None:
+        now = asyncio.get_running_loop().time()
+        while self._files and (len(self._files) >= MAX_STORED_FILES or
+                               next(iter(self._files.values()))[0] < now - FILE_TTL_S):
+            self._files.popitem(last=False)
+        self._files[key] = (now, key.split(".", 1)[1], data)
+
+    async def download_file(self, request: Request) -> Response:
+        key = request.path_params["filename"]
+        stored = self._files.get(key)
+        if stored is None:
+            raise invalid("Invalid filename")
+        _, name, data = stored
+        kind = "text/html" if name.lower().endswith((".html", ".htm")) else "text/plain"
+        return Response(data, media_type=f"{kind}; charset=utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    # -- access ----------------------------------------------------------------------
+
+    def _admit(self, request: Request, fields: Fields, cost: int) -> None:
+        key = fields.text("api_key") or request.headers.get("authorization", "").removeprefix(
+            "Bearer ").strip() or None
+        peer = request.client.host if request.client is not None else ""
+        self.access.admit(peer, request.headers.get("x-forwarded-for"), key, cost)
+
+
+def _required(fields: Fields, name: str) -> str:
+    value = fields.text(name)
+    if not value:
+        raise missing(name)
+    return value
+
+
+def _unique(alternatives: Sequence[str], best: str) -> list[str]:
+    seen = {best}
+    out = []
+    for text in alternatives:
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out

@@ -1,0 +1,62 @@
+"""The .proto's operations on its own messages, for every front door that speaks
+them: gRPC (grpc_service.py) and the .proto's JSON over HTTP (http/proto_json.py).
+Each converts the request (convert.py), calls the application core and converts
+its answer; the message-size limit is applied to every answer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Protocol, TypeVar
+
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server.api import convert
+from seq2serve.server.core.errors import ResourceExhausted
+from seq2serve.server.core.requests import Call
+from seq2serve.server.core.translator import Translator, off_loop
+
+
+class _Message(Protocol):
+    def ByteSize(self) -> int: ...  # protobuf's name
+
+
+M = TypeVar("M", bound=_Message)
+
+
+class ProtoApi:
+    def __init__(self, translator: Translator, max_message_bytes: int) -> None:
+        self.translator = translator
+        self.max_message_bytes = max_message_bytes
+
+    async def translate(self, request: pb.TranslateRequest, call: Call) -> pb.TranslateResponse:
+        result = await self.translator.translate(convert.translate_request_from_pb(request), call)
+        return await off_loop(lambda: self.within_limit(
+            convert.translate_response_to_pb(result, request.options)))
+
+    async def summarize(self, request: pb.SummarizeRequest, call: Call) -> pb.SummarizeResponse:
+        result = await self.translator.summarize(convert.summarize_request_from_pb(request), call)
+        return await off_loop(lambda: self.within_limit(
+            convert.summarize_response_to_pb(result, request.options)))
+
+    async def stream(self, request: pb.TranslateRequest,
+                     call: Call) -> AsyncGenerator[pb.TranslateChunk, None]:
+        chunks = self.translator.stream(convert.translate_request_from_pb(request), call)
+        # Closed as soon as the caller stops (a chunk too big, the client gone), so
+        # that the request's pieces leave their batches at once.
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield self.within_limit(convert.chunk_to_pb(chunk, request.options))
+
+    def list_models(self) -> pb.ListModelsResponse:
+        return convert.list_models_to_pb(self.translator.list_models())
+
+    def within_limit(self, message: M) -> M:
+        """Refuse an answer gRPC would refuse to send, with a message saying why."""
+        size = message.ByteSize()
+        limit = self.max_message_bytes
+        if size > limit:
+            raise ResourceExhausted(
+                f"the answer would be {size} bytes, above this server's limit of {limit} "
+                "(--max-message-bytes): send fewer or shorter texts, or ask for fewer "
+                "hypotheses, token ids or alignments")
+        return message
