@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import socket
 import ssl
 from pathlib import Path
@@ -78,6 +79,6 @@ class HttpListener:
             return
         self.server.should_exit = True
         await self._task
-        self.config.timeout_graceful_shutdown = grace  # read by shutdown()
+        self.config.timeout_graceful_shutdown = math.ceil(grace)  # read by shutdown()
         await self.server.shutdown(sockets=[self.socket])
         self._task = None
