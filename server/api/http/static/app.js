@@ -1,0 +1,651 @@
+/*
+ * seq2serve's translation page: plain JavaScript, no framework, no build step.
+ * Everything it loads comes from this server (/static/...) and nothing is inline,
+ * so the server's Content-Security-Policy (default-src 'self') holds.
+ *
+ * It speaks the server's LibreTranslate API: GET /frontend/settings, GET /languages,
+ * POST /translate, /translate_file and /summarize. Every failure is shown in words
+ * in #error (the server's {"error": ...} message, or the HTTP status, or a network
+ * failure); nothing fails silently.
+ *
+ * Element ids (stable: tests/e2e/test_http_page.py drives the page by them):
+ *   #error             role="alert": the last error in words; empty while all is well
+ *   #translate-tab, #files-tab, #summarize-tab   the tabs (role="tab")
+ *   #translate-panel, #files-panel, #summarize-panel   their panels
+ *   #key-row, #api-key, #api-key-save   the API key form, shown when the server uses
+ *                      keys; the key is kept in localStorage
+ *   #source-lang       source language <select>; "auto" is Auto Detect
+ *   #target-lang       target language <select>; its options follow #source-lang
+ *   #swap              swaps the languages (and the texts); disabled, with the reason
+ *                      in #swap-note, when no model translates from the target
+ *   #source-text       text to translate; translated as you type, debounced by the
+ *                      server's frontendTimeout (Ctrl+Enter translates at once)
+ *   #char-count        "<characters> / <charLimit>"; class "over" past the limit
+ *   #clear             empties #source-text
+ *   #target-text       the translation (read-only <textarea>)
+ *   #detected          "Detected: <language> (<confidence>%)" when the source is auto
+ *   #busy              "Translating…" while a request is in flight
+ *   #copy, #copy-status   copies #target-text to the clipboard; "Copied" after
+ *   #alternatives-box, #alternatives   the other translations (buttons: a click
+ *                      makes one the translation)
+ *   #file-form, #file-input, #file-translate, #file-busy   the file tab (.txt, .html)
+ *   #file-result, #file-download   the translated file's download link
+ *   #summarize-text, #summarize-count, #summarize-run, #summary-text, #summarize-busy
+ *                      the summarize tab (English text)
+ */
+"use strict";
+
+(function () {
+  /** How many translations beyond the best to ask for (lowered if the server's cap is lower). */
+  const WANTED_ALTERNATIVES = 2;
+  /** Used until /frontend/settings answers (and if it has no value for a field). */
+  const DEFAULT_SETTINGS = {
+    charLimit: 5000,
+    frontendTimeout: 500,
+    apiKeys: false,
+    keyRequired: false,
+    filesTranslation: true,
+    supportedFilesFormat: [".txt", ".html"],
+    language: {
+      source: { code: "auto", name: "Auto Detect" },
+      target: { code: "", name: "" },
+    },
+  };
+  const KEY_STORAGE = "seq2serve.apiKey";
+
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    error: $("error"),
+    keyRow: $("key-row"),
+    apiKey: $("api-key"),
+    keyNote: $("key-note"),
+    langBar: $("lang-bar"),
+    sourceLang: $("source-lang"),
+    targetLang: $("target-lang"),
+    swap: $("swap"),
+    swapNote: $("swap-note"),
+    sourceText: $("source-text"),
+    charCount: $("char-count"),
+    clear: $("clear"),
+    targetText: $("target-text"),
+    detected: $("detected"),
+    busy: $("busy"),
+    copy: $("copy"),
+    copyStatus: $("copy-status"),
+    alternativesBox: $("alternatives-box"),
+    alternatives: $("alternatives"),
+    fileForm: $("file-form"),
+    fileInput: $("file-input"),
+    fileFormats: $("file-formats"),
+    fileTranslate: $("file-translate"),
+    fileBusy: $("file-busy"),
+    fileResult: $("file-result"),
+    fileDownload: $("file-download"),
+    summarizeText: $("summarize-text"),
+    summarizeCount: $("summarize-count"),
+    summarizeRun: $("summarize-run"),
+    summaryText: $("summary-text"),
+    summarizeBusy: $("summarize-busy"),
+    tabs: Array.from(document.querySelectorAll('[role="tab"]')),
+  };
+
+  const state = {
+    settings: DEFAULT_SETTINGS,
+    /** code -> {code, name, targets} from /languages */
+    languages: new Map(),
+    /** The language /translate detected for the current text when the source is auto. */
+    detected: "",
+    alternatives: WANTED_ALTERNATIVES,
+    timer: 0,
+    /** The AbortController of the translation in flight; a newer request aborts it. */
+    inFlight: null,
+    /** Counts translation requests: only the newest one's answer is shown. */
+    sequence: 0,
+    ready: false,
+    /** The API key the page last sent with. */
+    key: "",
+  };
+
+  // -- talking to the server ---------------------------------------------------------
+
+  /** An error whose message is fit to show as it is. */
+  class ApiError extends Error {
+    constructor(message, status) {
+      super(message);
+      this.name = "ApiError";
+      this.status = status;
+    }
+  }
+
+  const NETWORK_MESSAGE =
+    "Could not reach the server (network error). Check the connection and try again.";
+
+  /** The JSON body of a successful answer; ApiError with the server's words otherwise. */
+  async function api(path, options) {
+    let response;
+    let text;
+    try {
+      response = await fetch(path, Object.assign({ credentials: "same-origin" }, options));
+      text = await response.text();
+    } catch (error) {
+      if (error && error.name === "AbortError") throw error;
+      throw new ApiError(NETWORK_MESSAGE, 0);
+    }
+    let body = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch (_) {
+      body = null;
+    }
+    if (!response.ok) {
+      const said = body && typeof body.error === "string" && body.error
+        ? body.error
+        : `the server answered ${response.status} ${response.statusText}`.trim();
+      throw new ApiError(`${said} (HTTP ${response.status})`, response.status);
+    }
+    if (body === null || typeof body !== "object") {
+      throw new ApiError(`The server's answer to ${path} is not JSON (HTTP ${response.status}).`,
+        response.status);
+    }
+    return body;
+  }
+
+  function apiKey() {
+    return el.apiKey.value.trim();
+  }
+
+  function postJson(path, data, signal) {
+    const payload = Object.assign({}, data);
+    if (apiKey()) payload.api_key = apiKey();
+    return api(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(payload),
+      signal,
+    });
+  }
+
+  // -- errors ------------------------------------------------------------------------
+
+  function showError(context, error) {
+    const message = error instanceof Error ? error.message : String(error);
+    el.error.textContent = `${context}: ${message}`;
+  }
+
+  function clearError() {
+    el.error.textContent = "";
+  }
+
+  // -- languages ---------------------------------------------------------------------
+
+  function languageName(code) {
+    if (code === "auto") return state.settings.language.source.name || "Auto Detect";
+    const language = state.languages.get(code);
+    return language ? language.name : code;
+  }
+
+  function byName(a, b) {
+    return languageName(a).localeCompare(languageName(b));
+  }
+
+  /** Languages some model translates from. */
+  function sourceCodes() {
+    return Array.from(state.languages.values())
+      .filter((language) => language.targets.length > 0)
+      .map((language) => language.code)
+      .sort(byName);
+  }
+
+  /** The targets of a source; for auto, every target of every source. */
+  function targetsOf(source) {
+    if (source === "auto") {
+      const all = new Set();
+      for (const language of state.languages.values()) {
+        for (const target of language.targets) all.add(target);
+      }
+      return Array.from(all).sort(byName);
+    }
+    const language = state.languages.get(source);
+    return language ? language.targets.slice().sort(byName) : [];
+  }
+
+  function fillSelect(select, codes, wanted) {
+    select.replaceChildren(...codes.map((code) => new Option(languageName(code), code)));
+    select.value = codes.includes(wanted) ? wanted : (codes[0] || "");
+  }
+
+  function fillSources(wanted) {
+    fillSelect(el.sourceLang, ["auto", ...sourceCodes()], wanted);
+  }
+
+  /** The target options follow the source; the chosen target stays when it can. */
+  function fillTargets(wanted) {
+    const targets = targetsOf(el.sourceLang.value);
+    const keep = targets.includes(wanted) ? wanted : state.settings.language.target.code;
+    fillSelect(el.targetLang, targets, keep);
+    el.targetLang.disabled = targets.length === 0;
+    updateSwap();
+  }
+
+  /** The source swap would make: the chosen one, or the detected one under auto. */
+  function effectiveSource() {
+    const source = el.sourceLang.value;
+    return source === "auto" ? state.detected : source;
+  }
+
+  function updateSwap() {
+    const target = el.targetLang.value;
+    const canSwap = Boolean(target) && targetsOf(target).length > 0;
+    el.swap.disabled = !canSwap || !state.ready;
+    el.swapNote.textContent = target && !canSwap
+      ? `Swap is off: no model on this server translates from ${languageName(target)}.`
+      : "";
+  }
+
+  function swap() {
+    const oldTarget = el.targetLang.value;
+    const oldSource = effectiveSource();
+    if (!oldTarget || targetsOf(oldTarget).length === 0) return;
+    const translation = el.targetText.value;
+    fillSources(oldTarget);
+    fillTargets(oldSource);
+    if (translation) {
+      el.sourceText.value = translation;
+      updateCount();
+    }
+    state.detected = "";
+    translateNow();
+  }
+
+  // -- translating -------------------------------------------------------------------
+
+  /** Characters as the server counts them (code points, not UTF-16 units). */
+  function length(text) {
+    return Array.from(text).length;
+  }
+
+  function showCount(textarea, counter) {
+    const n = length(textarea.value);
+    const limit = state.settings.charLimit;
+    const over = n > limit;
+    counter.textContent = over
+      ? `${n} / ${limit} characters: over the limit`
+      : `${n} / ${limit} characters`;
+    counter.classList.toggle("over", over);
+    textarea.setAttribute("aria-invalid", over ? "true" : "false");
+  }
+
+  function updateCount() {
+    showCount(el.sourceText, el.charCount);
+  }
+
+  function clearOutput() {
+    el.targetText.value = "";
+    el.alternatives.replaceChildren();
+    el.alternativesBox.hidden = true;
+    el.detected.textContent = "";
+    el.copy.disabled = true;
+    el.copyStatus.textContent = "";
+  }
+
+  function setBusy(busy) {
+    el.busy.textContent = busy ? "Translating…" : "";
+    el.targetText.setAttribute("aria-busy", busy ? "true" : "false");
+  }
+
+  function scheduleTranslate() {
+    clearTimeout(state.timer);
+    state.timer = setTimeout(translateNow, Math.max(0, state.settings.frontendTimeout));
+  }
+
+  /** The server's cap on alternatives, when its answer names one ("between 0 and N"). */
+  function alternativesCap(error) {
+    if (!(error instanceof ApiError) || error.status !== 400) return null;
+    const match = /alternatives parameter must be between 0 and (\d+)/.exec(error.message);
+    return match ? Number(match[1]) : null;
+  }
+
+  async function translateNow() {
+    clearTimeout(state.timer);
+    if (state.inFlight) state.inFlight.abort();
+    state.inFlight = null;
+    const sequence = ++state.sequence;
+    const text = el.sourceText.value;
+    if (!state.ready) return;
+    if (!text.trim()) {
+      clearOutput();
+      clearError();
+      setBusy(false);
+      return;
+    }
+    const controller = new AbortController();
+    state.inFlight = controller;
+    setBusy(true);
+    const request = {
+      q: text,
+      source: el.sourceLang.value,
+      target: el.targetLang.value,
+      format: "text",
+      alternatives: state.alternatives,
+    };
+    try {
+      const body = await postJson("/translate", request, controller.signal);
+      if (sequence !== state.sequence) return;
+      showTranslation(body);
+      clearError();
+    } catch (error) {
+      if ((error && error.name === "AbortError") || sequence !== state.sequence) return;
+      const cap = alternativesCap(error);
+      if (cap !== null && cap < state.alternatives) {
+        state.alternatives = cap; // this server allows fewer: ask again within its cap
+        state.inFlight = null;
+        translateNow();
+        return;
+      }
+      clearOutput();
+      showError("Translation failed", error);
+    } finally {
+      if (sequence === state.sequence) {
+        state.inFlight = null;
+        setBusy(false);
+      }
+    }
+  }
+
+  function showTranslation(body) {
+    const best = typeof body.translatedText === "string" ? body.translatedText : "";
+    el.targetText.value = best;
+    el.copy.disabled = best === "";
+    el.copyStatus.textContent = "";
+    showAlternatives(Array.isArray(body.alternatives) ? body.alternatives : []);
+    const found = body.detectedLanguage;
+    if (found && typeof found.language === "string") {
+      state.detected = found.language;
+      const confidence = Math.round(Number(found.confidence) || 0);
+      el.detected.textContent = `Detected: ${languageName(found.language)} (${confidence}%)`;
+    } else {
+      el.detected.textContent = "";
+    }
+    updateSwap();
+  }
+
+  function showAlternatives(alternatives) {
+    const items = alternatives.filter((text) => typeof text === "string" && text !== "")
+      .map((text) => {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = "alternative";
+        button.textContent = text;
+        button.title = "Use this translation";
+        button.addEventListener("click", () => useAlternative(button));
+        const item = document.createElement("li");
+        item.append(button);
+        return item;
+      });
+    el.alternatives.replaceChildren(...items);
+    el.alternativesBox.hidden = items.length === 0;
+  }
+
+  /** The chosen alternative becomes the translation; the translation takes its place. */
+  function useAlternative(button) {
+    const previous = el.targetText.value;
+    el.targetText.value = button.textContent;
+    button.textContent = previous;
+    el.copyStatus.textContent = "";
+  }
+
+  async function copyTranslation() {
+    const text = el.targetText.value;
+    if (!text) return;
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (_) {
+      // No Clipboard API (or no permission): copy the selection the old way.
+      el.targetText.focus();
+      el.targetText.select();
+      let copied = false;
+      try {
+        copied = document.execCommand("copy");
+      } catch (_) {
+        copied = false;
+      }
+      if (!copied) {
+        showError("Copy failed", "the browser refused the clipboard; the text is selected, "
+          + "copy it with the keyboard");
+        return;
+      }
+    }
+    el.copyStatus.textContent = "Copied";
+    setTimeout(() => {
+      if (el.copyStatus.textContent === "Copied") el.copyStatus.textContent = "";
+    }, 2000);
+  }
+
+  // -- files -------------------------------------------------------------------------
+
+  async function translateFile(event) {
+    event.preventDefault();
+    const file = el.fileInput.files && el.fileInput.files[0];
+    el.fileResult.hidden = true;
+    if (!file) {
+      showError("File translation", "choose a file first");
+      return;
+    }
+    const form = new FormData();
+    form.append("file", file, file.name);
+    form.append("source", el.sourceLang.value);
+    form.append("target", el.targetLang.value);
+    if (apiKey()) form.append("api_key", apiKey());
+    el.fileTranslate.disabled = true;
+    el.fileBusy.textContent = `Translating ${file.name}…`;
+    try {
+      const body = await api("/translate_file", { method: "POST", body: form });
+      const url = new URL(String(body.translatedFileUrl || ""), window.location.href);
+      if (url.protocol !== "http:" && url.protocol !== "https:") {
+        throw new ApiError("The server's answer has no download address.", 200);
+      }
+      el.fileDownload.href = url.href;
+      el.fileDownload.download = translatedName(file.name);
+      el.fileDownload.textContent = `Download ${translatedName(file.name)}`;
+      el.fileResult.hidden = false;
+      clearError();
+    } catch (error) {
+      showError("File translation failed", error);
+    } finally {
+      el.fileTranslate.disabled = false;
+      el.fileBusy.textContent = "";
+    }
+  }
+
+  function translatedName(name) {
+    const dot = name.lastIndexOf(".");
+    const target = el.targetLang.value || "translated";
+    return dot > 0 ? `${name.slice(0, dot)}.${target}${name.slice(dot)}` : `${name}.${target}`;
+  }
+
+  // -- summarize ---------------------------------------------------------------------
+
+  async function summarize() {
+    const text = el.summarizeText.value;
+    if (!text.trim()) {
+      showError("Summarize", "type or paste some English text first");
+      el.summarizeText.focus();
+      return;
+    }
+    el.summarizeRun.disabled = true;
+    el.summarizeBusy.textContent = "Summarizing…";
+    el.summaryText.setAttribute("aria-busy", "true");
+    try {
+      const body = await postJson("/summarize", { q: text });
+      el.summaryText.value = typeof body.summary === "string" ? body.summary : "";
+      clearError();
+    } catch (error) {
+      el.summaryText.value = "";
+      showError("Summarize failed", error);
+    } finally {
+      el.summarizeRun.disabled = false;
+      el.summarizeBusy.textContent = "";
+      el.summaryText.setAttribute("aria-busy", "false");
+    }
+  }
+
+  // -- tabs --------------------------------------------------------------------------
+
+  function selectTab(tab, focus) {
+    for (const each of el.tabs) {
+      const selected = each === tab;
+      each.setAttribute("aria-selected", selected ? "true" : "false");
+      each.tabIndex = selected ? 0 : -1;
+      $(each.getAttribute("aria-controls")).hidden = !selected;
+    }
+    // Summaries are of English text: the language bar is for the other two tabs.
+    el.langBar.hidden = tab.id === "summarize-tab";
+    if (focus) tab.focus();
+  }
+
+  function onTabKey(event) {
+    const at = el.tabs.indexOf(event.currentTarget);
+    const moves = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: el.tabs.length - 1 };
+    if (!(event.key in moves)) return;
+    event.preventDefault();
+    const next = (moves[event.key] + el.tabs.length) % el.tabs.length;
+    selectTab(el.tabs[next], true);
+  }
+
+  // -- API key -----------------------------------------------------------------------
+
+  function setUpKey() {
+    const settings = state.settings;
+    el.keyRow.hidden = !settings.apiKeys;
+    if (!settings.apiKeys) return;
+    el.keyNote.textContent = settings.keyRequired
+      ? "required by this server" : "optional: a key gets its own rate limit";
+    el.apiKey.required = Boolean(settings.keyRequired);
+    try {
+      el.apiKey.value = window.localStorage.getItem(KEY_STORAGE) || "";
+      state.key = apiKey();
+    } catch (_) {
+      // Storage is off (a private window, a policy): the key lasts as long as the page.
+    }
+  }
+
+  /** A changed key is kept and the text translated again with it (once: the form's
+   * submit and the input's change both come here). */
+  function onKeyChange() {
+    if (apiKey() === state.key) return;
+    state.key = apiKey();
+    try {
+      window.localStorage.setItem(KEY_STORAGE, state.key);
+    } catch (_) {
+      // As above: nowhere to keep it.
+    }
+    translateNow();
+  }
+
+  // -- start -------------------------------------------------------------------------
+
+  function mergeSettings(loaded) {
+    const settings = Object.assign({}, DEFAULT_SETTINGS, loaded);
+    settings.language = Object.assign({}, DEFAULT_SETTINGS.language, loaded.language || {});
+    settings.charLimit = Number(settings.charLimit) > 0
+      ? Number(settings.charLimit) : DEFAULT_SETTINGS.charLimit;
+    settings.frontendTimeout = Number(settings.frontendTimeout) >= 0
+      ? Number(settings.frontendTimeout) : DEFAULT_SETTINGS.frontendTimeout;
+    return settings;
+  }
+
+  function wire() {
+    el.sourceText.addEventListener("input", () => {
+      updateCount();
+      if (el.sourceLang.value === "auto") state.detected = "";
+      scheduleTranslate();
+    });
+    el.sourceText.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+        event.preventDefault();
+        translateNow();
+      }
+    });
+    el.sourceLang.addEventListener("change", () => {
+      state.detected = "";
+      fillTargets(el.targetLang.value);
+      translateNow();
+    });
+    el.targetLang.addEventListener("change", () => {
+      updateSwap();
+      translateNow();
+    });
+    el.swap.addEventListener("click", swap);
+    el.clear.addEventListener("click", () => {
+      el.sourceText.value = "";
+      updateCount();
+      translateNow();
+      el.sourceText.focus();
+    });
+    el.copy.addEventListener("click", copyTranslation);
+    el.fileForm.addEventListener("submit", translateFile);
+    el.fileInput.addEventListener("change", () => {
+      el.fileResult.hidden = true;
+    });
+    el.summarizeRun.addEventListener("click", summarize);
+    el.summarizeText.addEventListener("input", () => showCount(el.summarizeText,
+      el.summarizeCount));
+    el.summarizeText.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+        event.preventDefault();
+        summarize();
+      }
+    });
+    el.apiKey.addEventListener("change", onKeyChange);
+    el.keyRow.addEventListener("submit", (event) => {
+      event.preventDefault();
+      onKeyChange();
+    });
+    for (const tab of el.tabs) {
+      tab.addEventListener("click", () => selectTab(tab, false));
+      tab.addEventListener("keydown", onTabKey);
+    }
+  }
+
+  async function start() {
+    wire();
+    updateCount();
+    showCount(el.summarizeText, el.summarizeCount);
+    let loaded;
+    try {
+      loaded = await Promise.all([api("/frontend/settings"), api("/languages")]);
+    } catch (error) {
+      showError("Could not load the languages (reload the page to try again)", error);
+      return;
+    }
+    const [settings, languages] = loaded;
+    state.settings = mergeSettings(settings);
+    state.languages = new Map((Array.isArray(languages) ? languages : [])
+      .filter((language) => language && typeof language.code === "string")
+      .map((language) => [language.code, {
+        code: language.code,
+        name: typeof language.name === "string" ? language.name : language.code,
+        targets: Array.isArray(language.targets) ? language.targets : [],
+      }]));
+    const formats = Array.isArray(state.settings.supportedFilesFormat)
+      ? state.settings.supportedFilesFormat : DEFAULT_SETTINGS.supportedFilesFormat;
+    el.fileInput.accept = formats.join(",");
+    el.fileFormats.textContent = formats.join(", ");
+    $("files-tab").hidden = !state.settings.filesTranslation;
+    setUpKey();
+    updateCount();
+    showCount(el.summarizeText, el.summarizeCount);
+    state.ready = true;
+    fillSources(state.settings.language.source.code);
+    fillTargets(state.settings.language.target.code);
+    el.sourceLang.disabled = false;
+    if (sourceCodes().length === 0) {
+      showError("Nothing to translate with", "this server serves no translation model");
+      el.sourceLang.disabled = true;
+      return;
+    }
+    if (el.sourceText.value) translateNow();
+  }
+
+  start();
+})();
