@@ -31,7 +31,8 @@ def served(models_dir: Path | None, port: int | None = None,
     (process, target); SIGTERM it on the way out (killed if it does not stop)."""
     port = port or free_port()
     env = {**os.environ, "SEQ2SERVE_PORT": str(port), "SEQ2SERVE_HOST": "127.0.0.1",
-           "SEQ2SERVE_METRICS_PORT": "0", "SEQ2SERVE_PROVIDER": "cpu",
+           "SEQ2SERVE_METRICS_PORT": "0", "SEQ2SERVE_HTTP_PORT": "0",
+           "SEQ2SERVE_PROVIDER": "cpu",
            # nothing routes to a benchmark's server: no need to wait before closing
            "SEQ2SERVE_DRAIN_DELAY_S": "0"}
     env.update({f"SEQ2SERVE_{k.upper()}": str(v) for k, v in (settings or {}).items()})

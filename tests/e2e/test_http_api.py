@@ -168,7 +168,7 @@ def test_a_cached_answer_equals_a_fresh_one_bit_for_bit(server: RunningServer,
      {"content-type": "application/json"}, 400, "alternatives parameter is not a number"),
     (json.dumps({"q": "x", "source": "en", "target": "de", "format": "pdf"}).encode(),
      {"content-type": "application/json"}, 400, "pdf format is not supported"),
-    (b"x" * (2 << 20), {"content-type": "application/json"}, 413, "Request body too large"),
+    (b"x" * (10 << 20), {"content-type": "application/json"}, 413, "Request body too large"),
     (b"q=x", {"content-type": "text/csv"}, 400, "content type 'text/csv' is not supported"),
 ])
 def test_bad_input_gets_a_clear_4xx_and_the_server_stays_up(

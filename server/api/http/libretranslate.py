@@ -223,8 +223,11 @@ class LibreTranslateApi:
         try:
             result = await self.translator.summarize(
                 SummarizeRequest(texts=tuple(texts), model=model, truncate=True), Call())
-        except NotFound as error:
-            raise InvalidArgument(str(error)) from None
+        except NotFound:
+            names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
+            wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
+            raise InvalidArgument(f"this server has {wanted}; summarize models: "
+                                  f"{', '.join(names) or 'none'}") from None
         summaries = [s.hypotheses[0].text for s in result.summaries]
         return JSONResponse({"summary": summaries if as_list else summaries[0]})
 
