@@ -35,7 +35,7 @@ DEFAULT_NORMALIZATION = "nfc_nmt"
 # fallback holds as single pieces whatever the corpus (SentencePiece's
 # required_chars), so the model writes "Ü" as one token, not two bytes.
 REQUIRED_CHARS = "ÄÖÜäöüßẞÀÂÆÇÉÈÊËÎÏÔŒÙÛŸàâæçéèêëîïôœùûÿ«»„“”‚‘’€…–—"
-# What every shipped tokenizer must give back unchanged (issue 13's list).
+# What every shipped tokenizer must give back unchanged.
 ROUND_TRIP_CHARS = ("ÄÖÜäöüß" "éèêàçœ" "«»„“‚‘€" + string.digits + string.punctuation)
 ROUND_TRIP_TEXTS = (
     "Über den Wolken muss die Freiheit wohl grenzenlos sein.",

@@ -12,7 +12,7 @@ options are passed as keyword arguments named as in the contract's
 server validates them and answers a bad one with INVALID_ARGUMENT.
 
 The shared pieces of the `seq2serve translate` and `seq2serve summarize`
-commands live here too (their modules are translate_cli.py and summarize_cli.py).
+commands live here too (their modules are server/cli/translate.py and server/cli/summarize.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from seq2serve.model.data.gettext import Catalog, MoError, clean_pair, entry_pai
 # messages (the set itself is kept outside this project): no catalog of these
 # Debian binary packages may reach any split, nor, to keep near-copies out, any
 # other binary of their source packages or any catalog of the same text domain
-# family (gtk30 -> gtk40, see `domain_family`). Source: issue 13.
+# family (gtk30 -> gtk40, see `domain_family`)..
 HELD_OUT_PACKAGES = frozenset("""
     coreutils tar grep sed findutils diffutils wget bash gawk make xz-utils gettext
     gettext-base nano procps libparted-i18n man-db binutils-common gcc-12-locales dpkg apt
@@ -31,7 +31,7 @@ HELD_OUT_PACKAGES = frozenset("""
     gnumeric-common claws-mail-i18n mutt gnucash-common thunar-data mousepad gedit-common
 """.split())
 HELD_OUT_REASON = ("held out for an independent evaluation set of software-message "
-                   "translations kept outside the project (issue 13)")
+                   "translations kept outside the project")
 
 SPLITS = ("train", "valid", "test")  # dedupe priority: a pair shared with train stays in train
 TEST_PERCENT, VALID_PERCENT = 3, 3

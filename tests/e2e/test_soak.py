@@ -1,4 +1,4 @@
-"""The soak's quick form (issue 10): the shipped models under 64 concurrent
+"""The soak's quick form: the shipped models under 64 concurrent
 callers lose, mix up and batch-change nothing."""
 
 from __future__ import annotations

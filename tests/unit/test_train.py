@@ -534,7 +534,7 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
 
 def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
                                                                  tmp_path: Path) -> None:
-    """A second phase on other data with the same tokenizer (issue 13's DDTP-weighted
+    """A second phase on other data with the same tokenizer (the DDTP-weighted
     mix): released with its base run's time, carded with every test split."""
     from seq2serve.model.train import release
     from seq2serve.server.cli.main import main
