@@ -221,8 +221,13 @@ def test_settings_health_headers_and_metrics(server: RunningServer, http: httpx.
     assert page.status_code == 200 and "default-src 'self'" in \
         page.headers["content-security-policy"]
     assert page.headers["access-control-allow-origin"] == "*"
+    docs = http.get("/docs")
+    assert docs.status_code == 200 and "/swagger/swagger-ui-bundle.js" in docs.text
+    assert http.get("/swagger/swagger-ui-bundle.js").status_code == 200
+    assert "/translate" in http.get("/openapi.json").json()["paths"]
     assert http.post("/suggest", data={"q": "a"}).json() == {
         "error": "Suggestions are disabled on this server."}
+    http.post("/translate", json={"q": "a b c d", "source": "en", "target": "de"})
     exposition = server.server.metrics.render().decode()
     assert 'seq2serve_http_requests_total{route="/translate",status="200"}' in exposition
     assert "seq2serve_cache_hits_total" in exposition

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from prometheus_client import Counter, Histogram
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
+from swagger_ui_bundle import swagger_ui_path
 
 from seq2serve.server.api.http.access import Access, AccessDenied, RateLimited
 from seq2serve.server.api.http.body import BodyLimit
@@ -46,8 +48,9 @@ HTTP_STATUS: dict[ErrorKind, int] = {
 # Every asset comes from this server; no inline script or style.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
-# The interactive docs page loads its script and style from a CDN; it gets its own policy.
-DOCS_PATHS = ("/docs", "/redoc")
+# The interactive docs (Swagger UI from the swagger-ui-bundle wheel, served here too)
+# start with an inline script: their page alone allows that.
+DOCS_CSP = CSP.replace("script-src 'self'", "script-src 'self' 'unsafe-inline'")
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     """The whole HTTP front door; `serving()` is the health state the gRPC health
     service reports (False while loading and draining)."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
-                  "API and the seq2serve.v1 .proto as JSON", version="1")
+                  "API and the seq2serve.v1 .proto as JSON", version="1", docs_url=None,
+                  redoc_url=None)
     observed = HttpMetrics(metrics)
     libre = LibreTranslateApi(translator, access, settings.libre)
     proto = ProtoJsonApi(proto_api, access)
@@ -129,14 +133,22 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
     route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
     proto.register(route)
+    async def docs(request: Request) -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2serve API",
+                                   swagger_js_url="/swagger/swagger-ui-bundle.js",
+                                   swagger_css_url="/swagger/swagger-ui.css",
+                                   swagger_favicon_url="/swagger/favicon-32x32.png")
+
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/swagger", StaticFiles(directory=swagger_ui_path), name="swagger")
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Handler) -> Response:
         response = await call_next(request)
-        if not request.url.path.startswith(DOCS_PATHS):
-            response.headers.setdefault("Content-Security-Policy", CSP)
+        policy = DOCS_CSP if request.url.path == "/docs" else CSP
+        response.headers.setdefault("Content-Security-Policy", policy)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "no-referrer")
         return response
