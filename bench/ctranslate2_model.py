@@ -1,0 +1,220 @@
+"""A seq2serve checkpoint directory as a CTranslate2 model directory.
+
+`python -m seq2serve.bench.ctranslate2_model CHECKPOINT OUT` writes OUT with
+CTranslate2's own spec API (a `TransformerSpec` filled by a `Converter`
+subclass, saved by `Converter.convert`), the way its fairseq and OpenNMT-py
+converters do. The conversion is exact:
+
+- pre- or post-norm stacks (`TransformerSpec(pre_norm=...)`), the final
+  encoder/decoder LayerNorm of a pre-norm model;
+- self-attention Q, K, V fused into one (3D, D) matrix and cross-attention K, V
+  into one (2D, D) matrix, the layouts CTranslate2 computes with;
+- the model's own sinusoid table (interleaved or split) given as the position
+  encodings: CTranslate2's built-in table is the split layout, so an
+  interleaved model would otherwise be computed with the wrong positions;
+- scaled embeddings, the shared source/target matrix and the tied output
+  projection (CTranslate2 stores identical arrays once, as aliases);
+- LayerNorm epsilon, activation and special tokens from the checkpoint's
+  ModelConfig, and one shared vocabulary: the SentencePiece pieces in id order,
+  so a piece's CTranslate2 index is its seq2serve id.
+
+The source EOS is added by CTranslate2 (`add_source_eos`), as the seq2serve
+tokenizer appends it: callers pass SentencePiece pieces, as Argos Translate
+does. The position table has the model's `max_positions` rows, so a source
+and a translation are limited to that many tokens (CTranslate2 raises past it;
+its default `max_decoding_length` 256 fits the shipped models' 512). Weights
+are stored in float32; int8 and the other precisions are
+CTranslate2's load-time quantization (`compute_type`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ctranslate2
+import numpy as np
+from ctranslate2.converters.converter import Converter
+from ctranslate2.specs import common_spec, transformer_spec
+
+ACTIVATIONS = {
+    "relu": common_spec.Activation.RELU,
+    "gelu": common_spec.Activation.GELU,
+    "gelu_new": common_spec.Activation.GELUTanh,
+    "swish": common_spec.Activation.SWISH,
+}
+TOKENIZER_FILE = "sentencepiece.model"
+COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8",
+                 "int8_float32": "int8_float32"}
+
+
+def _array(tensor: Any) -> np.ndarray:
+    """A float32 numpy copy of a (possibly fp16) torch tensor."""
+    array: np.ndarray = tensor.detach().float().cpu().numpy().copy()
+    return array
+
+
+def _set_linear(spec: Any, linear: Any) -> None:
+    spec.weight = _array(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias)
+
+
+def _set_fused(spec: Any, linears: Sequence[Any]) -> None:
+    """One linear layer computing `linears` side by side (rows concatenated)."""
+    spec.weight = np.concatenate([_array(linear.weight) for linear in linears])
+    spec.bias = np.concatenate([_array(linear.bias) for linear in linears])
+
+
+def _set_norm(spec: Any, norm: Any) -> None:
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
+
+
+def _set_ffn(spec: Any, ffn: Any, norm: Any) -> None:
+    _set_norm(spec.layer_norm, norm)
+    _set_linear(spec.linear_0, ffn.fc1)
+    _set_linear(spec.linear_1, ffn.fc2)
+
+
+def _set_self_attention(spec: Any, attn: Any, norm: Any) -> None:
+    _set_norm(spec.layer_norm, norm)
+    _set_fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    _set_linear(spec.linear[1], attn.out_proj)
+
+
+def _set_cross_attention(spec: Any, attn: Any, norm: Any) -> None:
+    _set_norm(spec.layer_norm, norm)
+    _set_linear(spec.linear[0], attn.q_proj)
+    _set_fused(spec.linear[1], [attn.k_proj, attn.v_proj])
+    _set_linear(spec.linear[2], attn.out_proj)
+
+
+def model_spec(model: Any, pieces: Sequence[str]) -> transformer_spec.TransformerSpec:
+    """The TransformerSpec of a seq2serve `Seq2SeqTransformer` (eval mode) whose
+    vocabulary is `pieces` (index = token id)."""
+    cfg = model.cfg
+    if cfg.encoder_heads != cfg.decoder_heads:
+        raise ValueError(f"CTranslate2's TransformerSpec has one head count; this model has "
+                         f"{cfg.encoder_heads} encoder and {cfg.decoder_heads} decoder heads")
+    if not cfg.share_embeddings and len(pieces) != cfg.src_vocab_size:
+        raise ValueError("separate source and target vocabularies are not supported")
+    if len(pieces) != cfg.tgt_vocab_size:
+        raise ValueError(f"the tokenizer has {len(pieces)} pieces but the model's vocabulary "
+                         f"is {cfg.tgt_vocab_size}")
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.encoder_heads, pre_norm=cfg.pre_norm,
+        activation=ACTIVATIONS[cfg.activation])
+    positions = _array(model.positions)
+    for stack, embed in ((spec.encoder, model.src_embed), (spec.decoder, model.tgt_embed)):
+        stack.scale_embeddings = cfg.scale_embedding
+        stack.position_encodings.encodings = positions
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else \
+            stack.embeddings
+        embeddings.weight = _array(embed.weight)
+    if cfg.pre_norm:
+        _set_norm(spec.encoder.layer_norm, model.encoder_norm)
+        _set_norm(spec.decoder.layer_norm, model.decoder_norm)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers, strict=True):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm)
+        _set_ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers, strict=True):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.self_block.norm)
+        _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.cross_block.norm)
+        _set_ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+    spec.decoder.projection.weight = _array(model.output.weight)
+    if model.final_logits_bias is not None:
+        spec.decoder.projection.bias = _array(model.final_logits_bias)
+
+    config = spec.config
+    config.unk_token = pieces[cfg.unk_id]
+    config.bos_token = pieces[cfg.bos_id]
+    config.eos_token = pieces[cfg.eos_id]
+    config.decoder_start_token = pieces[cfg.decoder_start_id]
+    config.add_source_eos = True
+    config.layer_norm_epsilon = cfg.layer_norm_eps
+    spec.register_source_vocabulary(list(pieces))
+    spec.register_target_vocabulary(list(pieces))
+    return spec
+
+
+def spm_pieces(tokenizer_file: str | os.PathLike[str]) -> list[str]:
+    """The SentencePiece model's pieces in id order."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_file))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+class CheckpointConverter(Converter):  # type: ignore[misc]  # ctranslate2 ships no types
+    """CTranslate2 converter for a seq2serve checkpoint directory."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str]):
+        self.checkpoint = Path(checkpoint)
+
+    def _load(self) -> transformer_spec.TransformerSpec:
+        import torch
+
+        from seq2serve.model.checkpoint import load_checkpoint
+
+        model, _, tokenizer = load_checkpoint(self.checkpoint)
+        with torch.no_grad():
+            spec = model_spec(model, spm_pieces(tokenizer.path))
+        # The tokenizer travels with the model (Argos packages and callers need it).
+        spec.register_file(str(tokenizer.path), TOKENIZER_FILE)
+        return spec
+
+
+def convert(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+            force: bool = False) -> Path:
+    """Write the float32 CTranslate2 model of `checkpoint` to `out`, with the
+    SentencePiece model beside it (TOKENIZER_FILE)."""
+    return Path(CheckpointConverter(checkpoint).convert(str(out), force=force))
+
+
+def load_translator(model_dir: str | os.PathLike[str], precision: str = "fp32",
+                    threads: int = 1, device: str = "cpu") -> Any:
+    """CTranslate2's Translator on a converted model, quantized at load
+    (`precision`: fp32, fp16, int8 or int8_float32)."""
+    return ctranslate2.Translator(str(model_dir), device=device,
+                                  compute_type=COMPUTE_TYPES[precision],
+                                  intra_threads=threads, inter_threads=1)
+
+
+def translate_pieces(translator: Any, sources: Sequence[Sequence[str]], beam_size: int,
+                     max_decoding_length: int = 256,
+                     suppress: Sequence[str] = ()) -> list[list[str]]:
+    """Best hypothesis per source (pieces without EOS; the source EOS is added
+    by the model's config). `suppress`: pieces never generated, as the seq2serve
+    engine never generates its manifest's `special_tokens.suppress`."""
+    results = translator.translate_batch(
+        [list(s) for s in sources], beam_size=beam_size, num_hypotheses=1,
+        max_decoding_length=max_decoding_length,
+        suppress_sequences=[[p] for p in suppress] or None)
+    return [list(r.hypotheses[0]) for r in results]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m seq2serve.bench.ctranslate2_model",
+        description="Convert a seq2serve checkpoint directory to a CTranslate2 model "
+                    "directory (float32; quantize at load with compute_type).")
+    parser.add_argument("checkpoint", type=Path, help="seq2serve checkpoint directory")
+    parser.add_argument("out", type=Path, help="CTranslate2 model directory to write")
+    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    args = parser.parse_args(argv)
+    try:
+        path = convert(args.checkpoint, args.out, force=args.force)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
