@@ -4,10 +4,13 @@
         --concurrency 1,8,32,64 --batch 1,16 --requests 512 --json http.json
 
 Starts both servers on 127.0.0.1 on the same model (the shipped en-de: seq2serve
-serves models/en-de, LibreTranslate an Argos package made from the same
-checkpoint, bench/libretranslate_peer.py), or takes running ones with
-`--seq2serve URL` / `--libretranslate URL`. One closed-loop load generator
-drives both: N clients, each sending its next `POST /translate` (`q` a list of
+serves models/en-de with its cache off, so that every text is translated;
+LibreTranslate an Argos package made from the same checkpoint,
+bench/libretranslate_peer.py, at `--lt-inter-threads` x `--lt-intra-threads`),
+or takes running ones with `--seq2serve URL` / `--libretranslate URL`. The
+systems: `seq2serve` (its HTTP API), `seq2serve-grpc` (the same server's gRPC
+Translate, for what HTTP costs) and `libretranslate`. One closed-loop load
+generator drives them all: N clients, each sending its next `POST /translate` (`q` a list of
 `--batch` texts, source en, target de) when the last one is answered. Levels run
 round robin over the systems, `--repeats` times; the table shows medians.
 Every level is bounded: at most `--requests` requests, none sent after
@@ -22,16 +25,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
+
+from seq2serve.bench.libretranslate_peer import PeerSettings, libretranslate
+from seq2serve.bench.serving import free_port, served
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True)
@@ -48,14 +59,41 @@ class Level:
     p99_ms: float
 
 
-async def translate(client: httpx.AsyncClient, url: str, texts: Sequence[str]) -> list[str]:
-    response = await client.post(f"{url}/translate", json={
-        "q": list(texts), "source": "en", "target": "de", "format": "text"})
-    response.raise_for_status()
-    translated = response.json()["translatedText"]
-    if not isinstance(translated, list) or len(translated) != len(texts):
-        raise RuntimeError(f"{url} answered {str(translated)[:80]} for {len(texts)} texts")
-    return [str(t) for t in translated]
+class Target:
+    """One system under load: sends a list of English texts, returns German ones."""
+
+    def __init__(self, name: str, url: str, clients: int) -> None:
+        self.name, self.url, self.clients = name, url, clients
+
+    async def __aenter__(self) -> Target:
+        if self.url.startswith("grpc://"):
+            self.channel = grpc.aio.insecure_channel(self.url.removeprefix("grpc://"))
+            self.stub = pb_grpc.TranslatorStub(self.channel)
+        else:
+            limits = httpx.Limits(max_connections=self.clients,
+                                  max_keepalive_connections=self.clients)
+            self.http = httpx.AsyncClient(base_url=self.url, limits=limits, timeout=120.0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.url.startswith("grpc://"):
+            await self.channel.close()
+        else:
+            await self.http.aclose()
+
+    async def translate(self, texts: Sequence[str]) -> list[str]:
+        if self.url.startswith("grpc://"):
+            answer = await self.stub.Translate(pb.TranslateRequest(
+                texts=list(texts), source_language="en", target_language="de"))
+            return [t.hypotheses[0].text for t in answer.translations]
+        response = await self.http.post("/translate", json={
+            "q": list(texts), "source": "en", "target": "de", "format": "text"})
+        response.raise_for_status()
+        translated = response.json()["translatedText"]
+        if not isinstance(translated, list) or len(translated) != len(texts):
+            raise RuntimeError(f"{self.url} answered {str(translated)[:80]} for "
+                               f"{len(texts)} texts")
+        return [str(t) for t in translated]
 
 
 async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, clients: int,
@@ -63,12 +101,11 @@ async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, c
     latencies: list[float] = []
     errors = 0
     sent = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
+    async with Target(system, url, clients) as target:
         started = time.perf_counter()
         deadline = started + max_seconds
 
-        async def one_client(index: int) -> None:
+        async def one_client() -> None:
             nonlocal sent, errors
             while sent < max_requests and time.perf_counter() < deadline:
                 start = sent * batch
@@ -76,13 +113,13 @@ async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, c
                 chunk = [texts[(start + j) % len(texts)] for j in range(batch)]
                 t0 = time.perf_counter()
                 try:
-                    await translate(client, url, chunk)
-                except (httpx.HTTPError, RuntimeError, KeyError, ValueError):
+                    await target.translate(chunk)
+                except (httpx.HTTPError, grpc.RpcError, RuntimeError, KeyError, ValueError):
                     errors += 1
                     continue
                 latencies.append(time.perf_counter() - t0)
 
-        await asyncio.gather(*(one_client(i) for i in range(clients)))
+        await asyncio.gather(*(one_client() for _ in range(clients)))
         seconds = time.perf_counter() - started
     done = len(latencies)
     lat = np.array(latencies or [float("nan")]) * 1000
@@ -95,9 +132,10 @@ async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, c
 
 async def agreement(urls: dict[str, str], texts: Sequence[str]) -> tuple[int, int]:
     """How many texts every system translates identically, each text alone."""
-    async with httpx.AsyncClient(timeout=120.0) as client:
-        answers = {name: [(await translate(client, url, [t]))[0] for t in texts]
-                   for name, url in urls.items()}
+    answers = {}
+    for name, url in urls.items():
+        async with Target(name, url, 1) as target:
+            answers[name] = [(await target.translate([t]))[0] for t in texts]
     columns = list(answers.values())
     same = sum(len({column[i] for column in columns}) == 1 for i in range(len(texts)))
     return same, len(texts)
@@ -122,7 +160,7 @@ def medians(levels: Sequence[Level]) -> list[Level]:
 
 def table(levels: Sequence[Level], reference: str = "seq2serve") -> str:
     rows = ["| q | clients | system | requests/s | texts/s | p50 ms | p99 ms | errors | "
-            f"texts/s vs others |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+            "texts/s vs others |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     by_level: dict[tuple[int, int], dict[str, Level]] = {}
     for level in levels:
         by_level.setdefault((level.batch, level.clients), {})[level.system] = level
@@ -155,6 +193,32 @@ async def run(urls: dict[str, str], texts: Sequence[str], batches: Sequence[int]
     return levels
 
 
+@contextmanager
+def peers(seq2serve: str | None, libre: str | None, checkpoint: Path, models_dir: Path | None,
+          work: Path, settings: PeerSettings) -> Iterator[dict[str, str]]:
+    """The systems' URLs: seq2serve over HTTP and over gRPC (one server), LibreTranslate;
+    those not given are started here, on the same model, and stopped on the way out."""
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        if seq2serve is None:
+            if models_dir is None:  # the shipped en-de alone
+                models_dir = work / "models"
+                models_dir.mkdir(parents=True, exist_ok=True)
+                link = models_dir / "en-de"
+                if not link.exists():
+                    link.symlink_to(Path("models/en-de").resolve())
+            http_port = free_port()
+            _, target = stack.enter_context(served(models_dir, settings={
+                "http_port": str(http_port), "cache_mb": "0"}))
+            urls["seq2serve"] = f"http://127.0.0.1:{http_port}"
+            urls["seq2serve-grpc"] = f"grpc://{target}"
+        else:
+            urls["seq2serve"] = seq2serve
+        urls["libretranslate"] = libre or stack.enter_context(
+            libretranslate(checkpoint, work / "libretranslate", settings=settings))
+        yield urls
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -176,13 +240,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--level-seconds", type=float, default=20.0)
     parser.add_argument("--agree", type=int, default=100)
+    parser.add_argument("--lt-inter-threads", type=int, default=2,
+                        help="LibreTranslate translations at once (ARGOS_INTER_THREADS); "
+                        "2 x 1 thread is its best setting on 2 cores")
+    parser.add_argument("--lt-intra-threads", type=int, default=1,
+                        help="threads per LibreTranslate translation (ARGOS_INTRA_THREADS)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     texts = [line.strip() for line in args.texts.read_text().splitlines() if line.strip()]
-    from seq2serve.bench.peers import http_peers
-
-    with http_peers(args.seq2serve, args.libretranslate, args.checkpoint, args.models_dir,
-                    args.work) as urls:
+    peer = PeerSettings(inter_threads=args.lt_inter_threads,
+                        intra_threads=args.lt_intra_threads)
+    with peers(args.seq2serve, args.libretranslate, args.checkpoint, args.models_dir,
+               args.work, peer) as urls:
         same, total = asyncio.run(agreement(urls, texts[: args.agree]))
         levels = asyncio.run(run(urls, texts, args.batch, args.concurrency, args.repeats,
                                  args.requests, args.level_seconds))
