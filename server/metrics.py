@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from seq2serve.server.api.grpc_errors import status_of
+from seq2serve.server.batching.scheduler import BatchReason, DropReason
 from seq2serve.server.core.cache import CacheStats
 
 NAMESPACE = "seq2serve"
@@ -83,7 +84,7 @@ class Metrics:
             registry=r)
         self.batches = Counter(
             f"{NAMESPACE}_batches", "batches run, by why the scheduler closed them "
-            "(full, tokens, delay, drain)", ["model", "reason"], registry=r)
+            f"({', '.join(r.value for r in BatchReason)})", ["model", "reason"], registry=r)
         self.encoder_duration = Histogram(
             f"{NAMESPACE}_encoder_duration_seconds", "encoder run per batch", ["model"],
             buckets=ENCODER_BUCKETS, registry=r)
@@ -106,7 +107,7 @@ class Metrics:
             f"{NAMESPACE}_in_flight_requests", "RPCs being handled", ["model"], registry=r)
         self.cancelled = Counter(
             f"{NAMESPACE}_cancelled", "texts dropped before finishing, by reason "
-            "(deadline, cancelled)", ["model", "reason"], registry=r)
+            f"({', '.join(r.value for r in DropReason)})", ["model", "reason"], registry=r)
         self.engine_errors = Counter(
             f"{NAMESPACE}_engine_errors", "engine calls that raised", ["model"], registry=r)
         self.model_info = Gauge(
@@ -156,7 +157,7 @@ class Metrics:
                                     flags=socket.AI_PASSIVE)[0][0]
         server_class = type("_MetricsHTTPServer", (_ThreadingWSGIServer,),
                             {"address_family": family})
-        httpd = make_server(host, port, make_wsgi_app(self.registry), server_class,
+        httpd: WSGIServer = make_server(host, port, make_wsgi_app(self.registry), server_class,
                             handler_class=_QuietHandler)
         thread = threading.Thread(target=httpd.serve_forever, args=(HTTP_POLL_S,),
                                   name="seq2serve-metrics", daemon=True)
@@ -257,4 +258,4 @@ class RequestTracker:
 def status_name(error: BaseException) -> str:
     """The gRPC status the error interceptor will answer with, by name (errors.py
     holds the one table)."""
-    return status_of(error)[0].name
+    return str(status_of(error)[0].name)

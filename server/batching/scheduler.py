@@ -43,21 +43,39 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from enum import Enum
+
+from seq2serve.server.engine.options import ResolvedOptions
+from seq2serve.server.engine.search import Result
 
 log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 
 
-class OptionsLike(Protocol):
-    """What the scheduler reads from resolved decoding options."""
+# Called once per item with its n-best, or with why there is none (ItemDropped,
+# Draining, or the engine's error).
+Deliver = Callable[[Result | Exception], None]
 
-    beam_size: int
 
-    def max_new_tokens(self, source_length: int) -> int: ...
+class BatchReason(str, Enum):
+    """Why the scheduler closed a batch (the label of the batches metric)."""
+
+    FULL = "full"  # max_batch_size texts
+    TOKENS = "tokens"  # the next text would pass max_batch_tokens
+    DELAY = "delay"  # max_queue_delay passed since the oldest text arrived
+    DRAIN = "drain"  # the queue is closing: whatever is there goes
+    DROPPED = "dropped"  # every candidate left before running (no items)
+    JOIN = "join"  # texts that join a running batch at a step boundary
+
+
+class DropReason(str, Enum):
+    """Why a text left before finishing (the label of the cancelled metric)."""
+
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
 
 
 class QueueFull(Exception):
@@ -70,34 +88,38 @@ class Draining(Exception):
 
 class ItemDropped(Exception):
     """Delivered to an item that left the queue or its batch before finishing.
-    `reason` is "deadline" or "cancelled" (the label of the cancelled metric)."""
+    `reason` says why (the label of the cancelled metric)."""
 
-    def __init__(self, reason: str, item_id: Hashable):
+    def __init__(self, reason: DropReason, item_id: int):
         self.reason = reason
         self.item_id = item_id
-        what = "deadline passed" if reason == "deadline" else "cancelled by the client"
+        what = ("deadline passed" if reason is DropReason.DEADLINE
+                else "cancelled by the client")
         super().__init__(f"work item {item_id} dropped: {what}")
 
 
-def shape_of(options: Any) -> int:
+def shape_of(options: ResolvedOptions) -> int:
     """Items batched together share this key, the beam width: the decoder graph
     runs B x K rows with one K. Greedy and sampling share K = 1 (the engine gives
     every sampled source its own random stream, so neighbours do not matter)."""
-    return int(options.beam_size)
+    return options.beam_size
 
 
 @dataclass(frozen=True)
 class BatchLimits:
-    max_batch_size: int = 32  # texts (sources), not beams
-    max_batch_tokens: int = 8192  # longest source x texts x beam width
-    max_queue_delay_s: float = 0.005
-    max_queue_size: int = 1024  # texts
+    """What one model's scheduler enforces. No defaults here: the server's are in
+    ServerConfig (`ServerConfig().batch_limits()`), their one home."""
+
+    max_batch_size: int  # texts (sources), not beams
+    max_batch_tokens: int  # longest source x texts x beam width
+    max_queue_delay_s: float
+    max_queue_size: int  # texts
     # Iteration-level batching: decoder rows in the running batch (0 = off:
     # request-level batches run to their end) and cache slots it may reach.
-    max_running_rows: int = 256
-    max_cache_tokens: int = 131072
+    max_running_rows: int
+    max_cache_tokens: int
     # The widest beam that runs iteration-level; wider ones run request-level.
-    max_running_beam: int = 2**31 - 1  # every width
+    max_running_beam: int
 
     def iterates(self, shape: int) -> bool:
         """Whether batches of this decoding shape (beam width) run iteration-level."""
@@ -130,14 +152,14 @@ class WorkItem:
     """
 
     source: Sequence[int]  # source token ids, EOS included
-    options: Any  # resolved DecodingOptions; opaque here except for `shape_of`
-    deliver: Callable[[Any], None]
+    options: ResolvedOptions
+    deliver: Deliver
     deadline: float | None = None  # time.monotonic() seconds
     on_token: Callable[..., None] | None = None  # streaming callback, passed to the engine
     # The handler's view of its RPC (e.g. `context.cancelled`), shared by all of a
     # request's items; `cancel()` below works without one.
     cancelled: Callable[[], bool] | None = None
-    id: Hashable = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=lambda: next(_ids))
     enqueued_at: float = 0.0  # set by Scheduler.submit (time.monotonic())
     _cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _done: bool = field(default=False, init=False, repr=False)
@@ -149,32 +171,32 @@ class WorkItem:
 
     @property
     def beam_size(self) -> int:
-        return int(self.options.beam_size)
+        return self.options.beam_size
 
     @property
     def reach(self) -> int:
         """The cache length this text may need: its output limit."""
-        return int(self.options.max_new_tokens(len(self.source)))
+        return self.options.max_new_tokens(len(self.source))
 
     def cancel(self) -> None:
         self._cancel.set()
 
-    def drop_reason(self, now: float | None = None) -> str | None:
-        """"deadline", "cancelled", or None while the item should still run. The
+    def drop_reason(self, now: float | None = None) -> DropReason | None:
+        """Why the item should leave, or None while it should still run. The
         deadline is checked first: a handler's `cancelled()` may also turn true
         when the deadline passes, and the metric should say which it was."""
         if self.deadline is not None:
             if (time.monotonic() if now is None else now) >= self.deadline:
-                return "deadline"
+                return DropReason.DEADLINE
         if self._cancel.is_set() or (self.cancelled is not None and self.cancelled()):
-            return "cancelled"
+            return DropReason.CANCELLED
         return None
 
     def should_stop(self) -> bool:
         """The per-source `cancelled()` callable handed to the engine."""
         return self.drop_reason() is not None
 
-    def resolve(self, result: Any) -> bool:
+    def resolve(self, result: Result | Exception) -> bool:
         """Deliver once; later calls are ignored (a drop racing a result). A raising
         callback is logged, never allowed to take the worker thread down."""
         with self._lock:
@@ -194,8 +216,8 @@ class WorkItem:
 
 @dataclass(frozen=True)
 class Dropped:
-    item_id: Hashable
-    reason: str  # "deadline" | "cancelled"
+    item_id: int
+    reason: DropReason
     waited_s: float  # time in the queue
 
 
@@ -208,7 +230,7 @@ class Batch:
     shape: int | None  # beam width; None when items is empty
     tokens: int  # what the budget counted: longest source x len(items) x beam width
     source_tokens: int  # sum of unpadded source lengths
-    reason: str  # why it closed: "full" | "tokens" | "delay" | "drain" | "dropped"
+    reason: BatchReason
     dropped: tuple[Dropped, ...] = ()
     formed_at: float = 0.0  # time.monotonic()
 
@@ -234,8 +256,8 @@ def padded_tokens(items: Iterable[WorkItem]) -> int:
 
 
 class Scheduler:
-    def __init__(self, limits: BatchLimits | None = None) -> None:
-        self.limits = limits or BatchLimits()
+    def __init__(self, limits: BatchLimits) -> None:
+        self.limits = limits
         # time.monotonic throughout: deadlines come from handlers in the same clock.
         self._clock = time.monotonic
         self._queue: list[WorkItem] = []  # FIFO; short (<= max_queue_size), scanned per batch
@@ -277,7 +299,7 @@ class Scheduler:
             self._closed = True
             self._cond.notify_all()
 
-    def abort(self, error: BaseException) -> int:
+    def abort(self, error: Exception) -> int:
         """Empty the queue, delivering `error` to each item (grace period over)."""
         with self._cond:
             items, self._queue = self._queue, []
@@ -302,7 +324,8 @@ class Scheduler:
                             return batch
                         continue  # everything queued was dropped while waiting
                     if dropped:
-                        return Batch((), None, 0, 0, "dropped", _plain(dropped), self._clock())
+                        return Batch((), None, 0, 0, BatchReason.DROPPED, _plain(dropped),
+                                     self._clock())
                     if self._closed:
                         return None
                     remaining = None if limit is None else limit - self._clock()
@@ -331,7 +354,7 @@ class Scheduler:
             return None
         return Batch(items=tuple(chosen), shape=running.shape if chosen else None,
                      tokens=padded_tokens(chosen),
-                     source_tokens=sum(len(i.source) for i in chosen), reason="join",
+                     source_tokens=sum(len(i.source) for i in chosen), reason=BatchReason.JOIN,
                      dropped=_plain(dropped), formed_at=self._clock())
 
     # -- internals (called with the lock held) --
@@ -371,7 +394,7 @@ class Scheduler:
         self._queue = keep
         return out
 
-    def _plan(self) -> tuple[list[WorkItem], str | None]:
+    def _plan(self) -> tuple[list[WorkItem], BatchReason | None]:
         """Items for a batch led by the oldest one, and why it cannot grow
         ("full", "tokens"), or None while more work could still join."""
         limits = self.limits
@@ -400,9 +423,9 @@ class Scheduler:
             chosen.append(item)
             longest = grown
         if len(chosen) == limits.max_batch_size:
-            return chosen, "full"
+            return chosen, BatchReason.FULL
         if budget_hit or longest * len(chosen) * beam >= limits.max_batch_tokens:
-            return chosen, "tokens"
+            return chosen, BatchReason.TOKENS
         return chosen, None
 
     def _fill(self, dropped: list[tuple[WorkItem, Dropped]]) -> Batch | None:
@@ -412,12 +435,12 @@ class Scheduler:
             chosen, reason = self._plan()
             if reason is None:
                 if self._closed:
-                    reason = "drain"
+                    reason = BatchReason.DRAIN
                 else:
                     remaining = self._queue[0].enqueued_at + self.limits.max_queue_delay_s \
                         - self._clock()
                     if remaining <= 0:
-                        reason = "delay"
+                        reason = BatchReason.DELAY
                     else:
                         self._cond.wait(remaining)
                         dropped += self._purge()

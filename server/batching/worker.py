@@ -21,28 +21,23 @@ import logging
 import threading
 import time
 
+from seq2serve.server.batching.protocol import BatchEngine, RunningRows
 from seq2serve.server.batching.scheduler import (
     Batch,
     Draining,
+    DropReason,
     ItemDropped,
     Running,
     Scheduler,
     WorkItem,
 )
-from seq2serve.server.engine.engine import (
-    Engine,
-    GenerateStats,
-    Request,
-    Result,
-    RunningBatch,
-    StepStats,
-)
+from seq2serve.server.engine.engine import GenerateStats, Request, Result, StepStats
 from seq2serve.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 class ModelWorker:
-    def __init__(self, name: str, engine: Engine, scheduler: Scheduler,
+    def __init__(self, name: str, engine: BatchEngine, scheduler: Scheduler,
                  metrics: Metrics | None = None, poll_s: float = 0.1, index: int = 0) -> None:
         self.name = name
         self.index = index  # among the model's workers, which share its scheduler
@@ -51,8 +46,8 @@ class ModelWorker:
         self.metrics = metrics
         self.poll_s = poll_s  # how soon a stop() without drain is noticed when idle
         self.batches = 0
-        self._running: RunningBatch | None = None
-        self._live: dict[WorkItem, _FirstToken] = {}  # items in the running batch
+        self._running: RunningRows | None = None
+        self._live: dict[int, _FirstToken] = {}  # the running batch's items, by id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if metrics is not None:
@@ -94,7 +89,7 @@ class ModelWorker:
         self._stop.set()
         self.scheduler.close()
         self._abort_queued()
-        self.engine.runner.terminate()
+        self.engine.terminate()
         return self._join(timeout)
 
     def _abort_queued(self) -> None:
@@ -162,21 +157,21 @@ class ModelWorker:
             self.batches += 1
             self._observe_batch(batch)
         requests: list[Request] = []
-        streams: dict[WorkItem, _FirstToken] = {}
+        streams: dict[int, _FirstToken] = {}
         for item in batch.items:
             stream = _FirstToken(item)
             try:
                 requests.append(self.engine.request(
-                    item, item.source, item.options, cancelled=item.should_stop,
+                    item.id, item.source, item.options, cancelled=item.should_stop,
                     on_token=stream if item.on_token is not None else None))
             except Exception as error:  # noqa: BLE001 - a bad source fails alone
                 self._fail(item, error)
                 continue
-            streams[item] = stream
+            streams[item.id] = stream
         try:
             seconds = self._running.admit(requests)
         except Exception as error:  # noqa: BLE001 - the running rows are untouched
-            self._on_failure(list(streams), list(streams.values()), error)
+            self._on_failure([s.item for s in streams.values()], list(streams.values()), error)
             return
         self._live.update(streams)
         if self.metrics is not None and requests:
@@ -189,15 +184,14 @@ class ModelWorker:
             outcome = running.step()
         except Exception as error:  # noqa: BLE001 - delivered to the items, never raised
             live, self._live, self._running = self._live, {}, None
-            self._on_failure(list(live), list(live.values()), error)
+            self._on_failure([s.item for s in live.values()], list(live.values()), error)
             return
         if outcome.stats is not None:
             self._observe_steps([outcome.stats])
         for key, result in outcome.finished:
-            item = key if isinstance(key, WorkItem) else None
-            if item is None or item not in self._live:
-                continue
-            self._deliver(item, self._live.pop(item), result)
+            stream = self._live.pop(key, None)
+            if stream is not None:
+                self._deliver(stream.item, stream, result)
         if not running.rows:
             self._live, self._running = {}, None
 
@@ -228,7 +222,7 @@ class ModelWorker:
         started = time.monotonic()
         m.batch_size.labels(self.name).observe(len(batch.items))
         m.batch_tokens.labels(self.name).observe(batch.tokens)
-        m.batches.labels(self.name, batch.reason).inc()
+        m.batches.labels(self.name, batch.reason.value).inc()
         m.input_tokens.labels(self.name).inc(batch.source_tokens)
         for item in batch.items:
             m.queue_duration.labels(self.name).observe(max(0.0, started - item.enqueued_at))
@@ -239,11 +233,11 @@ class ModelWorker:
             cancelled=[item.should_stop for item in items],
             on_token=[s if item.on_token is not None else None
                       for item, s in zip(items, streams, strict=True)])
-        if len(results) != len(items):
-            raise RuntimeError(f"the engine returned {len(results)} results for "
+        if len(results.results) != len(items):
+            raise RuntimeError(f"the engine returned {len(results.results)} results for "
                                f"{len(items)} sources")
         self._observe_engine(results.stats)
-        return list(results)
+        return list(results.results)
 
     def _on_failure(self, items: list[WorkItem], streams: list[_FirstToken],
                     error: Exception) -> None:
@@ -282,13 +276,14 @@ class ModelWorker:
 
     def _deliver(self, item: WorkItem, stream: _FirstToken, result: Result) -> None:
         if result.cancelled:
-            reason = item.drop_reason() or "cancelled"
+            reason = item.drop_reason() or DropReason.CANCELLED
             self._count_cancel(reason)
             item.resolve(ItemDropped(reason, item.id))
             return
         if self.metrics is not None:
-            if result:
-                self.metrics.generated_tokens.labels(self.name).inc(len(result[0].token_ids))
+            if result.hypotheses:
+                self.metrics.generated_tokens.labels(self.name).inc(
+                    len(result.hypotheses[0].token_ids))
             if not stream.seen:  # not streamed: the first token arrives with the result
                 self.metrics.time_to_first_token.labels(self.name).observe(
                     time.monotonic() - item.enqueued_at)
@@ -313,9 +308,9 @@ class ModelWorker:
             step_hist.observe(step.ort_seconds + step.host_seconds)
             rows_hist.observe(step.rows)
 
-    def _count_cancel(self, reason: str) -> None:
+    def _count_cancel(self, reason: DropReason) -> None:
         if self.metrics is not None:
-            self.metrics.cancelled.labels(self.name, reason).inc()
+            self.metrics.cancelled.labels(self.name, reason.value).inc()
 
 
 class _FirstToken:

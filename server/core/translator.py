@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
 from seq2serve.server.core.cache import ResponseCache
@@ -41,8 +41,8 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
-from seq2serve.server.engine.engine import Hypothesis, Result
-from seq2serve.server.engine.options import DecodingOptions
+from seq2serve.server.engine.options import DecodingOptions, ResolvedOptions
+from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 
 # The core's whole surface: the Translator and the values it takes and returns.
 __all__ = ["Call", "ModelInfo", "ModelLimits", "StreamChunk", "SummarizeRequest",
@@ -51,18 +51,6 @@ __all__ = ["Call", "ModelInfo", "ModelLimits", "StreamChunk", "SummarizeRequest"
 
 T = TypeVar("T")
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
-
-
-class ResolvedOptions(Protocol):
-    """What the core reads from the engine's resolved options (every field set)."""
-
-    @property
-    def num_hypotheses(self) -> int | None: ...
-    @property
-    def decoding(self) -> str: ...  # "greedy", "sampling" or "beam"
-
-    @property
-    def seed(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +170,7 @@ class Translator:
         checked = self._texts(texts)
         # The engine's resolve adds what this model allows (position cap, alignment).
         resolved: ResolvedOptions = handle.engine.resolve(options)
-        return _Job(handle, checked, resolved, _hypotheses_wanted(resolved))
+        return _Job(handle, checked, resolved, resolved.num_hypotheses)
 
     def _texts(self, texts: Sequence[str]) -> tuple[str, ...]:
         if not texts:
@@ -286,13 +274,6 @@ def _translation(job: _Job, planned: Plan, results: Sequence[Result]) -> Transla
     return Translation(tuple(joined))
 
 
-def _hypotheses_wanted(options: ResolvedOptions) -> int:
-    count = options.num_hypotheses
-    if count is None:  # resolve() sets every field
-        raise RuntimeError("num_hypotheses is not resolved")
-    return count
-
-
 def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:
     """An answer holds every hypothesis asked for; fewer is a bug here, not the
     client's fault (length_penalty's range exists so that beam search finds them all)."""
@@ -303,7 +284,7 @@ def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:
 
 
 # The answer to a blank text, which is never sent to the engine.
-_EMPTY = Hypothesis(token_ids=[], score=0.0, finish_reason="eos")
+_EMPTY = Hypothesis(token_ids=[], score=0.0, finish_reason=FinishReason.EOS)
 
 
 # -- waiting -----------------------------------------------------------------------

@@ -17,13 +17,13 @@ width (1 + the largest g).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from seq2serve.server.engine.decoding import BeamParams, BeamState, Processing
-from seq2serve.server.engine.options import DecodingOptions
+from seq2serve.server.engine.options import ResolvedOptions
 
 CancelCheck = Callable[[], bool]
 TokenCallback = Callable[[int], None]  # called with each new token id (greedy/sampling)
@@ -51,8 +51,8 @@ class SourceOptions:
     return_alignment: bool
 
     @classmethod
-    def of(cls, options: DecodingOptions, source_length: int) -> SourceOptions:
-        """From resolved options (DecodingOptions.resolve) and the source's length."""
+    def of(cls, options: ResolvedOptions, source_length: int) -> SourceOptions:
+        """From resolved options and the source's length."""
         return cls(
             beam_size=int(options.beam_size or 1),
             num_hypotheses=int(options.num_hypotheses or 1),
@@ -74,9 +74,10 @@ class SourceOptions:
 
 @dataclass(frozen=True)
 class Request:
-    """One source for the engine; `key` names it in the results (any hashable)."""
+    """One source for the engine; `key` names it in the results (the caller's
+    number for it: generate()'s index, the worker's work item id)."""
 
-    key: Hashable
+    key: int
     source: Sequence[int]  # token ids, EOS included
     options: SourceOptions
     cancelled: CancelCheck | None = None
@@ -113,10 +114,12 @@ class Sampler:
 
     def concatenate(self, other: Sampler) -> Sampler:
         width = max(self.uniforms.shape[1], other.uniforms.shape[1])
-        return Sampler(*(np.concatenate([a, b]) for a, b in (
-            (self.sampling, other.sampling), (self.temperature, other.temperature),
-            (self.top_k, other.top_k), (self.top_p, other.top_p))),
-            np.concatenate([_pad_last(self.uniforms, width), _pad_last(other.uniforms, width)]))
+        return Sampler(np.concatenate([self.sampling, other.sampling]),
+                       np.concatenate([self.temperature, other.temperature]),
+                       np.concatenate([self.top_k, other.top_k]),
+                       np.concatenate([self.top_p, other.top_p]),
+                       np.concatenate([_pad_last(self.uniforms, width),
+                                       _pad_last(other.uniforms, width)]))
 
 
 @dataclass(frozen=True)

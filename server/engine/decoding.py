@@ -153,7 +153,7 @@ class EosStop(StopRule):
 
     def __call__(self, tokens: np.ndarray, generated: np.ndarray | int,
                  limit: np.ndarray) -> np.ndarray:
-        return tokens == self.eos_id
+        return np.asarray(tokens == self.eos_id)
 
 
 class LengthStop(StopRule):
@@ -216,7 +216,7 @@ Select = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 # -- greedy and sampling -----------------------------------------------------------------
 
 def greedy_tokens(log_probs: np.ndarray) -> np.ndarray:
-    return log_probs.argmax(axis=1)
+    return np.asarray(log_probs.argmax(axis=1))
 
 
 def warp_for_sampling(log_probs: np.ndarray, temperature: np.ndarray, top_k_: np.ndarray,
@@ -224,7 +224,7 @@ def warp_for_sampling(log_probs: np.ndarray, temperature: np.ndarray, top_k_: np
     """HF's warpers in HF's order on a float64 copy: temperature, top-k (ties with
     the k-th value kept), top-p (smallest set of top tokens whose mass reaches p;
     the best token always kept). Per-row parameters (N,); 0 / 1 = off."""
-    scores = log_probs.astype(np.float64) / temperature[:, None]
+    scores: np.ndarray = log_probs.astype(np.float64) / temperature[:, None]
     n, width = scores.shape
     k_rows = np.flatnonzero((top_k_ > 0) & (top_k_ < width))
     if k_rows.size:
@@ -255,7 +255,7 @@ def sample_tokens(scores: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     target = uniforms * cdf[:, -1]
     # The first index whose cdf exceeds the target: never a zero-probability token.
     tokens = (cdf <= target[:, None]).sum(axis=1)
-    return np.minimum(tokens, scores.shape[1] - 1)
+    return np.asarray(np.minimum(tokens, scores.shape[1] - 1))
 
 
 # -- beam search -------------------------------------------------------------------------

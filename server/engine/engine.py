@@ -38,9 +38,10 @@ with finish_reason "length".
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -53,7 +54,12 @@ from seq2serve.server.engine.decode_state import (
     TokenCallback,
 )
 from seq2serve.server.engine.decoding import EosStop, LengthStop, StopRule
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions, OptionLimits
+from seq2serve.server.engine.options import (
+    DecodingOptions,
+    InvalidOptions,
+    OptionLimits,
+    ResolvedOptions,
+)
 from seq2serve.server.engine.runner import (
     CACHE_BLOCK,
     DecoderCache,
@@ -65,6 +71,7 @@ from seq2serve.server.engine.search import (
     BeamSearch,
     GreedySearch,
     Hypothesis,
+    Result,
     SearchStrategy,
     Special,
 )
@@ -74,16 +81,7 @@ __all__ = ["Engine", "Generation", "GenerateStats", "Hypothesis", "Request", "Re
            "RunningBatch", "SourceOptions", "StepOutcome", "StepStats"]
 
 
-class Result(list[Hypothesis]):
-    """The n-best of one source, best first; `cancelled` sources have none."""
-
-    def __init__(self, hypotheses: Sequence[Hypothesis] = (), cancelled: bool = False):
-        super().__init__(hypotheses)
-        self.cancelled = cancelled
-
-    @property
-    def hypotheses(self) -> tuple[Hypothesis, ...]:
-        return tuple(self)
+AnyOptions = DecodingOptions | ResolvedOptions  # a request's, or already resolved
 
 
 @dataclass(frozen=True)
@@ -110,17 +108,29 @@ class GenerateStats:
         return sum(s.host_seconds for s in self.steps)
 
 
-class Generation(list[Result]):
-    """generate()'s value: one Result per source, in order, and the stats of the run."""
+@dataclass(frozen=True)
+class Generation(Sequence[Result]):
+    """generate()'s value: one Result per source, in order, and the stats of the
+    run. Read as a sequence, it is its results."""
 
-    def __init__(self, results: Sequence[Result], stats: GenerateStats):
-        super().__init__(results)
-        self.stats = stats
+    results: tuple[Result, ...]
+    stats: GenerateStats
+
+    @overload
+    def __getitem__(self, index: int) -> Result: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Result]: ...
+
+    def __getitem__(self, index: int | slice) -> Result | Sequence[Result]:
+        return self.results[index]
+
+    def __len__(self) -> int:
+        return len(self.results)
 
 
 @dataclass(frozen=True)
 class StepOutcome:
-    finished: list[tuple[Hashable, Result]]  # (request key, result), cancelled ones too
+    finished: list[tuple[int, Result]]  # (request key, result), cancelled ones too
     stats: StepStats | None  # None when no row was left to run
 
 
@@ -136,7 +146,10 @@ class Engine:
         self.special = Special(tokens.decoder_start, self.eos_id, tokens.suppress)
         self.src_vocab_size = manifest.config.src_vocab_size
         self.max_source_length = manifest.max_source_length
-        limits = limits or OptionLimits()
+        if limits is None:  # the server's defaults (a benchmark, a test)
+            from seq2serve.server.config import ServerConfig
+
+            limits = ServerConfig(models_dir=None).option_limits()
         # The decoder's positions end at max_positions: one per generated token.
         self.limits = OptionLimits(limits.max_beam_size,
                                    min(limits.max_length, self.runner.max_positions))
@@ -145,7 +158,7 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------
 
-    def resolve(self, options: DecodingOptions | None) -> DecodingOptions:
+    def resolve(self, options: DecodingOptions | None) -> ResolvedOptions:
         """Options with the model's defaults filled in, validated for this engine."""
         return (options or DecodingOptions()).resolve(self.defaults, self.limits)
 
@@ -162,7 +175,7 @@ class Engine:
                                  f"{low if low < 0 else high} outside "
                                  f"[0, {self.src_vocab_size})")
 
-    def request(self, key: Hashable, source: Sequence[int], options: DecodingOptions, *,
+    def request(self, key: int, source: Sequence[int], options: ResolvedOptions, *,
                 cancelled: CancelCheck | None = None, on_token: TokenCallback | None = None,
                 index: int = 0) -> Request:
         """A checked request. options: already resolved (`resolve()`)."""
@@ -178,28 +191,34 @@ class Engine:
     def start_batch(self, beams: int) -> RunningBatch:
         return RunningBatch(self, beams)
 
+    def terminate(self) -> None:
+        """End the ONNX Runtime runs in progress (the server's grace period is over)."""
+        self.runner.terminate()
+
     def generate(self, sources: Sequence[Sequence[int]],
-                 options: DecodingOptions | Sequence[DecodingOptions] | None = None, *,
+                 options: AnyOptions | Sequence[AnyOptions] | None = None, *,
                  cancelled: Sequence[CancelCheck | None] | None = None,
                  on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
         """Decode a batch. sources: token ids with EOS, as the tokenizer makes them.
 
-        options: one for all sources or one per source (None fields take the
-        model's defaults). cancelled: per source, checked at every step
-        boundary; a cancelled source leaves the batch and its Result is marked.
+        options: one for all sources or one per source, resolved or not (a
+        request's None fields take the model's defaults). cancelled: per source,
+        checked at every step boundary; a cancelled source leaves the batch and its
+        Result is marked.
         on_token: per source, called with every token of a greedy or sampling
         hypothesis as it is chosen, the final EOS included (beam search has no
         stable prefix to stream, so beam sources never call it).
         """
         count = len(sources)
-        if isinstance(options, DecodingOptions) or options is None:
+        if isinstance(options, (DecodingOptions, ResolvedOptions)) or options is None:
             options = [options or DecodingOptions()] * count
         if len(options) != count:
             raise ValueError(f"{len(options)} options for {count} sources")
-        resolved_by_id: dict[int, DecodingOptions] = {}
+        resolved_by_id: dict[int, ResolvedOptions] = {}
         for opt in options:  # a shared options object is resolved once
             if id(opt) not in resolved_by_id:
-                resolved_by_id[id(opt)] = self.resolve(opt)
+                resolved_by_id[id(opt)] = (opt if isinstance(opt, ResolvedOptions)
+                                           else self.resolve(opt))
         cancel = list(cancelled) if cancelled is not None else [None] * count
         stream = list(on_token) if on_token is not None else [None] * count
         requests = [self.request(i, src, resolved_by_id[id(opt)], cancelled=cancel[i],
@@ -218,8 +237,8 @@ class Engine:
                 if outcome.stats is not None:
                     stats.steps.append(outcome.stats)
                 for key, result in outcome.finished:
-                    results[int(key)] = result  # type: ignore[call-overload]
-        return Generation(results, stats)
+                    results[key] = result
+        return Generation(tuple(results), stats)
 
 
 @dataclass(frozen=True)
@@ -308,7 +327,7 @@ class RunningBatch:
     # -- one step ----------------------------------------------------------------------
 
     def step(self) -> StepOutcome:
-        finished: list[tuple[Hashable, Result]] = []
+        finished: list[tuple[int, Result]] = []
         self._drop_cancelled(finished)
         if self.placed is None:
             self._reset()
@@ -353,7 +372,8 @@ class RunningBatch:
         sources = self.sources
         state, done = self.search.step(state, log_probs[at], aligned[at])
         for i in np.flatnonzero(done):
-            finished.append((state.requests[i].key, Result(self.search.finish(state, int(i)))))
+            hypotheses = tuple(self.search.finish(state, int(i)))
+            finished.append((state.requests[i].key, Result(hypotheses)))
         keep = np.flatnonzero(~done)
         self._adopt(_Placed(state, p.slots, p.slots).only(keep) if keep.size else None,
                     p.slots[done])
@@ -361,7 +381,7 @@ class RunningBatch:
         self.steps += 1
         return StepOutcome(finished, stats)
 
-    def _drop_cancelled(self, finished: list[tuple[Hashable, Result]]) -> None:
+    def _drop_cancelled(self, finished: list[tuple[int, Result]]) -> None:
         """Cancellation is checked at step boundaries, where a source leaves for free."""
         p = self.placed
         if p is None:

@@ -51,10 +51,11 @@ class InvalidOptions(ValueError):
 
 @dataclass(frozen=True)
 class OptionLimits:
-    """Server-side caps; the engine lowers `max_length` to the model's position count."""
+    """Server-side caps; the engine lowers `max_length` to the model's position count.
+    No defaults here: the server's are in ServerConfig (`option_limits()`)."""
 
-    max_beam_size: int = 16
-    max_length: int = 512
+    max_beam_size: int
+    max_length: int
 
 
 # Used for fields that neither the request nor the manifest sets.
@@ -79,6 +80,8 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class DecodingOptions:
+    """A request's decoding options: None = the model's default (then the built-in)."""
+
     beam_size: int | None = None
     num_hypotheses: int | None = None  # n-best size, <= beam_size
     length_penalty: float | None = None  # beam score = sum log-probs / length ** length_penalty
@@ -95,23 +98,10 @@ class DecodingOptions:
     return_scores: bool | None = None
     return_alignment: bool | None = None
 
-    @property
-    def sampling(self) -> bool:
-        """Whether these (resolved) options sample instead of searching."""
-        return bool(self.sampling_temperature and self.sampling_temperature > 0)
-
-    @property
-    def decoding(self) -> str:
-        """'sampling', 'greedy' or 'beam' (resolved options)."""
-        if self.sampling:
-            return "sampling"
-        return "greedy" if self.beam_size == 1 else "beam"
-
-    def resolve(self, defaults: Mapping[str, Any] | None = None,
-                limits: OptionLimits | None = None) -> DecodingOptions:
+    def resolve(self, defaults: Mapping[str, Any] | None,
+                limits: OptionLimits) -> ResolvedOptions:
         """Fill unset fields (request, then `defaults`, then built-ins) and validate."""
         defaults = defaults or {}
-        limits = limits or OptionLimits()
         values = dataclasses.asdict(self)
         sampling_requested = (
             (self.sampling_temperature is not None and self.sampling_temperature != 0)
@@ -128,32 +118,62 @@ class DecodingOptions:
         if self.max_length is None and isinstance(values["max_length"], int):
             # A manifest default beyond the server's cap is lowered, not an error.
             values["max_length"] = min(values["max_length"], limits.max_length)
-        resolved = DecodingOptions(**values)
+        _check_types(values)
+        resolved = ResolvedOptions(**values)
         resolved.validate(limits)
         return resolved
 
-    def validate(self, limits: OptionLimits | None = None) -> None:
-        """Raise InvalidOptions for the first field out of range. Expects resolved options."""
-        limits = limits or OptionLimits()
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """Options with every field decided (request, model default or built-in) and
+    checked against the server's limits: what the engine and the scheduler take."""
+
+    beam_size: int
+    num_hypotheses: int
+    length_penalty: float
+    early_stopping: bool | str
+    max_length: int
+    max_length_ratio: float
+    min_length: int
+    no_repeat_ngram_size: int
+    repetition_penalty: float
+    sampling_temperature: float
+    sampling_top_k: int
+    sampling_top_p: float
+    seed: int | None
+    return_scores: bool
+    return_alignment: bool
+
+    @property
+    def sampling(self) -> bool:
+        """Whether these options sample instead of searching."""
+        return self.sampling_temperature > 0
+
+    @property
+    def decoding(self) -> str:
+        """'sampling', 'greedy' or 'beam'."""
+        if self.sampling:
+            return "sampling"
+        return "greedy" if self.beam_size == 1 else "beam"
+
+    def validate(self, limits: OptionLimits) -> None:
+        """Raise InvalidOptions for the first field out of range."""
         _int_in("beam_size", self.beam_size, 1, limits.max_beam_size)
-        _integer("num_hypotheses", self.num_hypotheses)
         if self.num_hypotheses < 1:
             raise InvalidOptions("num_hypotheses",
                                  f"num_hypotheses must be >= 1, got {self.num_hypotheses}")
         if self.num_hypotheses > self.beam_size:
             raise InvalidOptions("num_hypotheses", f"num_hypotheses must be <= beam_size "
                                  f"({self.beam_size}), got {self.num_hypotheses}")
-        _finite("length_penalty", self.length_penalty)
         low, high = LENGTH_PENALTY_RANGE
         if not low <= self.length_penalty <= high:
             raise InvalidOptions("length_penalty", f"length_penalty must be in [{low:g}, "
                                  f"{high:g}], got {self.length_penalty}")
-        if self.early_stopping not in EARLY_STOPPING or (
-                isinstance(self.early_stopping, int) and not isinstance(self.early_stopping, bool)):
+        if self.early_stopping not in EARLY_STOPPING:
             raise InvalidOptions("early_stopping", "early_stopping must be one of False, True, "
                                  f"'never', got {self.early_stopping!r}")
         _int_in("max_length", self.max_length, 1, limits.max_length)
-        _finite("max_length_ratio", self.max_length_ratio)
         if self.max_length_ratio < 0:
             raise InvalidOptions("max_length_ratio", "max_length_ratio must be >= 0 (0 = no "
                                  f"relative limit), got {self.max_length_ratio}")
@@ -161,19 +181,15 @@ class DecodingOptions:
                 upper_name=f"max_length ({self.max_length})")
         _int_in("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, self.max_length + 1,
                 upper_name=f"max_length + 1 ({self.max_length + 1})")
-        _finite("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
             raise InvalidOptions("repetition_penalty", "repetition_penalty must be in (0, inf) "
                                  f"(1 = off), got {self.repetition_penalty}")
-        _finite("sampling_temperature", self.sampling_temperature)
         if self.sampling_temperature < 0:
             raise InvalidOptions("sampling_temperature", "sampling_temperature must be >= 0 "
                                  f"(0 = no sampling), got {self.sampling_temperature}")
-        _integer("sampling_top_k", self.sampling_top_k)
         if self.sampling_top_k < 0:
             raise InvalidOptions("sampling_top_k", "sampling_top_k must be >= 0 (0 = off), "
                                  f"got {self.sampling_top_k}")
-        _finite("sampling_top_p", self.sampling_top_p)
         if not 0 < self.sampling_top_p <= 1:
             raise InvalidOptions("sampling_top_p",
                                  f"sampling_top_p must be in (0, 1], got {self.sampling_top_p}")
@@ -186,17 +202,37 @@ class DecodingOptions:
                                  f"(sampling_temperature > 0), got {self.beam_size}")
         if self.seed is not None:
             _int_in("seed", self.seed, 0, 2**64 - 1)
-        for name in ("return_scores", "return_alignment"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidOptions(name, f"{name} must be true or false, "
-                                     f"got {getattr(self, name)!r}")
 
     def max_new_tokens(self, source_length: int) -> int:
-        """The generated-token limit for one source (resolved options)."""
+        """The generated-token limit for one source."""
         limit = self.max_length
         if self.max_length_ratio > 0:
             limit = min(limit, max(1, math.ceil(self.max_length_ratio * source_length)))
         return limit
+
+
+# The type each field must have once resolved; checked before ResolvedOptions is
+# built, so that a wrong type is an InvalidOptions naming the field, never a crash.
+_INTEGERS = ("beam_size", "num_hypotheses", "max_length", "min_length", "no_repeat_ngram_size",
+             "sampling_top_k")
+_FLOATS = ("length_penalty", "max_length_ratio", "repetition_penalty", "sampling_temperature",
+           "sampling_top_p")
+
+
+def _check_types(values: dict[str, Any]) -> None:
+    for name in _INTEGERS:
+        _integer(name, values[name])
+    for name in _FLOATS:
+        _finite(name, values[name])
+    if values["seed"] is not None:
+        _integer("seed", values["seed"])
+    if isinstance(values["early_stopping"], int) and not isinstance(values["early_stopping"],
+                                                                   bool):
+        raise InvalidOptions("early_stopping", "early_stopping must be one of False, True, "
+                             f"'never', got {values['early_stopping']!r}")
+    for name in ("return_scores", "return_alignment"):
+        if not isinstance(values[name], bool):
+            raise InvalidOptions(name, f"{name} must be true or false, got {values[name]!r}")
 
 
 def _integer(name: str, value: Any) -> None:

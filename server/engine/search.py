@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
+from typing import overload
 
 import numpy as np
 
@@ -31,13 +33,38 @@ from seq2serve.server.engine.decoding import (
 )
 
 
+class FinishReason(str, Enum):
+    EOS = "eos"  # the model ended it
+    LENGTH = "length"  # cut at the length limit
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     token_ids: list[int]  # without the start token and without EOS
     score: float | None  # None unless return_scores
-    finish_reason: str  # "eos" or "length"
+    finish_reason: FinishReason
     # per token, the source token position it attended to most; None unless requested
     alignment: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Result(Sequence[Hypothesis]):
+    """The n-best of one source, best first; a cancelled source has none. Read as
+    a sequence, it is its hypotheses."""
+
+    hypotheses: tuple[Hypothesis, ...] = ()
+    cancelled: bool = False
+
+    @overload
+    def __getitem__(self, index: int) -> Hypothesis: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Hypothesis]: ...
+
+    def __getitem__(self, index: int | slice) -> Hypothesis | Sequence[Hypothesis]:
+        return self.hypotheses[index]
+
+    def __len__(self) -> int:
+        return len(self.hypotheses)
 
 
 @dataclass(frozen=True)
@@ -105,7 +132,7 @@ class SearchStrategy:
             out.append(Hypothesis(
                 token_ids=[int(t) for t in tokens[:kept]],
                 score=score if opts.return_scores else None,
-                finish_reason="eos" if ended else "length",
+                finish_reason=FinishReason.EOS if ended else FinishReason.LENGTH,
                 alignment=[int(a) for a in alignment[:kept]]
                 if opts.return_alignment and alignment is not None else None))
         return out

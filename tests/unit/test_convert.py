@@ -46,7 +46,7 @@ def test_zero_beam_size_reaches_validation() -> None:
     # Sent as 0, it must fail as 0, not quietly become the model's default.
     options = convert.options_from_pb(pb.DecodingOptions(beam_size=0))
     with pytest.raises(ValueError, match="beam_size must be in"):
-        options.resolve()
+        options.resolve(None, LIMITS)
 
 
 def test_floats_arrive_as_the_client_wrote_them() -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
+from seq2serve.server.config import ServerConfig
 from seq2serve.server.engine.decoding import (
     BeamParams,
     BeamState,
@@ -33,6 +34,9 @@ from seq2serve.server.engine.decoding import (
     warp_for_sampling,
 )
 from seq2serve.server.engine.options import DecodingOptions, InvalidOptions, OptionLimits
+
+# The server's own caps (ServerConfig is their one home).
+LIMITS = ServerConfig(models_dir=None).option_limits()
 
 EOS = 0
 RULES = (EosStop(EOS), LengthStop())
@@ -288,7 +292,7 @@ def test_beam_state_selects_sources() -> None:
 def test_validation_names_field_and_range(options: DecodingOptions, field: str,
                                           message: str) -> None:
     with pytest.raises(InvalidOptions) as err:
-        options.resolve({"beam_size": 4, "max_length": 256})
+        options.resolve({"beam_size": 4, "max_length": 256}, LIMITS)
     assert err.value.field == field
     assert str(err.value).startswith(message)
     assert isinstance(err.value, ValueError)
@@ -301,11 +305,13 @@ def test_resolve_defaults_and_limits() -> None:
     assert (opts.beam_size, opts.length_penalty, opts.max_length) == (4, 0.6, 300)
     assert opts.decoding == "beam" and opts.max_new_tokens(10) == 20
     assert opts.max_new_tokens(400) == 300
-    sampled = DecodingOptions(sampling_top_p=0.9).resolve(defaults)
+    sampled = DecodingOptions(sampling_top_p=0.9).resolve(defaults, LIMITS)
     assert sampled.decoding == "sampling" and sampled.beam_size == 1
     assert sampled.sampling_temperature == 1.0
-    assert DecodingOptions(beam_size=1).resolve(defaults).decoding == "greedy"
+    assert DecodingOptions(beam_size=1).resolve(defaults, LIMITS).decoding == "greedy"
     with pytest.raises(InvalidOptions, match=r"beam_size must be in \[1, 8\], got 9"):
-        DecodingOptions(beam_size=9).resolve(defaults, OptionLimits(max_beam_size=8))
+        DecodingOptions(beam_size=9).resolve(defaults,
+                                             OptionLimits(max_beam_size=8, max_length=512))
     with pytest.raises(InvalidOptions, match=r"max_length must be in \[1, 300\], got 400"):
-        DecodingOptions(max_length=400).resolve(defaults, OptionLimits(max_length=300))
+        DecodingOptions(max_length=400).resolve(defaults,
+                                                OptionLimits(max_beam_size=16, max_length=300))

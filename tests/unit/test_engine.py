@@ -249,7 +249,7 @@ def test_options_errors_reach_the_caller(engine: Engine, sources: list[list[int]
         engine.generate([sources[0], []])
     with pytest.raises(InvalidOptions, match="outside"):
         engine.generate([[10**6]])
-    assert engine.generate([]) == []
+    assert len(engine.generate([])) == 0
     no_scores = engine.generate(sources[:1], DecodingOptions(return_scores=False))
     assert no_scores[0][0].score is None
 

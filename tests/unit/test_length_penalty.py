@@ -14,8 +14,12 @@ import math
 import numpy as np
 import pytest
 
+from seq2serve.server.config import ServerConfig
 from seq2serve.server.engine.decoding import BeamParams, BeamState, EosStop, LengthStop, beam_step
 from seq2serve.server.engine.options import LENGTH_PENALTY_RANGE, DecodingOptions, InvalidOptions
+
+# The server's own caps (ServerConfig is their one home).
+LIMITS = ServerConfig(models_dir=None).option_limits()
 
 EOS = 0
 BEAMS = 4
@@ -57,11 +61,12 @@ def test_just_past_the_low_end_hypotheses_are_lost() -> None:
 @pytest.mark.parametrize("value", [-20.0, -6.0, -1.5, 10.5, 1e6])
 def test_values_outside_the_range_are_refused_naming_it(value: float) -> None:
     with pytest.raises(InvalidOptions) as e:
-        DecodingOptions(beam_size=4, length_penalty=value).resolve()
+        DecodingOptions(beam_size=4, length_penalty=value).resolve(None, LIMITS)
     assert e.value.field == "length_penalty"
     assert str(e.value) == f"length_penalty must be in [-1, 10], got {value}"
 
 
 @pytest.mark.parametrize("value", [-1.0, 0.0, 0.6, 1.0, 2.0, 10.0])
 def test_values_inside_the_range_are_accepted(value: float) -> None:
-    assert DecodingOptions(beam_size=4, length_penalty=value).resolve().length_penalty == value
+    resolved = DecodingOptions(beam_size=4, length_penalty=value).resolve(None, LIMITS)
+    assert resolved.length_penalty == value

@@ -6,13 +6,13 @@ import asyncio
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from seq2serve.server.batching.scheduler import (
-    BatchLimits,
     Draining,
     ItemDropped,
     QueueFull,
@@ -21,10 +21,18 @@ from seq2serve.server.batching.scheduler import (
     WorkItem,
 )
 from seq2serve.server.batching.worker import ModelWorker
+from seq2serve.server.config import MAX_BEAM_SIZE, ServerConfig
 from seq2serve.server.core.delivery import deliver_to_future, mailbox
 from seq2serve.server.core.errors import NotFound
-from seq2serve.server.engine.engine import GenerateStats, Generation, StepStats
-from seq2serve.server.engine.options import InvalidOptions
+from seq2serve.server.engine.decode_state import Request, SourceOptions
+from seq2serve.server.engine.engine import GenerateStats, Generation, StepOutcome, StepStats
+from seq2serve.server.engine.options import (
+    DecodingOptions,
+    InvalidOptions,
+    OptionLimits,
+    ResolvedOptions,
+)
+from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
 
 LONG = 10.0  # a queue delay no test waits for: batches must close for another reason
@@ -47,24 +55,27 @@ class Box:
         return self.values[0]
 
 
-@dataclass(frozen=True)
-class Opts:
-    beam_size: int = 1
-    max_length: int = 64
-
-    def max_new_tokens(self, source_length: int) -> int:
-        return self.max_length
+def opts(beam_size: int = 1, max_length: int = 64) -> ResolvedOptions:
+    return DecodingOptions(beam_size=beam_size, max_length=max_length).resolve(
+        None, OptionLimits(max_beam_size=16, max_length=512))
 
 
 def item(length: int, beam: int = 1, first: int = 1, max_length: int = 64,
          **kw: Any) -> WorkItem:
     return WorkItem(source=list(range(first, first + length)),
-                    options=Opts(beam, max_length), deliver=Box(), **kw)
+                    options=opts(beam, max_length), deliver=Box(), **kw)
+
+
+# The server's defaults, the one home of them; each test changes what it is about.
+SERVER_LIMITS = ServerConfig(models_dir=None).batch_limits()
 
 
 def sched(size: int = 32, tokens: int = 8192, delay: float = LONG,
           queue: int = 1024, rows: int = 0, cache: int = 131072) -> Scheduler:
-    return Scheduler(BatchLimits(size, tokens, delay, queue, rows, cache))
+    return Scheduler(replace(SERVER_LIMITS, max_batch_size=size, max_batch_tokens=tokens,
+                             max_queue_delay_s=delay, max_queue_size=queue,
+                             max_running_rows=rows, max_cache_tokens=cache,
+                             max_running_beam=MAX_BEAM_SIZE))
 
 
 def lengths(batch: Any) -> list[int]:
@@ -296,10 +307,10 @@ def test_joining_respects_the_cache_budget_and_stops_at_the_first_misfit() -> No
 def test_beams_wider_than_max_running_beam_run_request_level() -> None:
     """The server's default: greedy and sampling join running batches, beam search
     forms request-level batches (no rows budget, nothing joins)."""
-    limits = BatchLimits(max_queue_delay_s=0.0, max_running_rows=8, max_cache_tokens=10**6,
-                         max_running_beam=1)
+    limits = replace(SERVER_LIMITS, max_queue_delay_s=0.0, max_running_rows=8,
+                     max_cache_tokens=10**6, max_running_beam=1)
     assert limits.iterates(1) and not limits.iterates(4)
-    assert not BatchLimits(max_running_rows=0).iterates(1)
+    assert not replace(SERVER_LIMITS, max_running_rows=0).iterates(1)
     s = Scheduler(limits)
     s.submit(item(3, beam=4))
     assert s.joining(Running(shape=4, sources=1, rows=4, reach=16)) is None
@@ -311,7 +322,7 @@ def test_beams_wider_than_max_running_beam_run_request_level() -> None:
     joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16))
     assert joined is not None and len(joined.items) == 2
     with pytest.raises(ValueError, match="max_running_beam must be >= 1"):
-        BatchLimits(max_running_beam=0)
+        replace(SERVER_LIMITS, max_running_beam=0)
 
 
 def test_joining_is_off_for_request_level_and_reports_drops() -> None:
@@ -336,27 +347,66 @@ def test_first_batch_respects_the_rows_budget() -> None:
 
 # -- the worker ---------------------------------------------------------------------------
 
+def reversal(source: list[int] | tuple[int, ...]) -> Result:
+    """The fake engines' answer: the source reversed, scored by its length."""
+    return Result((Hypothesis(list(reversed(source)), -float(len(source)),
+                              FinishReason.EOS),))
+
+
 @dataclass
-class Hyp:
-    token_ids: list[int]
-    score: float = 0.0
+class FakeRunning:
+    """A running batch whose every admitted source finishes at its next step."""
 
+    beams: int
+    engine: FakeEngine
+    waiting: list[Request] = field(default_factory=list)
+    steps: int = 0
 
-class Result(list):
-    cancelled = False
+    @property
+    def sources(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def rows(self) -> int:
+        return len(self.waiting) * self.beams
+
+    @property
+    def longest_reach(self) -> int:
+        return 16
+
+    def admit(self, requests: Sequence[Request]) -> float:
+        self.engine.check([r.source for r in requests])
+        self.waiting.extend(requests)
+        return 0.002
+
+    def step(self) -> StepOutcome:
+        done, self.waiting = self.waiting, []
+        finished = []
+        for r in done:
+            if r.cancelled is not None and r.cancelled():
+                finished.append((r.key, Result(cancelled=True)))
+                continue
+            if r.on_token is not None:
+                for token in reversed(r.source):
+                    r.on_token(token)
+            finished.append((r.key, reversal(r.source)))
+        self.steps += 1
+        return StepOutcome(finished, StepStats(self.steps, len(done), len(done), 16, 0.001, 0.0))
 
 
 @dataclass
 class FakeEngine:
-    """Answers each source with its reversal; can fail, block or cancel."""
+    """Answers each source with its reversal; can fail, block or cancel. Implements
+    the whole BatchEngine protocol (request-level and iteration-level)."""
 
     fail_on: int | None = None  # a token that makes the whole call raise
     always_fail: bool = False
     gate: threading.Event | None = None
     hook: Any = None  # called first in every generate()
     calls: list[int] = field(default_factory=list)
+    terminated: bool = False
 
-    def generate(self, sources, options, *, cancelled=None, on_token=None):
+    def check(self, sources: Sequence[Sequence[int]]) -> None:
         self.calls.append(len(sources))
         if self.hook is not None:
             self.hook()
@@ -364,19 +414,32 @@ class FakeEngine:
             assert self.gate.wait(5)
         if self.always_fail or any(self.fail_on in s for s in sources):
             raise RuntimeError("engine exploded")
+
+    def request(self, key: int, source: Sequence[int], options: ResolvedOptions, *,
+                cancelled: Any = None, on_token: Any = None, index: int = 0) -> Request:
+        return Request(key, list(source), SourceOptions.of(options, len(source)), cancelled,
+                       on_token)
+
+    def start_batch(self, beams: int) -> FakeRunning:
+        return FakeRunning(beams, self)
+
+    def generate(self, sources: Sequence[Sequence[int]], options: Any, *,
+                 cancelled: Any = None, on_token: Any = None) -> Generation:
+        self.check(sources)
         out = []
         for i, src in enumerate(sources):
             if cancelled and cancelled[i]():
-                r = Result()
-                r.cancelled = True
-                out.append(r)
+                out.append(Result(cancelled=True))
                 continue
             if on_token and on_token[i]:
                 for t in reversed(src):
                     on_token[i](t)
-            out.append(Result([Hyp(list(reversed(src)), -float(len(src)))]))
-        return Generation(out, GenerateStats([StepStats(0, len(out), len(out), 16, 0.001, 0.0)],
-                                             encode_seconds=0.002))
+            out.append(reversal(list(src)))
+        return Generation(tuple(out), GenerateStats(
+            [StepStats(0, len(out), len(out), 16, 0.001, 0.0)], encode_seconds=0.002))
+
+    def terminate(self) -> None:
+        self.terminated = True
 
 
 def served(engine: FakeEngine, **limits: Any) -> tuple[Scheduler, ModelWorker, Metrics]:

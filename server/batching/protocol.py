@@ -1,0 +1,51 @@
+"""What the worker needs of an engine, defined where it is used: the Engine
+satisfies it (mypy checks the registry's ModelWorker(engine) calls), and the
+tests' fake engines implement the whole of it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from seq2serve.server.engine.decode_state import CancelCheck, Request, TokenCallback
+from seq2serve.server.engine.engine import Generation, StepOutcome
+from seq2serve.server.engine.options import ResolvedOptions
+
+
+class RunningRows(Protocol):
+    """A running batch of one beam width, which requests join at step boundaries."""
+
+    beams: int
+
+    @property
+    def sources(self) -> int: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def longest_reach(self) -> int: ...
+
+    def admit(self, requests: Sequence[Request]) -> float:
+        """Encode and add the requests; the encoder's seconds."""
+
+    def step(self) -> StepOutcome:
+        """One decoder step over every live row; the sources that finished."""
+
+
+class BatchEngine(Protocol):
+    def request(self, key: int, source: Sequence[int], options: ResolvedOptions, *,
+                cancelled: CancelCheck | None = None, on_token: TokenCallback | None = None,
+                index: int = 0) -> Request:
+        """A checked request (InvalidOptions for a bad source)."""
+
+    def start_batch(self, beams: int) -> RunningRows: ...
+
+    def generate(self, sources: Sequence[Sequence[int]],
+                 options: Sequence[ResolvedOptions], *,
+                 cancelled: Sequence[CancelCheck | None] | None = None,
+                 on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
+        """Decode a whole batch (request-level)."""
+
+    def terminate(self) -> None:
+        """End the ONNX Runtime runs in progress; the engine cannot run again."""
