@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -130,3 +132,20 @@ def stub(server):  # noqa: ANN001, ANN201 - `server`: the requesting module's Ru
 
     with grpc.insecure_channel(server.target) as channel:
         yield pb_grpc.TranslatorStub(channel)
+
+
+class Box:
+    """Collects what `deliver` receives."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self.event = threading.Event()
+
+    def __call__(self, value: Any) -> None:
+        self.values.append(value)
+        self.event.set()
+
+    def get(self, timeout: float = 5.0) -> Any:
+        assert self.event.wait(timeout), "nothing was delivered"
+        assert len(self.values) == 1
+        return self.values[0]

@@ -154,6 +154,8 @@ class RunningServer:
 def server_config(models_dir: Path, **overrides: object) -> ServerConfig:
     values = dict(models_dir=models_dir, host="127.0.0.1", port=0, metrics_port=0,
                   http_port=0, provider="cpu", threads=1, max_queue_delay_ms=20.0,
-                  grace_period_s=5.0, drain_delay_s=0.0)
+                  grace_period_s=5.0, drain_delay_s=0.0,
+                  # off unless a test is about it: the others count what the engine ran
+                  cache_mb=0.0)
     values.update(overrides)
     return ServerConfig(**values)

@@ -27,7 +27,7 @@ TEXTS = ["the house is small", "Open the file. Close it.", "a b c d"]
 def server(models_dir: Path) -> Iterator[RunningServer]:
     running = RunningServer(server_config(models_dir, http_port=free_port(),
                                           max_texts_per_request=16, max_text_chars=2000,
-                                          max_message_bytes=1 << 20, metrics_port=0))
+                                          max_message_bytes=1 << 20, cache_mb=16.0))
     yield running
     running.stop()
 
@@ -148,6 +148,17 @@ def test_a_cached_answer_equals_a_fresh_one_bit_for_bit(server: RunningServer,
     assert after.hits == before.hits + 1 and after.misses == before.misses + 1
     # A hit never reaches the queue: no batch ran for it.
     assert sum(h.batches for h in server.server.registry.handles()) == batches
+
+
+def test_both_front_doors_share_the_cache(server: RunningServer, http: httpx.Client,
+                                          grpc_client: Seq2ServeClient) -> None:
+    cache = server.server.translator.cache
+    text = "the open house is small"
+    via_http = http.post("/translate", json={"q": text, "source": "en", "target": "de"})
+    hits = cache.stats().hits
+    [[via_grpc]] = grpc_client.translate([text], source_language="en", target_language="de")
+    assert cache.stats().hits == hits + 1
+    assert via_grpc.text == via_http.json()["translatedText"]
 
 
 @pytest.mark.parametrize(("body", "headers", "status", "message"), [

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from conftest import Box
 
 from seq2serve.server.batching.scheduler import BatchLimits, Draining, Scheduler, WorkItem
 from seq2serve.server.batching.worker import ModelWorker
@@ -81,20 +82,6 @@ class Opts:
 
     def max_new_tokens(self, source_length: int) -> int:
         return self.max_length
-
-
-class Box:
-    def __init__(self) -> None:
-        self.values: list[Any] = []
-        self.event = threading.Event()
-
-    def __call__(self, value: Any) -> None:
-        self.values.append(value)
-        self.event.set()
-
-    def get(self, timeout: float = 5.0) -> Any:
-        assert self.event.wait(timeout), "nothing was delivered"
-        return self.values[0]
 
 
 class BlockingRunner:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from conftest import Box
 
 from seq2serve.server.batching.scheduler import (
     Draining,
@@ -36,23 +37,6 @@ from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
 
 LONG = 10.0  # a queue delay no test waits for: batches must close for another reason
-
-
-class Box:
-    """Collects what `deliver` receives."""
-
-    def __init__(self) -> None:
-        self.values: list[Any] = []
-        self.event = threading.Event()
-
-    def __call__(self, value: Any) -> None:
-        self.values.append(value)
-        self.event.set()
-
-    def get(self, timeout: float = 5.0) -> Any:
-        assert self.event.wait(timeout), "nothing was delivered"
-        assert len(self.values) == 1
-        return self.values[0]
 
 
 def opts(beam_size: int = 1, max_length: int = 64) -> ResolvedOptions:
