@@ -152,13 +152,18 @@ def test_a_cached_answer_equals_a_fresh_one_bit_for_bit(server: RunningServer,
 
 def test_both_front_doors_share_the_cache(server: RunningServer, http: httpx.Client,
                                           grpc_client: Seq2ServeClient) -> None:
+    """The same request (same text, same options) through HTTP then gRPC: one miss,
+    then a hit, the same answer."""
     cache = server.server.translator.cache
-    text = "the open house is small"
-    via_http = http.post("/translate", json={"q": text, "source": "en", "target": "de"})
+    request = pb.TranslateRequest(texts=["the open house is small"], source_language="en",
+                                  target_language="de",
+                                  options=pb.DecodingOptions(return_scores=True))
+    via_http = http.post("/v1/translate", content=json_format.MessageToJson(request))
     hits = cache.stats().hits
-    [[via_grpc]] = grpc_client.translate([text], source_language="en", target_language="de")
+    with grpc.insecure_channel(grpc_client.target) as channel:
+        via_grpc = pb_grpc.TranslatorStub(channel).Translate(request)
     assert cache.stats().hits == hits + 1
-    assert via_grpc.text == via_http.json()["translatedText"]
+    assert json.loads(json_format.MessageToJson(via_grpc, indent=None)) == via_http.json()
 
 
 @pytest.mark.parametrize(("body", "headers", "status", "message"), [
