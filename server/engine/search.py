@@ -167,7 +167,9 @@ class GreedySearch(SearchStrategy):
         generated = state.generated + 1
         done = stops(self.rules, tokens, generated, state.max_new)
         for source in np.flatnonzero(state.streaming):  # the streaming sources only
-            state.requests[source].on_token(int(tokens[source]))  # type: ignore[misc]
+            on_token = state.requests[source].on_token
+            if on_token is not None:  # always so: `streaming` marks the sources with one
+                on_token(int(tokens[source]))
         return replace(state, generated=generated, tokens=tokens,
                        origin=np.arange(state.rows, dtype=np.int64), history=history,
                        alignment=alignment, scores=scores), done

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterable
 
 from seq2serve.server.config import ServerConfig
+from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.metrics import Metrics
 
 # Family name (as prometheus_client names it: counters without `_total`) -> type.
@@ -44,14 +45,16 @@ def front_door_series() -> set[str]:
 
 
 def registered_series() -> set[str]:
-    """Every series name the server's registry can expose: Metrics' own, and the
-    HTTP app's, which it adds to the same registry when it is built."""
+    """Every series name the server's registry can expose: Metrics' own, the
+    HTTP app's and the response cache's, which the server adds to the same registry."""
     metrics = Metrics()
     if "seq2serve_http_requests" not in {c.name for c in metrics.registry.collect()}:
         with contextlib.suppress(ImportError):  # absent until the front door is wired in
             from seq2serve.server.api.http.app import HttpMetrics
 
             HttpMetrics(metrics)
+    # The server's one response cache, as Server() registers it.
+    metrics.watch_cache(ResponseCache[object](1).stats)
     return series_of((c.name, c.type) for c in metrics.registry.collect())
 
 
