@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +200,17 @@ def test_bad_input_gets_a_clear_4xx_and_the_server_stays_up(
     assert ok.status_code == 200
 
 
+def test_a_chunked_body_over_the_limit_is_refused_too(http: httpx.Client) -> None:
+    def chunks():  # no Content-Length: the limit must hold while reading
+        for _ in range(40):
+            yield b"x" * 65536
+
+    response = http.post("/translate", content=chunks(),
+                         headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "Request body too large" in response.json()["error"]
+    assert http.get("/health").status_code == 200
+
+
 def test_deeply_nested_html_is_translated_not_crashed(http: httpx.Client) -> None:
     html = "<div>" * 5000 + "a b c d" + "</div>" * 5000
     response = http.post("/translate", json={"q": html, "source": "en", "target": "de",
@@ -268,6 +281,34 @@ def test_keys_and_rate_limits(models_dir: Path, tmp_path: Path) -> None:
             assert burst.status_code == 429
             assert burst.json() == {"error": "Slowdown: 5 per 1 minute"}
             assert client.get("/languages").is_success  # listing is never limited
+    finally:
+        running.stop()
+
+
+def test_a_client_that_leaves_takes_its_texts_out_of_the_queue(models_dir: Path) -> None:
+    """The texts wait 5 s for company in the queue; their client leaves after 0.5 s:
+    they are dropped as cancelled, never run, and the server goes on serving."""
+    running = RunningServer(server_config(models_dir, http_port=free_port(),
+                                          max_queue_delay_ms=5000.0))
+    try:
+        metrics = running.server.metrics
+        body = json.dumps({"q": ["a b c d", "the house"], "source": "en",
+                           "target": "de"}).encode()
+        with socket.create_connection(("127.0.0.1", running.http_port)) as client:
+            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.5)
+        for _ in range(100):
+            dropped = metrics.registry.get_sample_value(
+                "seq2serve_cancelled_total", {"model": "opus-mt-en-de", "reason": "cancelled"})
+            if dropped == 2:
+                break
+            time.sleep(0.1)
+        assert dropped == 2
+        assert sum(h.batches for h in running.server.registry.handles()) == 0
+        assert running.http_url is not None
+        assert httpx.get(running.http_url + "/health", timeout=10).status_code == 200
     finally:
         running.stop()
 

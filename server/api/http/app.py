@@ -8,6 +8,8 @@ process, one application core, one metrics registry.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from prometheus_client import Counter, Histogram
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
@@ -85,6 +87,36 @@ def error_response(error: BaseException) -> JSONResponse:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
+
+
+async def until_client_leaves(request: Request, handler: Handler) -> Response:
+    """Run the handler; if the client disconnects first, cancel it, so that its texts
+    leave the queue and their batches at once (as a cancelled gRPC call's do)."""
+    try:
+        await request.body()  # read whole (and kept) here: what follows on the stream is the end
+    except ClientDisconnect:  # gone before it finished sending (or past the body limit)
+        return Response(status_code=CLIENT_CLOSED)
+    work = asyncio.ensure_future(handler(request))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the listener is stopping: so does the work
+        work.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await work
+    return Response(status_code=CLIENT_CLOSED)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
@@ -103,7 +135,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                response = await handler(request)
+                response = await until_client_leaves(request, handler)
             except Exception as error:  # noqa: BLE001 - every error becomes a status + body
                 response = error_response(error)
             observed.requests.labels(path, str(response.status_code)).inc()

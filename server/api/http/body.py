@@ -118,28 +118,29 @@ class BodyLimit:
             await self._refuse(send)
             return
         seen = 0
-        started = False
+        over = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            # Past the limit the app hears that the client left: it stops reading
+            # and whatever it answers is replaced by the 413 below.
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    over = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def checked_send(message: Message) -> None:
+            if not over:
+                await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send)
+        await self.app(scope, limited_receive, checked_send)
+        if over:
+            await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps({"error": f"Request body too large: the limit is {self.limit} "
@@ -149,6 +150,3 @@ class BodyLimit:
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-
-class _TooLarge(Exception):
-    pass
