@@ -54,22 +54,22 @@ class SourceOptions:
     def of(cls, options: ResolvedOptions, source_length: int) -> SourceOptions:
         """From resolved options and the source's length."""
         return cls(
-            beam_size=int(options.beam_size or 1),
-            num_hypotheses=int(options.num_hypotheses or 1),
+            beam_size=options.beam_size,
+            num_hypotheses=options.num_hypotheses,
             max_new=options.max_new_tokens(source_length),
-            min_length=int(options.min_length or 0),
-            length_penalty=float(options.length_penalty or 0.0),
+            min_length=options.min_length,
+            length_penalty=float(options.length_penalty),  # a manifest may say 1
             early_stopping=options.early_stopping is True,
             never_stop_early=options.early_stopping == "never",
-            no_repeat_ngram_size=int(options.no_repeat_ngram_size or 0),
-            repetition_penalty=float(options.repetition_penalty or 1.0),
+            no_repeat_ngram_size=options.no_repeat_ngram_size,
+            repetition_penalty=float(options.repetition_penalty),
             sampling=options.sampling,
-            temperature=float(options.sampling_temperature or 1.0) if options.sampling else 1.0,
-            top_k=int(options.sampling_top_k or 0),
-            top_p=float(options.sampling_top_p or 1.0),
-            seed=secrets.randbits(64) if options.seed is None else int(options.seed),
-            return_scores=bool(options.return_scores),
-            return_alignment=bool(options.return_alignment))
+            temperature=float(options.sampling_temperature) if options.sampling else 1.0,
+            top_k=options.sampling_top_k,
+            top_p=float(options.sampling_top_p),
+            seed=secrets.randbits(64) if options.seed is None else options.seed,
+            return_scores=options.return_scores,
+            return_alignment=options.return_alignment)
 
 
 @dataclass(frozen=True)
