@@ -62,11 +62,17 @@ class LibreTranslateApi:
         self.settings = settings
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         self._detector: Detector | None = None
+        self._translation_models: list[ModelInfo] = []
 
     # -- languages -------------------------------------------------------------------
 
     def _models(self) -> list[ModelInfo]:
-        return [m for m in self.translator.list_models() if m.task == "translate"]
+        """The translation models; read once the server has loaded them (they do not
+        change after), not on every request."""
+        if not self._translation_models:
+            self._translation_models = [m for m in self.translator.list_models()
+                                        if m.task == "translate"]
+        return self._translation_models
 
     def pairs(self) -> dict[tuple[str, str], Pair]:
         return {(m.source_language, m.target_language):
