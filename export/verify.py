@@ -241,14 +241,18 @@ def check_cache_graphs(package_dir: Path) -> None:
         for out, name in zip(outputs, [o.name for o in graph.get_outputs()], strict=True):
             if not np.array_equal(out, expect(values[name.removeprefix(prefix)])):
                 raise ValueError(f"{file} output {name} does not move the rows")
-    log_probs = rng.standard_normal((3, 50)).astype(np.float32)
+    # Several chunks of the select graph (the last one partial), ties, -inf, a flat row.
+    log_probs = np.round(rng.standard_normal((4, 200)) * 2).astype(np.float32) / 2
     log_probs[1, :5] = -np.inf
-    top, ids = cpu_session(package_dir / SELECT_FILE).run(
-        None, {"log_probs": log_probs, "k": np.array([7], dtype=np.int64)})
-    order = np.argsort(-log_probs, axis=1, kind="stable")[:, :7]
-    if not (np.array_equal(ids, order)
-            and np.array_equal(top, np.take_along_axis(log_probs, order, axis=1))):
-        raise ValueError(f"{SELECT_FILE} does not select each row's best log-probs")
+    log_probs[3] = 0.0
+    select = cpu_session(package_dir / SELECT_FILE)
+    for k in (1, 7, 40):
+        top, ids = select.run(None, {"log_probs": log_probs, "k": np.array([k], dtype=np.int64)})
+        order = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+        if not (np.array_equal(ids, order)
+                and np.array_equal(top, np.take_along_axis(log_probs, order, axis=1))):
+            raise ValueError(f"{SELECT_FILE} does not select each row's best log-probs "
+                             f"(k = {k})")
 
 
 def check_fp16(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,

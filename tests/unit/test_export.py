@@ -17,6 +17,7 @@ from conftest import CORPUS, make_marian_dir
 
 from seq2serve.export.exporter import ExportError, export
 from seq2serve.export.exporter import run as export_cli
+from seq2serve.export.onnx_graphs import write_cache_graphs
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
 from seq2serve.export.tokenizer import PackageTokenizer
@@ -167,7 +168,7 @@ def test_cache_graph_check_finds_a_wrong_graph(marian_package: Path, tmp_path: P
     broken = tmp_path / "package"
     shutil.copytree(marian_package, broken)
     model = onnx.load(str(broken / "select.onnx"))
-    [topk] = model.graph.node
+    [topk] = [n for n in model.graph.node if "top_log_probs" in n.output]
     topk.attribute[[a.name for a in topk.attribute].index("largest")].i = 0
     onnx.save(model, str(broken / "select.onnx"))
     with pytest.raises(ValueError, match="select.onnx"):
@@ -373,3 +374,26 @@ def test_shipped_tokenizers_give_back_every_character(name: str) -> None:
     manifest = json.loads((SHIPPED / name / "manifest.json").read_text(encoding="utf-8"))
     for side in ("source_model", "target_model"):
         assert round_trip_failures(SHIPPED / name / manifest["tokenizer"][side]) == {}
+
+
+@pytest.mark.parametrize("vocab", [1, 63, 64, 65, 1000, 8000])
+def test_select_graph_ranks_like_a_stable_sort(tmp_path: Path, vocab: int) -> None:
+    """The two-pass select graph (chunk maxima, then the best chunks) gives each
+    row's best k exactly as a stable sort does: ties to the lower id, -inf rows,
+    flat rows, k past the number of chunks, a vocabulary that is no whole number
+    of chunks."""
+    write_cache_graphs(tmp_path, layers=1)
+    select = cpu_session(tmp_path / "select.onnx")
+    rng = np.random.default_rng(vocab)
+    for k in sorted({1, 2, 8, 40, 200, vocab} & set(range(1, vocab + 1))):
+        for ties in (False, True):
+            log_probs = rng.standard_normal((4, vocab)).astype(np.float32)
+            if ties:
+                log_probs = np.round(log_probs * 2) / 2
+                log_probs[1, : vocab // 3] = -np.inf
+                log_probs[2] = 0.0
+            top, ids = select.run(None, {"log_probs": log_probs,
+                                         "k": np.array([k], dtype=np.int64)})
+            order = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+            assert np.array_equal(ids, order), (vocab, k, ties)
+            assert np.array_equal(top, np.take_along_axis(log_probs, order, axis=1))
