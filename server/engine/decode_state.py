@@ -263,8 +263,9 @@ class DecodeState:
 
 
 def _pad_last(array: np.ndarray, width: int, fill: int = 0) -> np.ndarray:
-    extra = width - array.shape[-1]
-    if extra == 0:
+    if width == array.shape[-1]:
         return array
-    spec = [(0, 0)] * (array.ndim - 1) + [(0, extra)]
-    return np.pad(array, spec, constant_values=fill)
+    # np.full and a slice copy: np.pad's generality costs ~50 us a call, once per step.
+    out = np.full((*array.shape[:-1], width), fill, dtype=array.dtype)
+    out[..., :array.shape[-1]] = array
+    return out
