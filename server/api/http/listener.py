@@ -56,6 +56,7 @@ class HttpListener:
         self.tls = tls_cert is not None
         self.config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, server_header=False,
+            http="httptools",  # the C parser; uvicorn falls back to pure-Python h11 unasked
             proxy_headers=False,  # X-Forwarded-For is read only from trusted proxies (access.py)
             ssl_certfile=str(tls_cert) if tls_cert else None,
             ssl_keyfile=str(tls_key) if tls_key else None,
