@@ -7,18 +7,18 @@ value of any row in the batch, padding included: a text's translation would
 change with its batch-mates.
 
 `per_row_activations` replaces each of those nodes with a per-row symmetric
-quantizer, the scheme CTranslate2 uses on CPU (one scale per token), on the
-activation flattened to 2-D (rows, K):
+quantizer, the scheme CTranslate2 uses on CPU (one scale per token), along the
+last axis of the activation, at its own rank (..., K):
 
-    scale = max(|x|, axis 1) / 127             (rows, 1)
-    q     = QuantizeLinear(x, scale, 128)      (rows, K) uint8: round(x / scale) + 128
+    scale = max(|x|, last axis) / 127              (..., 1)
+    q     = QuantizeLinear(x / scale, 1, 128)      (..., K) uint8: round(x / scale) + 128
 
 Each `MatMulInteger` becomes ONNX Runtime's `MatMulIntegerToFloat` with the
 activation scale 1 and zero point 128 (uint8 activations keep ONNX Runtime on its
 fast u8 x s8 kernel; int8 x int8 takes a slow path on AVX2 machines): its int32
 sums are exact whatever the batch, and the kernel converts them to float times the
-weight scale as it writes them. One `Mul` by the per-row scale follows, and for
-rank > 2 a Reshape restores the leading axes. So every row's result depends on that
+weight scale as it writes them. One `Mul` by the per-row scale follows. So every
+row's result depends on that
 row alone: padded positions and batch-mates cannot move it by a single bit. The
 fused conversion and the Mul take less time than int32 sums scaled by a
 `DequantizeLinear` over int32, a slow pass in ONNX Runtime (11% of the int8
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 QMAX = 127.0  # symmetric: [-127, 127], then shifted by the zero point into [1, 255]
 ZERO_POINT = 128
@@ -87,7 +87,7 @@ def per_row_activations(model: onnx.ModelProto) -> int:
         rank = ranks.get(x)
         if rank is None or rank < 2:
             raise ValueError(f"per-row quantization needs the rank of {x!r} (>= 2), got {rank}")
-        replaced[id(dql)] = _per_row_quantizer(dql, rank, opset)
+        replaced[id(dql)] = _per_row_quantizer(dql, opset)
         for mmi in consumers.get(q_name, []):
             if mmi.op_type != "MatMulInteger":
                 raise ValueError(f"{q_name!r} feeds a {mmi.op_type}, not a MatMulInteger")
@@ -97,9 +97,8 @@ def per_row_activations(model: onnx.ModelProto) -> int:
             w_scale = next(n for n in product.input if n != dql.output[1])
             if w_scale not in inits or int(np.prod(inits[w_scale].dims)) != 1:
                 raise ValueError(f"weight scale {w_scale!r} must be one per tensor")
-            out_dim = int(inits[mmi.input[1]].dims[-1])
             replaced[id(mmi)] = [_to_float(mmi, w_scale)]
-            replaced[id(mul)] = _rescale(mmi.output[0], dql, mul.output[0], rank, out_dim)
+            replaced[id(mul)] = _rescale(mmi.output[0], dql, mul.output[0])
             dropped.update((id(cast), id(product)))
     graph.initializer.extend(_constants())
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
@@ -126,10 +125,8 @@ def _constants() -> list[onnx.TensorProto]:
     return [
         numpy_helper.from_array(np.array(QMAX, dtype=np.float32), "per_row_qmax"),
         numpy_helper.from_array(np.array(MIN_SCALE, dtype=np.float32), "per_row_min_scale"),
-        numpy_helper.from_array(np.array(float(ZERO_POINT), dtype=np.float32),
-                                "per_row_shift"),
-        numpy_helper.from_array(np.array([-1], dtype=np.int64), "per_row_flat"),
-        numpy_helper.from_array(np.array(0.0, dtype=np.float32), "per_row_zero"),
+        numpy_helper.from_array(np.array(ZERO_POINT, dtype=np.uint8), "per_row_zero_point"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "per_row_last_axis"),
         numpy_helper.from_array(np.array(1.0, dtype=np.float32), "per_row_one"),
     ]
 
@@ -138,40 +135,29 @@ def _prefix(dql: onnx.NodeProto) -> str:
     return f"{dql.name or dql.input[0]}/per_row"
 
 
-def _per_row_quantizer(dql: onnx.NodeProto, rank: int, opset: int) -> list[onnx.NodeProto]:
-    """x (..., K) -> q (rows, K) uint8, scale (rows, 1), zero point 128; for rank > 2
-    also the leading shape (...), which the rescale restores."""
+def _per_row_quantizer(dql: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    """x (..., K) -> q (..., K) uint8, scale (..., 1), zero point 128: every row (the
+    last axis) its own scale, at any rank, so no reshaping around the MatMul.
+
+    Two passes over x after the scale: x / scale (Div, broadcast over the row), then
+    QuantizeLinear with scale 1 and zero point 128, which rounds and saturates
+    exactly as a per-row QuantizeLinear would (it divides by 1). A per-row
+    QuantizeLinear takes its scales as a 1-D axis, so it needs x flattened to 2-D
+    and one zero point per row built at run time: eight more small nodes per
+    MatMul, which cost more than the extra pass below about a hundred rows."""
     x = dql.input[0]
     q, scale, zero_point = dql.output
     p = _prefix(dql)
-    nodes = []
-    if rank > 2:
-        nodes += [
-            helper.make_node("Flatten", [x], [f"{p}/rows"], name=f"{p}/Flatten", axis=rank - 1),
-            helper.make_node("Shape", [x], [f"{p}/shape"], name=f"{p}/Shape", end=rank - 1),
-        ]
-        x = f"{p}/rows"
     return [
-        *nodes,
         helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
-        _reduce_max_last_axis(f"{p}/abs", f"{p}/amax", f"{p}/ReduceMax", opset),  # (rows, 1)
+        _reduce_max_last_axis(f"{p}/abs", f"{p}/amax", f"{p}/ReduceMax", opset),  # (..., 1)
         helper.make_node("Div", [f"{p}/amax", "per_row_qmax"], [f"{p}/raw_scale"],
                          name=f"{p}/Div_qmax"),
         helper.make_node("Max", [f"{p}/raw_scale", "per_row_min_scale"], [scale],
                          name=f"{p}/Max"),
-        helper.make_node("Reshape", [scale, "per_row_flat"], [f"{p}/scale_rows"],
-                         name=f"{p}/Reshape_scale"),  # (rows,)
-        # QuantizeLinear wants one zero point per row: 128 each, shaped like the scales.
-        helper.make_node("Mul", [f"{p}/scale_rows", "per_row_zero"], [f"{p}/zeros"],
-                         name=f"{p}/Mul_zero"),
-        helper.make_node("Add", [f"{p}/zeros", "per_row_shift"], [f"{p}/shifts"],
-                         name=f"{p}/Add_shift"),
-        helper.make_node("Cast", [f"{p}/shifts"], [f"{p}/zero_points"], name=f"{p}/Cast_zp",
-                         to=TensorProto.UINT8),
-        # round(x / scale) + 128, saturated to [0, 255], in one pass (Div, Round, Add and
-        # Cast took four: 2.4x slower on (64, 2048), same bits)
-        helper.make_node("QuantizeLinear", [x, f"{p}/scale_rows", f"{p}/zero_points"], [q],
-                         name=f"{p}/QuantizeLinear", axis=0),
+        helper.make_node("Div", [x, scale], [f"{p}/scaled"], name=f"{p}/Div_scale"),
+        helper.make_node("QuantizeLinear", [f"{p}/scaled", "per_row_one", "per_row_zero_point"],
+                         [q], name=f"{p}/QuantizeLinear"),
         helper.make_node("Constant", [], [zero_point], name=f"{p}/zero_point",
                          value=numpy_helper.from_array(np.array(ZERO_POINT, np.uint8))),
     ]
@@ -187,29 +173,15 @@ def _to_float(mmi: onnx.NodeProto, w_scale: str) -> onnx.NodeProto:
                             domain=MS_DOMAIN)
 
 
-def _rescale(sums: str, dql: onnx.NodeProto, output: str, rank: int,
-             out_dim: int) -> list[onnx.NodeProto]:
-    """float sums x weight scale (rows, N) -> (..., N): times the per-row scale, then
-    the leading axes back."""
+def _rescale(sums: str, dql: onnx.NodeProto, output: str) -> list[onnx.NodeProto]:
+    """float sums x weight scale (..., N) times the per-row scale (..., 1)."""
     p = f"{_prefix(dql)}/{sums}"
-    x_scale = dql.output[1]  # (rows, 1)
-    flat_out = output if rank == 2 else f"{p}/scaled"
-    nodes = [helper.make_node("Mul", [sums, x_scale], [flat_out], name=f"{p}/Mul_row_scale")]
-    if rank > 2:
-        size = f"{p}/out_dim"
-        nodes += [
-            helper.make_node("Constant", [], [size], name=f"{p}/out_dim",
-                             value=numpy_helper.from_array(np.array([out_dim], np.int64))),
-            helper.make_node("Concat", [f"{_prefix(dql)}/shape", size], [f"{p}/out_shape"],
-                             name=f"{p}/Concat", axis=0),
-            helper.make_node("Reshape", [flat_out, f"{p}/out_shape"], [output],
-                             name=f"{p}/Reshape"),
-        ]
-    return nodes
+    return [helper.make_node("Mul", [sums, dql.output[1]], [output], name=f"{p}/Mul_row_scale")]
 
 
 def _reduce_max_last_axis(x: str, out: str, name: str, opset: int) -> onnx.NodeProto:
     """(..., K) -> (..., 1); ReduceMax takes its axes as an input from opset 18 on."""
     if opset >= 18:
-        return helper.make_node("ReduceMax", [x, "per_row_flat"], [out], name=name, keepdims=1)
+        return helper.make_node("ReduceMax", [x, "per_row_last_axis"], [out], name=name,
+                                keepdims=1)
     return helper.make_node("ReduceMax", [x], [out], name=name, axes=[-1], keepdims=1)
