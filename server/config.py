@@ -123,7 +123,11 @@ class ServerConfig:
         "most source texts in one batch (1 turns batching off)", "N"))
     max_batch_tokens: int = field(default=8192, metadata=_meta(
         "most padded source tokens x beam width in one batch", "N"))
-    max_queue_delay_ms: float = field(default=5.0, metadata=_meta(
+    # 0: an idle engine takes what is queued at once. Under load the queue fills
+    # while the engines run, so batches form anyway; waiting only delays a lone
+    # text. Measured (docs/benchmarks.md, "No queue delay"): beam 4, 1 client,
+    # p50 34-35 ms instead of 41-43 ms; 32 clients, requests/s within the noise.
+    max_queue_delay_ms: float = field(default=0.0, metadata=_meta(
         "longest wait for more work after the oldest queued text arrived", "MS"))
     # Measured on 2 CPU cores (docs/benchmarks.md, "Iteration-level by default for
     # greedy and sampling"): iteration-level serves greedy 1.1-1.3x request-level's

@@ -27,7 +27,7 @@ def load(argv: list[str], env: dict[str, str]) -> ServerConfig:
 def test_defaults(tmp_path: Path) -> None:
     c = load(["--models-dir", str(tmp_path)], {})
     assert (c.host, c.port, c.metrics_port, c.provider) == ("0.0.0.0", 50051, 8000, "auto")
-    assert (c.max_batch_size, c.max_batch_tokens, c.max_queue_delay_ms) == (32, 8192, 5.0)
+    assert (c.max_batch_size, c.max_batch_tokens, c.max_queue_delay_ms) == (32, 8192, 0.0)
     assert (c.max_queue_size, c.max_texts_per_request, c.max_text_chars) == (1024, 64, 10000)
     assert (c.max_beam_size, c.max_length_cap, c.grace_period_s) == (16, 512, 30.0)
     assert (c.drain_delay_s, c.metrics_host, c.metrics_address) == (5.0, "", "0.0.0.0")
