@@ -45,6 +45,7 @@ from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.cache import ResponseCache
+from seq2serve.server.core.glossary import Glossaries
 from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
 from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
@@ -169,7 +170,8 @@ class Server:
         self.metrics.watch_cache(cache.stats)
         self.translator = Translator(self.registry,
                                      max_texts_per_request=config.max_texts_per_request,
-                                     max_text_chars=config.max_text_chars, cache=cache)
+                                     max_text_chars=config.max_text_chars, cache=cache,
+                                     glossaries=Glossaries.load(config.glossary_dir))
         self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.proto_api, self.metrics), self.grpc)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.server.batching.scheduler import BatchLimits
+from seq2serve.server.core.glossary import Glossaries, GlossaryError
 from seq2serve.server.engine.options import OptionLimits
 from seq2serve.server.engine.resources import PROVIDERS, usable_cores
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
@@ -34,7 +35,7 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
-PATH_FIELDS = ("models_dir", "api_keys", *TLS_FILES)
+PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", *TLS_FILES)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -89,6 +90,10 @@ class ServerConfig:
     api_keys: Path | None = field(default=None, metadata=_meta(
         "HTTP API keys, one per line (# comments); a request with a key not in the file "
         "gets 403", "FILE"))
+    glossary_dir: Path | None = field(default=None, metadata=_meta(
+        "named glossaries a request chooses with its glossary field: NAME.tsv (source<TAB>"
+        "target per line; a source alone is never translated), NAME.SRC-TGT.tsv for one "
+        "language pair, or NAME.tbx (TBX)", "DIR"))
     require_api_key: bool = field(default=False, metadata=_meta(
         "HTTP requests without a valid key get 403 (needs --api-keys)"))
     rate_limit: int = field(default=0, metadata=_meta(
@@ -178,6 +183,7 @@ class ServerConfig:
             int_problem("rate_limit", self.rate_limit, 0, note="0 = unlimited"),
             self._trusted_proxies_problem(),
             self._api_keys_problem(),
+            self._glossary_dir_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
             int_problem("threads", self.threads, 0, 1024, note="0 = the usable cores"),
             int_problem("engines", self.engines, 0, 64, note="0 = auto"),
@@ -235,6 +241,18 @@ class ServerConfig:
                            f"{str(self.api_keys)!r}")
         if self.require_api_key is True and self.api_keys is None:
             return Problem("require_api_key", "require_api_key needs api_keys (a file of keys)")
+        return None
+
+    def _glossary_dir_problem(self) -> Problem | None:
+        if self.glossary_dir is None:
+            return None
+        if not Path(self.glossary_dir).is_dir():
+            return Problem("glossary_dir", "glossary_dir must be an existing directory, got "
+                           f"{str(self.glossary_dir)!r}")
+        try:
+            Glossaries.load(Path(self.glossary_dir))
+        except GlossaryError as e:
+            return Problem("glossary_dir", f"glossary_dir holds a broken glossary: {e}")
         return None
 
     def trusted_networks(self) -> tuple[Network, ...]:

@@ -61,7 +61,14 @@ def translate_request_from_pb(request: pb.TranslateRequest) -> TranslateRequest:
     return TranslateRequest(texts=tuple(request.texts), model=request.model,
                             source_language=request.source_language,
                             target_language=request.target_language,
-                            options=options_from_pb(request.options))
+                            options=options_from_pb(request.options),
+                            # unset means on: software text is what the models serve
+                            protect_placeholders=(request.protect_placeholders
+                                                  if request.HasField("protect_placeholders")
+                                                  else True),
+                            glossary=request.glossary,
+                            terms=tuple((t.source, t.target) for t in request.terms),
+                            do_not_translate=tuple(request.do_not_translate))
 
 
 def summarize_request_from_pb(request: pb.SummarizeRequest) -> SummarizeRequest:
@@ -84,14 +91,16 @@ def options_to_pb(options: Mapping[str, object] | DecodingOptions) -> pb.Decodin
 
 def hypothesis_to_pb(text: str, score: float | None, token_ids: Sequence[int] | None,
                      alignment: Sequence[int] | None, options: pb.DecodingOptions, *,
-                     finish_reason: str) -> pb.Hypothesis:
+                     finish_reason: str, repaired: bool = False) -> pb.Hypothesis:
     """One hypothesis with only the extras the request's `options` asked for.
 
     The request's message, not the resolved options, decides: the response
     carries what the client asked to see. An extra that is None (not computed)
-    stays unset. `finish_reason` ("eos" or "length") is always set.
+    stays unset. `finish_reason` ("eos" or "length") is always set, and so is
+    `placeholders_repaired`.
     """
-    hypothesis = pb.Hypothesis(text=text, finish_reason=FINISH_REASONS[finish_reason])
+    hypothesis = pb.Hypothesis(text=text, finish_reason=FINISH_REASONS[finish_reason],
+                               placeholders_repaired=repaired)
     if options.return_scores and score is not None:
         hypothesis.score = float(score)
     if options.return_token_ids and token_ids is not None:
@@ -105,7 +114,7 @@ def translation_to_pb(joined: Sequence[Joined], options: pb.DecodingOptions) -> 
     """One text's n-best, each with the extras the request's `options` asked for."""
     return pb.Translation(hypotheses=[
         hypothesis_to_pb(j.text, j.score, j.token_ids, j.alignment, options,
-                         finish_reason=j.finish_reason) for j in joined])
+                         finish_reason=j.finish_reason, repaired=j.repaired) for j in joined])
 
 
 def translate_response_to_pb(result: TranslateResult,

@@ -61,6 +61,9 @@ class Joined:
     token_ids: list[int] | None
     alignment: list[int] | None
     finish_reason: str  # "length" when any piece was cut, else "eos"
+    # A placeholder the model dropped, repeated or reordered was put right
+    # (the repair rule in core/placeholders.py).
+    repaired: bool = False
 
 
 def plan(text: str, language: str, encode: Encode, limit: int) -> Plan:

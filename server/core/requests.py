@@ -57,6 +57,13 @@ class TranslateRequest:
     source_language: str = ""
     target_language: str = ""
     options: DecodingOptions = field(default_factory=DecodingOptions)  # unset: the model's
+    # Software text (core/placeholders.py): placeholders, inline tags, URLs, paths and
+    # accelerators masked and put back; a named glossary (--glossary-dir), term pairs
+    # (source term -> target term) and terms never translated.
+    protect_placeholders: bool = True
+    glossary: str = ""
+    terms: tuple[tuple[str, str], ...] = ()
+    do_not_translate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from seq2serve.server.core.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
+from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry
 from seq2serve.server.core.requests import (
     Call,
@@ -61,37 +63,45 @@ class _Job:
     texts: tuple[str, ...]
     options: ResolvedOptions
     count: int  # hypotheses per text
+    protect: bool = False  # placeholders masked (translate only)
+    terms: Terms = Terms()  # glossary terms masked and substituted
 
 
 class Translator:
     """Translate, summarize, stream and list models, for any front door."""
 
     def __init__(self, registry: ModelRegistry, *, max_texts_per_request: int,
-                 max_text_chars: int, cache: ResponseCache[Translation] | None = None) -> None:
+                 max_text_chars: int, cache: ResponseCache[Translation] | None = None,
+                 glossaries: Glossaries | None = None) -> None:
         self.registry = registry
         self.max_texts_per_request = max_texts_per_request
         self.max_text_chars = max_text_chars
         self.cache: ResponseCache[Translation] = cache or ResponseCache(0)
+        self.glossaries = glossaries or Glossaries()
 
     # -- the calls -----------------------------------------------------------------
 
     async def translate(self, request: TranslateRequest, call: Call) -> TranslateResult:
-        job = self._admit("translate", request.model, request.source_language,
-                          request.target_language, request.texts, request.options, call)
+        job = self._admit_translation(request, call)
         # A text's answer depends on nothing but these: a hit is exact, and never queued.
         keys = [_cache_key(job, text) for text in job.texts]
         found = [self.cache.get(k) if k is not None else None for k in keys]
         todo = [i for i, hit in enumerate(found) if hit is None]
         if todo:
-            # Segmenting and tokenizing 64 long texts takes a while: off the event loop,
-            # which must keep answering health checks and other calls meanwhile.
-            plans = await off_loop(lambda: [self._plan(job.handle, job.texts[i]) for i in todo])
-            futures = self._queue(job, [p.source_ids for pl in plans for p in pl.pieces], call)
+            # Masking, segmenting and tokenizing 64 long texts takes a while: off the event
+            # loop, which must keep answering health checks and other calls meanwhile.
+            def prepare() -> list[tuple[Masked, Plan]]:
+                return [self._prepare(job, job.texts[i]) for i in todo]
+
+            prepared = await off_loop(prepare)
+            futures = self._queue(job, [p.source_ids for _, pl in prepared for p in pl.pieces],
+                                  call)
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
                 it = iter(results)
-                return [_translation(job, pl, [next(it) for _ in pl.pieces]) for pl in plans]
+                return [_translation(job, pl, [next(it) for _ in pl.pieces], masked)
+                        for masked, pl in prepared]
 
             for i, translation in zip(todo, await off_loop(answer), strict=True):
                 found[i] = translation
@@ -125,14 +135,16 @@ class Translator:
         """One text's translation as it grows: text deltas as the engine chooses tokens
         (greedy, sampling), each finished piece at once (beam, whose best is known only
         at the end), then a final chunk carrying the whole translation."""
-        job = self._admit("translate", request.model, request.source_language,
-                          request.target_language, request.texts, request.options, call)
+        job = self._admit_translation(request, call)
         if len(job.texts) != 1:
             raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
                                   f"got {len(job.texts)}")
-        planned = await off_loop(lambda: self._plan(job.handle, job.texts[0]))
+        masked, planned = await off_loop(lambda: self._prepare(job, job.texts[0]))
         events = PieceEvents(asyncio.get_running_loop())
-        tokens = job.options.decoding != "beam"
+        # A masked text's deltas would show sentinels, and the repair may change text
+        # already told: it comes whole, in the final chunk.
+        quiet = masked.changed
+        tokens = job.options.decoding != "beam" and not quiet
         futures = self._queue(job, [p.source_ids for p in planned.pieces], call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))])
@@ -144,7 +156,7 @@ class Translator:
             while not (streamed.finished or failed):
                 for index, token in await events.arrived():  # all of them: one chunk
                     failed |= _take(streamed, futures[index], index, token)
-                if delta := streamed.delta():
+                if not quiet and (delta := streamed.delta()):
                     yield StreamChunk(delta)
             nbests = await waiter  # a failed piece fails the request at once
         except (ItemDropped, Draining) as e:
@@ -153,7 +165,7 @@ class Translator:
             if not waiter.done():  # the client left, or a piece failed
                 call.cancel()
                 waiter.cancel()
-        translation = _translation(job, planned, nbests)
+        translation = _translation(job, planned, nbests, masked)
         yield StreamChunk(streamed.rest(translation.hypotheses[0].text), translation)
 
     def list_models(self) -> list[ModelInfo]:
@@ -172,6 +184,15 @@ class Translator:
         resolved: ResolvedOptions = handle.engine.resolve(options)
         return _Job(handle, checked, resolved, resolved.num_hypotheses)
 
+    def _admit_translation(self, request: TranslateRequest, call: Call) -> _Job:
+        job = self._admit("translate", request.model, request.source_language,
+                          request.target_language, request.texts, request.options, call)
+        manifest = job.handle.manifest
+        terms = request_terms(self.glossaries, request.glossary, request.terms,
+                              request.do_not_translate, manifest.source_language,
+                              manifest.target_language)
+        return dataclasses.replace(job, protect=request.protect_placeholders, terms=terms)
+
     def _texts(self, texts: Sequence[str]) -> tuple[str, ...]:
         if not texts:
             raise InvalidArgument("texts must hold at least one text, got 0")
@@ -184,9 +205,12 @@ class Translator:
                                       f"characters, got {len(text)}")
         return tuple(texts)
 
-    def _plan(self, handle: ModelHandle, text: str) -> Plan:
-        return plan(text, handle.manifest.source_language, handle.tokenizer.encode,
-                    handle.manifest.max_source_length)
+    def _prepare(self, job: _Job, text: str) -> tuple[Masked, Plan]:
+        """The text as the model sees it (placeholders and terms masked), planned."""
+        masked = mask(text, job.terms, placeholders=job.protect)
+        manifest = job.handle.manifest
+        return masked, plan(masked.text, manifest.source_language, job.handle.tokenizer.encode,
+                            manifest.max_source_length)
 
     def _queue(self, job: _Job, sources: list[list[int]], call: Call,
                on_token: Sequence[Callable[[int], None] | None] = ()
@@ -252,13 +276,14 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
     return sources, truncated
 
 
-def _cache_key(job: _Job, text: str) -> tuple[str, str, str, str] | None:
+def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     """What a text's answer depends on: the package (its digest covers every file),
-    the task, the text and the resolved options; None when it depends on chance
-    (sampling without a seed)."""
+    the task, the text, the resolved options and what is protected (placeholders on
+    or off, the terms a glossary and the request resolved to); None when it depends
+    on chance (sampling without a seed)."""
     if job.options.decoding == "sampling" and job.options.seed is None:
         return None
-    return (job.handle.digest, "translate", text, repr(job.options))
+    return (job.handle.digest, "translate", text, repr(job.options), job.protect, job.terms)
 
 
 def _size(translation: Translation) -> int:
@@ -267,11 +292,18 @@ def _size(translation: Translation) -> int:
                + 64 for h in translation.hypotheses) + 2 * 64
 
 
-def _translation(job: _Job, planned: Plan, results: Sequence[Result]) -> Translation:
-    """`job.count` hypotheses of a planned text, joined from its pieces' results."""
+def _translation(job: _Job, planned: Plan, results: Sequence[Result],
+                 masked: Masked) -> Translation:
+    """`job.count` hypotheses of a planned text, joined from its pieces' results,
+    each with its placeholders and terms restored (token ids and alignment stay
+    those of the masked text the model saw)."""
     joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
                                 job.count, job.handle.tokenizer.decode)
-    return Translation(tuple(joined))
+    if not masked.changed or not planned.pieces:
+        return Translation(tuple(joined))
+    restored = [restore(masked, j.text) for j in joined]
+    return Translation(tuple(dataclasses.replace(j, text=r.text, repaired=r.repaired)
+                             for j, r in zip(joined, restored, strict=True)))
 
 
 def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:

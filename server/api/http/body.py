@@ -16,6 +16,10 @@ from seq2serve.server.core.errors import InvalidArgument
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
 
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}
+
+
 def invalid(message: str) -> InvalidArgument:
     return InvalidArgument(message)
 
@@ -52,6 +56,56 @@ class Fields:
             except ValueError:
                 pass
         raise invalid(f"Invalid request: {name} parameter is not a number")
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.values.get(name)
+        if value is None or value == "":
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+            return _BOOLEANS[value.strip().lower()]
+        raise invalid(f"Invalid request: {name} must be true or false, got "
+                      f"{json.dumps(value)[:64]}")
+
+    def strings(self, name: str) -> list[str]:
+        """A list of strings: a JSON list, a repeated form field, or one string
+        holding one per line."""
+        value = self.values.get(name)
+        if value is None or value == "":
+            return []
+        if isinstance(value, str):
+            return [line for line in value.splitlines() if line.strip()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return [v for v in value if isinstance(v, str)]
+        raise invalid(f"Invalid request: {name} must be a list of strings, got "
+                      f"{json.dumps(value)[:64]}")
+
+    def term_pairs(self, name: str) -> list[tuple[str, str]]:
+        """Source term -> target term: a JSON object, or a list of
+        {"source": ..., "target": ...}; a form field holds that JSON as text."""
+        value = self.values.get(name)
+        if value is None or value == "":
+            return []
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except (json.JSONDecodeError, RecursionError):
+                raise invalid(f"Invalid request: {name} must be a JSON object of source "
+                              "term -> target term") from None
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return [(k, v) for k, v in value.items() if isinstance(v, str)]
+        if isinstance(value, list):
+            pairs = []
+            for i, item in enumerate(value):
+                if not (isinstance(item, dict) and isinstance(item.get("source"), str)
+                        and isinstance(item.get("target"), str)):
+                    raise invalid(f"Invalid request: {name}[{i}] must be an object with "
+                                  "string fields source and target")
+                pairs.append((str(item["source"]), str(item["target"])))
+            return pairs
+        raise invalid(f"Invalid request: {name} must be an object of source term -> target "
+                      f"term, got {json.dumps(value)[:64]}")
 
     def texts(self, name: str = "q") -> tuple[list[str], bool]:
         """`q` as a list of texts and whether it came as a list (list in, list out)."""

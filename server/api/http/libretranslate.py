@@ -49,6 +49,23 @@ class LibreSettings:
 
 
 @dataclass(frozen=True)
+class Software:
+    """What a request protects (core/placeholders.py, core/glossary.py)."""
+
+    protect_placeholders: bool = True
+    glossary: str = ""
+    terms: tuple[tuple[str, str], ...] = ()
+    do_not_translate: tuple[str, ...] = ()
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> Software:
+        return cls(protect_placeholders=fields.boolean("protect_placeholders", True),
+                   glossary=fields.text("glossary") or "",
+                   terms=tuple(fields.term_pairs("terms")),
+                   do_not_translate=tuple(fields.strings("do_not_translate")))
+
+
+@dataclass(frozen=True)
 class Pair:
     model: str
     source: str
@@ -122,12 +139,15 @@ class LibreTranslateApi:
         if not 0 <= alternatives <= self.settings.alternatives_limit:
             raise invalid(f"Invalid request: alternatives parameter must be between 0 and "
                           f"{self.settings.alternatives_limit}, got {alternatives}")
+        software = Software.from_fields(fields)
         self._check_sizes(texts)
         detected = await self._sources(texts, source)
-        translated = await self._translate_all(texts, [d[0] for d in detected], target,
-                                               text_format, alternatives)
+        translated, repaired = await self._translate_flagged(
+            texts, [d[0] for d in detected], target, text_format, alternatives, software)
         best = [options[0] for options in translated]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
+        if any(repaired):  # LibreTranslate's own answer otherwise, field for field
+            body["placeholdersRepaired"] = repaired if as_list else repaired[0]
         if alternatives > 0:
             alts = [_unique(options[1:], options[0]) for options in translated]
             body["alternatives"] = alts if as_list else alts[0]
@@ -170,10 +190,20 @@ class LibreTranslateApi:
                       f"language from {language_name(source)} ({source[:16]})")
 
     async def _translate_all(self, texts: Sequence[str], sources: Sequence[str], target: str,
-                             text_format: str, alternatives: int) -> list[list[str]]:
+                             text_format: str, alternatives: int,
+                             software: Software = Software()) -> list[list[str]]:
         """Every text's best translation and alternatives; one core request per source
         language (one in all unless `auto` found several)."""
+        translated, _ = await self._translate_flagged(texts, sources, target, text_format,
+                                                      alternatives, software)
+        return translated
+
+    async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
+                                 target: str, text_format: str, alternatives: int,
+                                 software: Software) -> tuple[list[list[str]], list[bool]]:
+        """`_translate_all`, and for each text whether its best needed a placeholder repair."""
         out: list[list[str]] = [[] for _ in texts]
+        flags = [False] * len(texts)
         groups: dict[str, list[int]] = {}
         for i, source in enumerate(sources):
             groups.setdefault(source, []).append(i)
@@ -181,34 +211,46 @@ class LibreTranslateApi:
         for source, members in groups.items():
             pair = self._pair(source, target)
             jobs.append(self._translate_group(pair, [texts[i] for i in members], text_format,
-                                              alternatives))
+                                              alternatives, software))
         for members, results in zip(groups.values(), await asyncio.gather(*jobs), strict=True):
-            for i, result in zip(members, results, strict=True):
-                out[i] = result
-        return out
+            for i, (result, flag) in zip(members, results, strict=True):
+                out[i], flags[i] = result, flag
+        return out, flags
 
     async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
-                               alternatives: int) -> list[list[str]]:
+                               alternatives: int,
+                               software: Software) -> list[tuple[list[str], bool]]:
         options = self._options(pair.model, alternatives)
         if text_format == "text":
             result = await self.translator.translate(
-                TranslateRequest(texts=tuple(texts), model=pair.model, options=options), Call())
-            return [[h.text for h in t.hypotheses] for t in result.translations]
+                self._request(pair, texts, options, software), Call())
+            return [([h.text for h in t.hypotheses], t.hypotheses[0].repaired)
+                    for t in result.translations]
         # HTML: only the text runs go to the model, all documents' runs in one request.
         documents = [extract(text) for text in texts]
         runs = [run for document in documents for run in document.texts]
         translated: list[str] = []
+        repaired: list[bool] = []
         if runs:
             result = await self.translator.translate(
-                TranslateRequest(texts=tuple(runs), model=pair.model,
-                                 options=self._options(pair.model, 0)), Call())
+                self._request(pair, runs, self._options(pair.model, 0), software), Call())
             translated = [t.hypotheses[0].text for t in result.translations]
+            repaired = [t.hypotheses[0].repaired for t in result.translations]
         rendered, start = [], 0
         for document in documents:
             end = start + len(document.texts)
-            rendered.append([document.render(translated[start:end])])
+            rendered.append(([document.render(translated[start:end])],
+                             any(repaired[start:end])))
             start = end
         return rendered  # no alternatives for HTML, as LibreTranslate
+
+    @staticmethod
+    def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
+                 software: Software) -> TranslateRequest:
+        return TranslateRequest(texts=tuple(texts), model=pair.model, options=options,
+                                protect_placeholders=software.protect_placeholders,
+                                glossary=software.glossary, terms=software.terms,
+                                do_not_translate=software.do_not_translate)
 
     def _options(self, model: str, alternatives: int) -> DecodingOptions:
         if alternatives == 0:
