@@ -202,10 +202,13 @@ def _find_terms(text: str, taken: Sequence[Span], terms: Terms) -> list[Span]:
 def split_accelerator(text: str) -> tuple[str, Accelerator | None]:
     """`text` without its keyboard accelerator marker, and the marker with its letter.
 
-    `&` before a letter (not an entity, not `&&`) or `_` before a letter at a word's
+    `&` before a letter (not an entity, not `&&`; inside a word only before a
+    lower-case letter) or `_` before a letter at a word's
     start, or inside a capitalized word (`Fi_le`), counts when it is the only one
     of its kind in the text; `file_name` and `MAX_SIZE` are identifiers."""
-    amps = list(_AMP_ACCEL.finditer(text))
+    # Inside a word only before a lower-case letter (`E&xit`): `R&D`, `AT&T` are names.
+    amps = [m for m in _AMP_ACCEL.finditer(text)
+            if m.start() == 0 or not text[m.start() - 1].isalnum() or text[m.end()].islower()]
     if len(amps) == 1:
         at = amps[0].start()
         return text[:at] + text[at + 1:], Accelerator("&", text[at + 1])
