@@ -17,6 +17,7 @@ into the output, whole words, case-sensitive, longest first.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -144,8 +145,8 @@ def read_tbx(path: Path, source_language: str, target_language: str) -> Terms:
     from translate.storage.tbx import tbxfile
 
     try:
-        store = tbxfile.parsestring(path.read_bytes(), sourcelanguage=source_language,
-                                    targetlanguage=target_language)
+        store = tbxfile(io.BytesIO(path.read_bytes()), sourcelanguage=source_language,
+                        targetlanguage=target_language)
     except (OSError, etree.XMLSyntaxError, ValueError) as e:
         raise GlossaryError(f"{path}: not a readable TBX file ({e})") from None
     pairs: list[tuple[str, str]] = []
