@@ -23,7 +23,8 @@ Paired tags are masked as two sentinels around the text they hold, which is
 translated with the sentence; tags stay paired and in order (the repair rule).
 
 The repair rule (`restore`), applied to the model's output before the sentinels
-are expanded: a sentinel the source does not have is removed; a sentinel that
+are expanded: a sentinel the source does not have is removed, and so is a
+placeholder the model wrote out itself (it never saw one); a sentinel that
 comes back more than once keeps its first occurrence; a missing one is inserted
 right after the nearest sentinel that precedes it in the source and is present,
 else right before the nearest following one that is present, else at the start
@@ -83,6 +84,7 @@ _TAG_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 SENTINEL = re.compile(r"\{\s?(\d+)\s?\}")
 _AMP_ACCEL = re.compile(r"(?<!&)&(?=[^\W\d_])(?![A-Za-z][A-Za-z0-9]*;)")
 _CLOSING = ".!?…:;"
+_GONE = "\x00"  # where an invented placeholder was, until the spaces around it are fixed
 _TAGS = frozenset({Kind.TAG_OPEN, Kind.TAG_CLOSE, Kind.TAG_EMPTY})
 
 
@@ -306,6 +308,16 @@ def repair(masked: Masked, output: str) -> tuple[str, bool]:
         seen.add(index)
         pieces.append(index)
     pieces.append(output[last:])
+    # The model never saw the placeholders themselves: one it wrote out literally
+    # (a `%1` of its own beside the sentinels) is invented, and goes.
+    literal = sorted({s.text for s in spans if s.kind not in (Kind.TERM, Kind.KEEP)},
+                     key=len, reverse=True)
+    for k, piece in enumerate(pieces):
+        if isinstance(piece, str) and any(t in piece for t in literal):
+            for text in literal:
+                piece = piece.replace(text, _GONE)
+            pieces[k] = piece
+            repaired = True
     for index in range(count):
         if index not in seen:
             repaired = True
@@ -318,6 +330,7 @@ def repair(masked: Masked, output: str) -> tuple[str, bool]:
                 pieces[opened], pieces[closed] = span.partner, index
                 repaired = True
     text = "".join(sentinel(p) if isinstance(p, int) else p for p in pieces)
+    text = re.sub(f" ?{_GONE}+", "", text)  # with the space before it
     return _glue(text, masked), repaired
 
 

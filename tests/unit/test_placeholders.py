@@ -175,3 +175,10 @@ def test_terms_without_placeholder_protection_still_mask_literal_sentinels() -> 
     assert [s.text for s in masked.spans] == ["{0}", "disk"]
     assert restore(masked, "{0} auf der {1} öffnen").text == "{0} auf der Platte öffnen"
     assert mask("Open %s _now", placeholders=False).text == "Open %s _now"
+
+
+def test_a_placeholder_the_model_writes_itself_is_removed() -> None:
+    # en-fr, "%1's Kolab %2": the model wrote a `%1` of its own beside the sentinels.
+    masked = mask("%1's Kolab %2")
+    restored = restore(masked, "{0} Kolab %1 {1}")
+    assert restored.text == "%1 Kolab %2" and restored.repaired
