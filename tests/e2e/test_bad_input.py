@@ -105,7 +105,7 @@ def test_a_stray_value_error_is_internal_and_logged_with_the_method(
     def broken(*args: Any) -> Any:
         raise ValueError("a bug, not the client's fault")
 
-    monkeypatch.setattr(Translator, "_plan", broken)
+    monkeypatch.setattr(Translator, "_prepare", broken)
     with pytest.raises(grpc.RpcError) as err, caplog.at_level(logging.ERROR):
         stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=30)
     assert err.value.code() == grpc.StatusCode.INTERNAL
