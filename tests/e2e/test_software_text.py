@@ -193,3 +193,15 @@ def test_proto_json_follows_the_proto(http: httpx.Client) -> None:
     bad = http.post("/v1/translate", content=json.dumps({
         "texts": ["x"], "targetLanguage": "de", "glossary": "nope"}))
     assert bad.status_code == 400 and "glossary" in bad.text
+
+
+def test_a_stream_with_placeholders_comes_whole_at_the_end(
+        stub: pb_grpc.TranslatorStub) -> None:
+    request = pb.TranslateRequest(texts=["Copy %s to <b>%d</b> places. Then close it."],
+                                  source_language="en", target_language="de",
+                                  options=pb.DecodingOptions(beam_size=1))
+    chunks = list(stub.TranslateStream(request, timeout=120))
+    assert [c.final for c in chunks] == [True]
+    text = chunks[-1].translation.hypotheses[0].text
+    assert chunks[-1].text_delta == text
+    assert placeholders_intact(request.texts[0], text)
