@@ -1,13 +1,22 @@
-"""Where the time of a decoding goes: ONNX Runtime kernels, ONNX Runtime overhead,
-and the engine's Python (beam search bookkeeping), on the benchmark's OPUS-MT shape.
+"""Where the time of a decoding goes: the encoder, each runner call between steps,
+Python, and ONNX Runtime's kernels, on the OPUS-MT shape or on a model package.
 
     python -m seq2serve.bench.profile --work /tmp/seq2serve-bench --batch-size 16 --beam 4
+    python -m seq2serve.bench.profile --package models/en-de --data data/ddtp/en-de \\
+        --sentences 256 --batch-size 32 --beam 4 --threads 1
 
-Runs `Engine.generate` on the same random inputs as `seq2serve bench` and reports
-(1) the engine's own split of wall time (encoder, decoder graph runs, host
-work between steps), then (2) ONNX Runtime's profiler over the decoder graph:
-time per operator type, grouped into matrix products, tensor copies (the KV
-cache's Gather/Concat, head Split/Transpose) and the rest.
+The OPUS-MT shape runs `Engine.generate` on the same random inputs as `seq2serve
+bench` (exactly `--new-tokens` per source); a package runs the first
+`--sentences` lines of DATA/test.src (only its `sentence` lines when DATA has
+test.kind), sorted by length and cut into batches of `--batch-size`, decoding
+naturally. Reported:
+
+1. the wall time split into the encoder, each runner call made between decoder
+   steps (the decoder graph, select, the cache's move/reorder and resize) and
+   the rest (Python and NumPy between steps), from timers around those calls;
+2. ONNX Runtime's profiler over the encoder and the decoder graphs: time per
+   operator type, grouped. The profiler's own cost per node inflates small
+   operators; read its shares, not its milliseconds.
 """
 
 from __future__ import annotations
@@ -19,115 +28,221 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from seq2serve.bench.workload import SHAPES, prepare_models, random_sources
+from seq2serve.bench.workload import SHAPES, prepare_models, random_sources, read_sentences
 
 GROUPS = {
     "matrix products": {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger",
                         "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"},
-    "copies (cache, heads)": {"Concat", "Gather", "GatherElements", "Split", "Slice",
-                              "Transpose", "Expand", "Tile"},
+    "int8 row quantization": {"Abs", "ReduceMax", "QuantizeLinear", "Div", "Max"},
+    "copies (cache, heads)": {"Concat", "Gather", "GatherElements", "GatherND", "Split",
+                              "Slice", "Transpose", "Expand", "Tile", "ScatterND"},
     "softmax, norm, activations": {"Softmax", "LogSoftmax", "LayerNormalization",
                                    "SkipLayerNormalization", "Relu", "Sigmoid", "Gelu",
                                    "FastGelu", "QuickGelu", "Tanh"},
 }
+# The runner's calls between decoder steps, timed one by one.
+RUNNER_CALLS = {"encode": "encoder", "step": "decoder graph", "top_k": "select (TopK graph)",
+                "reorder_cache": "cache rows moved (move/reorder graph)",
+                "resize_cache": "cache resized"}
 
 
 def group_of(op: str) -> str:
     return next((name for name, ops in GROUPS.items() if op in ops), "other")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.profile",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir())
-                        / "seq2serve-bench", help="model cache shared with seq2serve bench")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8"))
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--source-length", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=0, help="0 = physical cores")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+@contextmanager
+def timed_calls(runner: Any) -> Iterator[dict[str, list[float]]]:
+    """Wrap the runner's calls with timers; yields {call: [seconds, calls]}. The
+    decoder step's time excludes a cache resize it makes (timed on its own)."""
+    totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in RUNNER_CALLS}
+    originals = {name: getattr(runner, name) for name in RUNNER_CALLS}
+    inside: list[str] = []
 
+    def wrap(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            inside.append(name)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                inside.pop()
+                seconds = time.perf_counter() - start
+                totals[name][0] += seconds
+                totals[name][1] += 1
+                if inside:  # a call made by another timed call: not counted twice
+                    totals[inside[-1]][0] -= seconds
+        return timed
+
+    for name, call in originals.items():
+        setattr(runner, name, wrap(name, call))
+    try:
+        yield totals
+    finally:
+        for name in originals:
+            delattr(runner, name)  # the instance attribute goes; the method is back
+
+
+def op_profile(path: Path, threads: int, run: Callable[[Any], None]) -> dict[str, Any]:
+    """ONNX Runtime's profiler over one graph: `run(session)` puts the profiled
+    session in place and decodes. Returns microseconds by operator and in all."""
     import onnxruntime as ort
 
-    from seq2serve.server.engine.engine import Engine
-    from seq2serve.server.engine.options import DecodingOptions
-    from seq2serve.server.engine.runner import CPU, RunnerConfig
+    from seq2serve.server.engine.runner import CPU
 
-    shape = SHAPES["opus-mt"]
-    models = prepare_models(args.work, shape, 0, {args.precision}, ctranslate2=False)
-    package = models.packages[args.precision]
-    sources = random_sources(shape, args.batch_size, args.source_length, 0)
-    options = DecodingOptions(beam_size=args.beam, num_hypotheses=1,
-                              max_length=args.new_tokens, min_length=args.new_tokens)
-    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=args.threads))
-    engine.generate(sources, options)  # warm-up
-
-    walls, splits = [], []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        stats = engine.generate(sources, options).stats
-        wall = time.perf_counter() - start
-        decoder = sum(s.ort_seconds for s in stats.steps)
-        walls.append(wall)
-        splits.append({"encoder": stats.encode_seconds, "decoder graph": decoder,
-                       "host (Python, NumPy) between steps": stats.host_seconds,
-                       "unaccounted": wall - stats.ort_seconds - stats.host_seconds})
-    median = statistics.median(walls)
-    split = splits[walls.index(median)]
-    steps = len(stats.steps)
-    print(f"{package.name}: batch {args.batch_size}, beam {args.beam}, {args.new_tokens} new "
-          f"tokens, {engine.runner.threads} threads; median of {args.repeats}: "
-          f"{median * 1e3:.0f} ms, {args.batch_size * args.new_tokens / median:.1f} tokens/s, "
-          f"{steps} decoder steps")
-    print("\n| part | ms | share |\n|---|---:|---:|")
-    for name, seconds in split.items():
-        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / median:.1%} |")
-
-    # ONNX Runtime's profiler over the same decoding, decoder graph only.
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = engine.runner.threads
+        opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.enable_profiling = True
-        opts.profile_file_prefix = str(Path(tmp) / "decoder")
+        opts.profile_file_prefix = str(Path(tmp) / path.stem)
         opts.log_severity_level = 3
-        engine.runner.decoder = ort.InferenceSession(str(engine.package.decoder_path), opts,
-                                                     providers=[CPU])
-        engine.generate(sources, options)
-        events = json.loads(Path(engine.runner.decoder.end_profiling()).read_text())
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(str(path), opts, providers=[CPU])
+        run(session)
+        events = json.loads(Path(session.end_profiling()).read_text())
     by_op: dict[str, float] = defaultdict(float)
-    run_us = 0.0
+    runs, run_us = 0, 0.0
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             by_op[event["args"]["op_name"]] += event["dur"]
         elif event.get("cat") == "Session" and event["name"] == "model_run":
             run_us += event["dur"]
-    kernels = sum(by_op.values())
+            runs += 1
+    return {"runs": runs, "model_run_us": run_us, "by_op": dict(by_op)}
+
+
+def print_op_profile(name: str, profile: dict[str, Any]) -> None:
+    run_us = profile["model_run_us"] or 1.0
+    by_op: dict[str, float] = profile["by_op"]
     by_group: dict[str, float] = defaultdict(float)
     for op, us in by_op.items():
         by_group[group_of(op)] += us
-    by_group["ONNX Runtime overhead (binding, allocation, scheduling)"] = max(
-        run_us - kernels, 0.0)
-    print(f"\ndecoder graph under ONNX Runtime's profiler: {run_us / 1e3:.1f} ms in "
-          f"{steps} runs\n\n| group | ms | share |\n|---|---:|---:|")
-    for name, us in sorted(by_group.items(), key=lambda kv: -kv[1]):
-        print(f"| {name} | {us / 1e3:.1f} | {us / run_us:.1%} |")
-    print("\n| operator | ms | share |\n|---|---:|---:|")
+    by_group["ONNX Runtime between kernels"] = max(run_us - sum(by_op.values()), 0.0)
+    print(f"\n{name} under ONNX Runtime's profiler: {run_us / 1e3:.1f} ms in "
+          f"{profile['runs']} runs\n\n| group | share |\n|---|---:|")
+    for group, us in sorted(by_group.items(), key=lambda kv: -kv[1]):
+        print(f"| {group} | {us / run_us:.1%} |")
+    print("\n| operator | share |\n|---|---:|")
     for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]:
-        print(f"| {op} | {us / 1e3:.1f} | {us / run_us:.1%} |")
+        print(f"| {op} | {us / run_us:.1%} |")
+
+
+def workload(args: argparse.Namespace) -> tuple[Path, list[list[list[int]]], Any, str]:
+    """(package, batches of token ids, decoding options, a description)."""
+    from seq2serve.export.package import load_package
+    from seq2serve.server.core.registry import package_tokenizer
+    from seq2serve.server.engine.options import DecodingOptions
+
+    if args.package is None:
+        shape = SHAPES["opus-mt"]
+        models = prepare_models(args.work, shape, 0, {args.precision}, ctranslate2=False)
+        sources = random_sources(shape, args.batch_size, args.source_length, 0)
+        options = DecodingOptions(beam_size=args.beam, num_hypotheses=1,
+                                  max_length=args.new_tokens, min_length=args.new_tokens)
+        return (models.packages[args.precision], [sources], options,
+                f"OPUS-MT shape, {args.precision}, batch {args.batch_size}, "
+                f"{args.new_tokens} new tokens")
+    package = load_package(args.package)
+    tokenizer = package_tokenizer(package)
+    texts = sentences(args.data, args.sentences)
+    limit = package.manifest.max_source_length
+    ids = sorted((tokenizer.encode(t)[:limit] for t in texts), key=len)
+    batches = [ids[i:i + args.batch_size] for i in range(0, len(ids), args.batch_size)]
+    return (args.package, batches, DecodingOptions(beam_size=args.beam),
+            f"{package.manifest.name} ({package.manifest.precision}), {len(ids)} sentences "
+            f"of {args.data} by length, batch {args.batch_size}")
+
+
+def sentences(data: Path, limit: int) -> list[str]:
+    """DATA/test.src's first `limit` lines, only the `sentence` ones when DATA/test.kind
+    says which lines are sentences (DDTP's test split also holds whole descriptions)."""
+    kinds = data / "test.kind" if data.is_dir() else None
+    if kinds is None or not kinds.is_file():
+        return read_sentences(data, limit)
+    lines = (data / "test.src").read_text(encoding="utf-8").splitlines()
+    marks = kinds.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line, kind in zip(lines, marks, strict=True)
+            if kind.strip() == "sentence" and line.strip()][:limit]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.profile",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir())
+                        / "seq2serve-bench", help="model cache shared with seq2serve bench")
+    parser.add_argument("--package", type=Path, help="a model package (else the OPUS-MT shape)")
+    parser.add_argument("--data", type=Path, help="with --package: a corpus directory with "
+                        "test.src (and test.kind), or a text file")
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
+                        help="the OPUS-MT shape's export")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--source-length", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=0, help="0 = the usable cores")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if (args.package is None) != (args.data is None):
+        parser.error("--package and --data go together")
+
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    package, batches, options, description = workload(args)
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=args.threads))
+    runner = engine.runner
+
+    def decode() -> int:
+        """Every batch once; returns the decoder steps."""
+        return sum(len(engine.generate(batch, options).stats.steps) for batch in batches)
+
+    decode()  # warm-up
+    walls, splits = [], []
+    for _ in range(args.repeats):
+        with timed_calls(runner) as totals:
+            start = time.perf_counter()
+            steps = decode()
+            wall = time.perf_counter() - start
+        split = {RUNNER_CALLS[name]: seconds for name, (seconds, _) in totals.items()}
+        split["Python and NumPy between steps"] = wall - sum(split.values())
+        walls.append(wall)
+        splits.append(split)
+    median = statistics.median(walls)
+    split = splits[walls.index(median)]
+    texts = sum(len(b) for b in batches)
+    print(f"{description}, beam {args.beam}, {runner.threads} threads: median of "
+          f"{args.repeats} {median * 1e3:.0f} ms ({texts / median:.1f} sources/s), "
+          f"{steps} decoder steps")
+    print("\n| part | ms | share |\n|---|---:|---:|")
+    for name, seconds in split.items():
+        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / median:.1%} |")
+
+    profiles = {}
+    for name in ("encoder", "decoder"):
+        path = Path(getattr(engine.package, f"{name}_path"))
+
+        def run(session: Any, name: str = name) -> None:
+            kept = getattr(runner, name)
+            setattr(runner, name, session)
+            try:
+                decode()
+            finally:
+                setattr(runner, name, kept)
+
+        profiles[name] = op_profile(path, runner.threads, run)
+        print_op_profile(f"{name} graph", profiles[name])
     if args.json:
         args.json.write_text(json.dumps({
-            "package": str(package), "batch_size": args.batch_size, "beam": args.beam,
-            "new_tokens": args.new_tokens, "threads": engine.runner.threads,
-            "median_seconds": median, "split_seconds": split,
-            "decoder_profile_us": {"model_run": run_us, "by_op": by_op,
-                                   "by_group": by_group}}, indent=2) + "\n")
+            "workload": description, "beam": args.beam, "threads": runner.threads,
+            "median_seconds": median, "decoder_steps": steps, "split_seconds": split,
+            "profiles": profiles}, indent=2) + "\n")
     return 0
 
 

@@ -243,7 +243,7 @@ class Runner:
         # state, log-prob buffer): the next step over the same ones rebinds only
         # tokens and positions (on CPU the cache is written in place, so most steps).
         self._step_binding: tuple[DecoderCache, EncoderState, np.ndarray,
-                                  ort.IOBinding] | None = None
+                                  ort.InferenceSession, ort.IOBinding] | None = None
         self.warmup_seconds = 0.0
         if self.config.warmup:
             self.warmup_seconds = self._warmup()
@@ -437,8 +437,8 @@ class Runner:
         last = self._step_binding
         if last is not None and last[0] is cache and last[1] is enc \
                 and last[2].ctypes.data == log_probs.ctypes.data \
-                and last[2].shape == log_probs.shape:
-            return last[3]
+                and last[2].shape == log_probs.shape and last[3] is self.decoder:
+            return last[4]
         binding = self.decoder.io_binding()
         for i, (sk, sv, ck, cv) in enumerate(self._layer_inputs):
             binding.bind_ortvalue_input(sk, cache.self_k[i])
@@ -457,7 +457,8 @@ class Runner:
                 binding.bind_output(name, self.device, self.device_id)
         binding.bind_output("alignment", "cpu")
         # Only the in-place cache outlives the step as the same tensors.
-        self._step_binding = (cache, enc, log_probs, binding) if self.in_place else None
+        self._step_binding = ((cache, enc, log_probs, self.decoder, binding) if self.in_place
+                              else None)
         return binding
 
 
