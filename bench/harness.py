@@ -7,7 +7,14 @@ Workloads:
   call, so tokens/s = batch * new tokens / wall time compares like with like;
 - with `--package DIR --data DIR`: this engine on a shipped model package and
   the first `--sentences` lines of DIR/test.src, decoding naturally (EOS and
-  the package's length limit); its records are named `seq2serve@<model>`.
+  the package's length limit); its records are named `seq2serve@<model>`;
+- with `--model NAME --data DIR` (the shipped models, `model.py`): instead of the
+  OPUS-MT shape, the package models/NAME (int8) and an fp32 export of its
+  checkpoint models/checkpoints/NAME beside CTranslate2 on the same checkpoint
+  (int8 and float32), on real sentences sorted by length, decoding naturally;
+  sentences/s per thread count, the best per core, and how many outputs agree.
+
+`--threads` takes several counts: the whole run is repeated for each.
 
 Each (system, decoding, batch) is warmed up, then timed `--repeats` times; the
 median wall time counts. All systems of a workload are loaded at once and the
@@ -33,6 +40,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from seq2serve.bench.model import (
+    model_agreement,
+    model_benchmark,
+    model_problems,
+    per_core_table,
+)
 from seq2serve.bench.systems import CTranslate2, Seq2Serve, System, Transformers
 from seq2serve.bench.workload import SHAPES, prepare_models, random_sources, read_sentences
 
@@ -44,7 +57,8 @@ DEVICE_SYSTEMS = {
     "cuda": ("seq2serve-fp32", "seq2serve-fp16", "transformers", "ctranslate2-fp32",
              "ctranslate2-fp16"),
 }
-RECORD_KEYS = ("system", "precision", "decoding", "batch_size", "tokens_per_second")
+RECORD_KEYS = ("system", "precision", "decoding", "batch_size", "threads", "tokens_per_second",
+               "sentences_per_second")
 BASELINE = ("seq2serve", "fp32")  # the ratio column divides by this system's figure
 
 
@@ -60,13 +74,21 @@ class Record:
     decoding: str
     batch_size: int
     tokens_per_second: float
-    tokens: int  # per timed call
-    seconds: float  # median wall time of one call
+    tokens: int  # per timed pass
+    seconds: float  # median wall time of one pass
+    threads: int = 0
+    sources: int = 0  # per timed pass
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.sources / self.seconds
 
     def as_json(self) -> dict[str, object]:
         return {"system": self.system, "precision": self.precision,
                 "decoding": self.decoding, "batch_size": self.batch_size,
-                "tokens_per_second": round(self.tokens_per_second, 2)}
+                "threads": self.threads,
+                "tokens_per_second": round(self.tokens_per_second, 2),
+                "sentences_per_second": round(self.sentences_per_second, 2)}
 
 
 def beam_width(decoding: str) -> int:
@@ -152,7 +174,7 @@ def measure_round_robin(systems: Sequence[System], batches: Sequence[Sequence[Se
 
 def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[str, int]],
                 batches_for: dict[int, list[list[list[int]]]], new_tokens: int | None,
-                repeats: int, warmup: int) -> list[Record]:
+                repeats: int, warmup: int, threads: int = 0) -> list[Record]:
     records = []
     try:
         for system in systems:
@@ -165,8 +187,9 @@ def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[s
                                           beam_width(decoding), new_tokens, repeats, warmup,
                                           whats)
             for system, what, (seconds, tokens) in zip(systems, whats, results, strict=True):
+                sources = sum(len(b) for b in batches_for[batch_size])
                 record = Record(workload, system.name, system.precision, decoding, batch_size,
-                                tokens / seconds, tokens, seconds)
+                                tokens / seconds, tokens, seconds, threads, sources)
                 _log(f"  {what}: {record.tokens_per_second:.1f} tokens/s "
                      f"({tokens} tokens, median {seconds:.3f} s)")
                 records.append(record)
@@ -180,7 +203,8 @@ def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[s
 
 def _baseline(records: list[Record], r: Record) -> Record | None:
     for b in records:
-        if (b.workload, b.decoding, b.batch_size) == (r.workload, r.decoding, r.batch_size) \
+        if (b.workload, b.decoding, b.batch_size, b.threads) == \
+                (r.workload, r.decoding, r.batch_size, r.threads) \
                 and b.system.split("@")[0] == BASELINE[0] and b.precision == BASELINE[1]:
             return b
     return None
@@ -190,20 +214,37 @@ def markdown_table(records: list[Record]) -> str:
     lines = []
     for workload in dict.fromkeys(r.workload for r in records):
         lines += [f"**{workload}**", "",
-                  "| system | precision | decoding | batch | tokens/s | vs seq2serve fp32 |",
-                  "| --- | --- | --- | ---: | ---: | ---: |"]
+                  "| system | precision | decoding | batch | threads | sentences/s | tokens/s "
+                  "| vs seq2serve fp32 |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         rows = sorted((r for r in records if r.workload == workload),
-                      key=lambda r: (beam_width(r.decoding), r.batch_size))
+                      key=lambda r: (r.threads, beam_width(r.decoding), r.batch_size))
         for r in rows:
             base = _baseline(records, r)
             ratio = f"{r.tokens_per_second / base.tokens_per_second:.2f}x" if base else "-"
             lines.append(f"| {r.system} | {r.precision} | {r.decoding} | {r.batch_size} | "
+                         f"{r.threads} | {r.sentences_per_second:.1f} | "
                          f"{r.tokens_per_second:.1f} | {ratio} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def machine_description(threads: int) -> list[str]:
+def instruction_sets() -> str:
+    """The vector instruction sets of this CPU that the engines' kernels use."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return "unknown"
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+              "avx512_bf16", "amx_int8", "amx_bf16")
+    return ", ".join(f for f in wanted if f in flags) or "none of AVX2/AVX-512/VNNI/AMX"
+
+
+def machine_description(threads: Sequence[int]) -> list[str]:
     from seq2serve.server.engine.resources import usable_cores
 
     cpu = platform.processor() or platform.machine()
@@ -225,7 +266,8 @@ def machine_description(threads: int) -> list[str]:
              f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {usable_cores()} usable "
              f"cores; {platform.system()} {platform.release()}; Python "
              f"{platform.python_version()}",
-             f"- threads: {threads} per system (intra-op), 1 inter-op",
+             f"- instruction sets: {instruction_sets()}",
+             f"- threads: {', '.join(map(str, threads))} per system (intra-op), 1 inter-op",
              f"- versions: {', '.join(versions)}",
              f"- load average at start: {load:.2f}"]
     if load > 0.5:
@@ -240,8 +282,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="only beam4 at batch 16 on the OPUS-MT shape, every system "
                         "(a few minutes)")
-    parser.add_argument("--threads", type=_positive, default=None,
-                        help="intra-op threads for every system (default: the usable cores)")
+    parser.add_argument("--threads", type=_positive, nargs="+", default=None,
+                        help="intra-op threads for every system, one or more counts; the run "
+                        "is repeated for each (default: the usable cores)")
     parser.add_argument("--repeats", type=_positive, default=3,
                         help="timed runs per setting; the median counts (default 3)")
     parser.add_argument("--warmup", type=int, default=1,
@@ -275,6 +318,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a corpus directory with test.src (or a text file) for --package")
     parser.add_argument("--sentences", type=_positive, default=128,
                         help="test sentences per --package pass (default 128)")
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help="a shipped model (models/NAME and models/checkpoints/NAME) beside "
+                        "CTranslate2 on the same checkpoint, on the sentences of --data, "
+                        "instead of the OPUS-MT shape")
+    parser.add_argument("--models-dir", type=Path, default=Path("models"),
+                        help="where --model's package and checkpoints/ are (default: models)")
+    parser.add_argument("--precisions", nargs="+", choices=("int8", "fp32"),
+                        default=["int8", "fp32"], help="--model's precisions (default: both)")
+    parser.add_argument("--only-sentences", action="store_true",
+                        help="with --data DIR: only the lines DIR/test.kind marks `sentence`")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
 
 
@@ -288,8 +341,10 @@ def _check(args: argparse.Namespace) -> list[str]:
         problems.append("--quick runs the OPUS-MT shape only; leave out --package")
     if args.package and args.data is None:
         problems.append("--package needs --data (the test sentences)")
-    if args.data is not None and not args.package:
-        problems.append("--data needs --package")
+    if args.model is not None:
+        problems += model_problems(args)
+    elif args.data is not None and not args.package:
+        problems.append("--data needs --package or --model")
     for p in args.package:
         if not (p / "manifest.json").is_file():
             problems.append(f"--package {p}: not a model package (no manifest.json)")
@@ -334,6 +389,8 @@ def _cuda_problems(systems: list[str]) -> list[str]:
 def benchmark(args: argparse.Namespace) -> list[Record]:
     """Every requested system and setting; `args.threads` must be set."""
     threads = args.threads
+    if args.model is not None:
+        return model_benchmark(args, threads)
     if args.quick:
         args.decodings, args.batch_sizes, args.shape = ["beam4"], [16], "opus-mt"
     import torch  # building and converting run on torch; keep it to the same threads
@@ -366,7 +423,7 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
                 systems.append(CTranslate2(models.ctranslate2, models.marian,
                                            name.split("-")[1], threads, device=args.device))
         records += run_systems(systems, workload, settings, batches_for, args.new_tokens,
-                               args.repeats, args.warmup)
+                               args.repeats, args.warmup, threads)
         records += _package_runs(args, threads, settings)
     finally:
         if args.work is None:
@@ -382,7 +439,8 @@ def _package_runs(args: argparse.Namespace, threads: int,
     # Packages that see the same token ids (one model in several precisions) are
     # timed round-robin together, like the peers on the OPUS-MT shape.
     groups: dict[tuple[str, str], tuple[list[list[int]], list[System]]] = {}
-    sentences = read_sentences(args.data, args.sentences) if args.package else []
+    sentences = (read_sentences(args.data, args.sentences, args.only_sentences)
+                 if args.package else [])
     for path in args.package:
         package = load_package(path)
         tokenizer = package_tokenizer(package)
@@ -399,7 +457,7 @@ def _package_runs(args: argparse.Namespace, threads: int,
                        for b in args.batch_sizes}
         workload = f"{name} package, {len(ids)} sentences of {args.data}, natural length"
         records += run_systems(systems, workload, settings, batches_for, None, args.repeats,
-                               args.warmup)
+                               args.warmup, threads)
     return records
 
 
@@ -411,15 +469,24 @@ def run(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"seq2serve bench: error: {p}", file=sys.stderr)
         return 2
-    args.threads = args.threads or usable_cores()
-    header = machine_description(args.threads)  # before the run: its load average
+    counts = args.threads or [usable_cores()]
+    header = machine_description(counts)  # before the run: its load average
+    records: list[Record] = []
+    agreement: list[str] = []
     try:
-        records = benchmark(args)
+        for threads in counts:
+            run_args = argparse.Namespace(**{**vars(args), "threads": threads})
+            records += benchmark(run_args)
+        if args.model is not None:
+            agreement = model_agreement(args, counts[0])
     except BenchError as e:
         print(f"seq2serve bench: error: {e}", file=sys.stderr)
         return 1
     print("\n".join(header) + "\n")
     print(markdown_table(records))
+    if args.model is not None:
+        print(per_core_table(records))
+        print("\n".join(agreement))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.as_json() for r in records], indent=2) + "\n",

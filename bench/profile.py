@@ -149,25 +149,15 @@ def workload(args: argparse.Namespace) -> tuple[Path, list[list[list[int]]], Any
                 f"{args.new_tokens} new tokens")
     package = load_package(args.package)
     tokenizer = package_tokenizer(package)
-    texts = sentences(args.data, args.sentences)
+    # DDTP's test split also holds whole descriptions: its sentence lines only.
+    texts = read_sentences(args.data, args.sentences,
+                           only_sentences=(args.data / "test.kind").is_file())
     limit = package.manifest.max_source_length
     ids = sorted((tokenizer.encode(t)[:limit] for t in texts), key=len)
     batches = [ids[i:i + args.batch_size] for i in range(0, len(ids), args.batch_size)]
     return (args.package, batches, DecodingOptions(beam_size=args.beam),
             f"{package.manifest.name} ({package.manifest.precision}), {len(ids)} sentences "
             f"of {args.data} by length, batch {args.batch_size}")
-
-
-def sentences(data: Path, limit: int) -> list[str]:
-    """DATA/test.src's first `limit` lines, only the `sentence` ones when DATA/test.kind
-    says which lines are sentences (DDTP's test split also holds whole descriptions)."""
-    kinds = data / "test.kind" if data.is_dir() else None
-    if kinds is None or not kinds.is_file():
-        return read_sentences(data, limit)
-    lines = (data / "test.src").read_text(encoding="utf-8").splitlines()
-    marks = kinds.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line, kind in zip(lines, marks, strict=True)
-            if kind.strip() == "sentence" and line.strip()][:limit]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

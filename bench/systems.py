@@ -174,3 +174,57 @@ class CTranslate2(System):
     def close(self) -> None:
         self.translator = None
         super().close()
+
+
+class CheckpointCTranslate2(System):
+    """CTranslate2 on a seq2serve checkpoint's conversion (bench/ctranslate2_model.py),
+    given the same token ids as the engine: a piece's CTranslate2 index is its
+    SentencePiece id, the source EOS is CTranslate2's to add (`add_source_eos`).
+    The engine's limits for the package apply: each call's longest output limit
+    (`max_length`, `max_length_ratio`) and its suppressed tokens."""
+
+    name = "ctranslate2"
+
+    def __init__(self, model_dir: Path, package: Path, precision: str, threads: int):
+        from seq2serve.bench.ctranslate2_model import TOKENIZER_FILE, spm_pieces
+        from seq2serve.export.package import load_package
+        from seq2serve.server.engine.options import DecodingOptions
+
+        self.model_dir = Path(model_dir)
+        self.precision = precision
+        self.threads = threads
+        self.pieces = spm_pieces(self.model_dir / TOKENIZER_FILE)
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        manifest = load_package(package).manifest
+        self.eos_id = manifest.special_tokens.eos
+        self.suppress = [[self.pieces[i]] for i in manifest.special_tokens.suppress]
+        from seq2serve.server.config import ServerConfig
+
+        limits = ServerConfig(models_dir=None).option_limits()  # the engine's defaults
+        self.options = DecodingOptions().resolve(manifest.generation.as_dict(), limits)
+        self.translator: Any = None
+
+    def load(self) -> None:
+        from seq2serve.bench.ctranslate2_model import load_translator
+
+        self.translator = load_translator(self.model_dir, self.precision, self.threads)
+
+    def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
+        # The engine's sources end with EOS, which CTranslate2 adds itself.
+        pieces = [[self.pieces[i] for i in (s[:-1] if s and s[-1] == self.eos_id else s)]
+                  for s in sources]
+        limit = max(self.options.max_new_tokens(len(s)) for s in sources)
+        return pieces, limit
+
+    def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
+        pieces, limit = prepared
+        results = self.translator.translate_batch(
+            pieces, beam_size=beam, num_hypotheses=1, max_batch_size=0,
+            max_decoding_length=new_tokens or limit,
+            min_decoding_length=new_tokens or 0,
+            suppress_sequences=self.suppress or None)
+        return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+
+    def close(self) -> None:
+        self.translator = None
+        super().close()

@@ -75,7 +75,8 @@ def test_harness_end_to_end(work: Path, models: workload.Models, tmp_path: Path,
     assert all(isinstance(r["tokens_per_second"], float) and r["tokens_per_second"] > 0
                and math.isfinite(r["tokens_per_second"]) for r in records)
     table = capsys.readouterr().out
-    assert "| system | precision | decoding | batch | tokens/s | vs seq2serve fp32 |" in table
+    assert ("| system | precision | decoding | batch | threads | sentences/s | tokens/s "
+            "| vs seq2serve fp32 |") in table
     assert "| seq2serve | fp32 | beam4 | 2 |" in table and "1.00x" in table
 
 

@@ -1,0 +1,157 @@
+"""`seq2serve bench --model NAME`: a shipped model beside CTranslate2 on the same weights.
+
+The engine runs the package models/NAME (the shipped int8) and an fp32 export of
+its checkpoint models/checkpoints/NAME; CTranslate2 runs the checkpoint's
+conversion (bench/ctranslate2_model.py) at `compute_type` int8 and float32. Both
+get the same token ids of the same real sentences (the first `--sentences`
+lines of --data, sorted by length so that a batch pads little, as a server's
+length-sorted batches do), the package's length limits and suppressed tokens, and
+decode naturally (EOS). Timing is harness.run_systems's: all systems loaded,
+round-robin repeats, the median.
+
+Reported beside the records: per (precision, decoding, batch) each system's best
+sentences/s per core over the thread counts run (a 2-core server runs two
+one-thread engines when that is best; the figure is what one core serves), and
+how many best hypotheses agree between the engine and CTranslate2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from seq2serve.bench.systems import CheckpointCTranslate2, Seq2Serve, System
+from seq2serve.bench.workload import read_sentences
+
+if TYPE_CHECKING:
+    from seq2serve.bench.harness import Record
+
+
+def model_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    package = args.models_dir / args.model
+    checkpoint = args.models_dir / "checkpoints" / args.model
+    if not (package / "manifest.json").is_file():
+        problems.append(f"--model {args.model}: no package at {package}")
+    if not checkpoint.is_dir():
+        problems.append(f"--model {args.model}: no checkpoint at {checkpoint}")
+    if args.data is None:
+        problems.append("--model needs --data (the test sentences)")
+    if args.package or args.quick:
+        problems.append("--model runs alone: leave out --package and --quick")
+    return problems
+
+
+def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[list[int]]]:
+    """The engine's packages by precision, CTranslate2's model, and the sentences' ids;
+    the fp32 export and the conversion are cached in --work by the package's digest."""
+    from seq2serve.bench.ctranslate2_model import convert
+    from seq2serve.export.exporter import export
+    from seq2serve.export.package import load_package
+    from seq2serve.server.core.registry import package_tokenizer
+
+    shipped = args.models_dir / args.model
+    checkpoint = args.models_dir / "checkpoints" / args.model
+    package = load_package(shipped)
+    key = package.manifest.digest[:12]
+    work = args.work / f"{args.model}-{key}"
+    work.mkdir(parents=True, exist_ok=True)
+    packages = {package.manifest.precision: shipped}
+    for precision in args.precisions:
+        if precision not in packages:
+            out = work / f"package-{precision}"
+            if not (out / "manifest.json").is_file():
+                shutil.rmtree(out, ignore_errors=True)
+                export(checkpoint, out, precision=precision, name=args.model, progress=False)
+            packages[precision] = out
+    ct2 = work / "ctranslate2"
+    if not (ct2 / "model.bin").is_file():
+        convert(checkpoint, ct2, force=True)
+    tokenizer = package_tokenizer(package)
+    limit = package.manifest.max_source_length
+    texts = read_sentences(args.data, args.sentences, args.only_sentences)
+    ids = [tokenizer.encode(t) for t in texts]
+    ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
+    return packages, ct2, sorted(ids, key=len)
+
+
+def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
+             threads: int) -> list[System]:
+    systems: list[System] = []
+    for precision in args.precisions:
+        systems.append(Seq2Serve(packages[precision], threads, name=f"seq2serve@{args.model}"))
+        systems.append(CheckpointCTranslate2(ct2, packages[precision], precision, threads))
+    return systems
+
+
+def _workload(args: argparse.Namespace, count: int) -> str:
+    which = "sentence lines" if args.only_sentences else "lines"
+    return f"{args.model}: {count} {which} of {args.data}, sorted by length, natural length"
+
+
+def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
+    from seq2serve.bench.harness import run_systems
+
+    packages, ct2, ids = _prepared(args)
+    settings = [(d, b) for d in args.decodings for b in args.batch_sizes]
+    batches_for = {b: [ids[i: i + b] for i in range(0, len(ids), b)] for b in args.batch_sizes}
+    return run_systems(_systems(args, packages, ct2, threads), _workload(args, len(ids)),
+                       settings, batches_for, None, args.repeats, args.warmup, threads)
+
+
+def model_agreement(args: argparse.Namespace, threads: int) -> list[str]:
+    """Per precision and decoding: how many best hypotheses are the same token ids
+    in the engine and in CTranslate2 (batches of the largest batch size)."""
+    from seq2serve.bench.harness import beam_width
+
+    packages, ct2, ids = _prepared(args)
+    batch = max(args.batch_sizes)
+    lines = ["", "| precision | decoding | identical outputs, seq2serve and CTranslate2 |",
+             "|---|---|---:|"]
+    systems = _systems(args, packages, ct2, threads)
+    try:
+        for system in systems:
+            system.load()
+        for decoding in args.decodings:
+            outputs = []
+            for system in systems:
+                out: list[list[int]] = []
+                for i in range(0, len(ids), batch):
+                    out += system.generate(system.prepare(ids[i: i + batch]),
+                                           beam_width(decoding), None)
+                outputs.append(out)
+            for k, precision in enumerate(args.precisions):
+                ours, theirs = outputs[2 * k], outputs[2 * k + 1]
+                same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+                lines.append(f"| {precision} | {decoding} | {same} of {len(ids)} |")
+    finally:
+        for system in systems:
+            system.close()
+    return lines
+
+
+def per_core_table(records: Sequence[Record]) -> str:
+    """Each system's best sentences/s per core over the thread counts, and the
+    engine's ratio to CTranslate2 at that best."""
+    best: dict[tuple[str, str, str, int], tuple[float, int]] = {}
+    for r in records:
+        key = (r.system.split("@")[0], r.precision, r.decoding, r.batch_size)
+        per_core = r.sentences_per_second / max(r.threads, 1)
+        if key not in best or per_core > best[key][0]:
+            best[key] = (per_core, r.threads)
+    lines = ["", "Per core, each system at its best thread count:", "",
+             "| precision | decoding | batch | seq2serve sentences/s per core (threads) "
+             "| CTranslate2 (threads) | seq2serve / CTranslate2 |",
+             "|---|---|---:|---:|---:|---:|"]
+    for (system, precision, decoding, batch), (ours, threads) in sorted(best.items()):
+        if system != "seq2serve":
+            continue
+        peer = best.get(("ctranslate2", precision, decoding, batch))
+        if peer is None:
+            continue
+        lines.append(f"| {precision} | {decoding} | {batch} | {ours:.1f} ({threads}) | "
+                     f"{peer[0]:.1f} ({peer[1]}) | {ours / peer[0]:.2f}x |")
+    return "\n".join(lines)
