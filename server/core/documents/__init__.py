@@ -1,0 +1,55 @@
+"""Whole files: gettext catalogs, XLIFF, subtitles, plain text and HTML.
+
+`read_document(name, data, target)` reads a file by its name's suffix into a
+`Document` (the texts it asks to have translated, and how to write it back);
+`translate_document` (in `queueing.py`) sends those texts through any
+translate function, every chunk of the file queued together, and writes the
+file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
+2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm). Used by the HTTP
+`/translate_file` (over the core's `Translator`, `service.py`) and by
+`seq2serve translate-file` (over gRPC).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from seq2serve.server.core.documents.base import Document, DocumentError, Tally
+from seq2serve.server.core.documents.gettext import GettextDocument
+from seq2serve.server.core.documents.srt import SubtitleDocument
+from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
+from seq2serve.server.core.documents.xliff import XliffDocument
+
+__all__ = ["SUFFIXES", "Document", "DocumentError", "Tally", "media_type", "read_document"]
+
+# LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
+SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt")
+
+
+def read_document(name: str, data: bytes, target: str, overwrite: bool = False) -> Document:
+    """The file `name` (its suffix says the format) read for translation into `target`;
+    `overwrite` retranslates entries that are translated already (formats with entries
+    that can be: .po, .xliff)."""
+    base = PurePath(name).name
+    suffix = PurePath(base).suffix.lower()
+    if suffix in (".po", ".pot"):
+        return GettextDocument(base, data, target, overwrite)
+    if suffix in (".xliff", ".xlf"):
+        return XliffDocument(base, data, target, overwrite)
+    if suffix == ".srt":
+        return SubtitleDocument(base, data)
+    if suffix in (".html", ".htm"):
+        return HtmlDocument(base, data)
+    if suffix == ".txt":
+        return TextDocument(base, data)
+    raise DocumentError(f"file format not supported: {suffix[:16] or base[:64]!r}; "
+                        f"supported: {', '.join(SUFFIXES)}")
+
+
+def media_type(name: str) -> str:
+    """The media type a translated file is served as."""
+    suffix = PurePath(name).suffix.lower()
+    kind = {".po": "text/x-gettext-translation", ".xliff": "application/xliff+xml",
+            ".xlf": "application/xliff+xml", ".srt": "application/x-subrip",
+            ".html": "text/html", ".htm": "text/html"}.get(suffix, "text/plain")
+    return f"{kind}; charset=utf-8" if kind.startswith("text/") else kind
