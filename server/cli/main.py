@@ -26,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "generate() and CTranslate2 (tokens/s, Markdown table, --json)"),
     "translate": ("seq2serve.server.cli.translate", "translate texts on a running seq2serve "
                   "server"),
+    "translate-file": ("seq2serve.server.cli.translate_file", "translate a whole file (gettext "
+                       ".po/.pot, XLIFF, .srt, .txt, .html) on a running seq2serve server; "
+                       "translations are marked for review"),
     "summarize": ("seq2serve.server.cli.summarize", "summarize text files on a running "
                   "seq2serve server"),
     "health": ("seq2serve.server.cli.health", "exit 0 when a server's gRPC health service "

@@ -157,7 +157,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/translate", libre.translate, ["POST"], doc="Translate text (LibreTranslate)")
     route("/languages", libre.languages, ["GET"], doc="Supported languages (LibreTranslate)")
     route("/detect", libre.detect, ["POST"], doc="Detect the language of a text (LibreTranslate)")
-    route("/translate_file", libre.translate_file, ["POST"], doc="Translate a .txt or .html file")
+    route("/translate_file", libre.translate_file, ["POST"],
+          doc="Translate a file: .txt, .html, gettext .po/.pot, XLIFF, .srt")
     route("/download_file/{filename}", libre.download_file, ["GET"], name="download_file",
           doc="Download a translated file")
     route("/frontend/settings", libre.frontend_settings, ["GET"], doc="Page settings")

@@ -22,6 +22,8 @@ from starlette.responses import JSONResponse, Response
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
 from seq2serve.server.core.detect import Detector, language_name
+from seq2serve.server.core.documents import SUFFIXES, media_type, read_document
+from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
 from seq2serve.server.core.translator import (
@@ -33,7 +35,6 @@ from seq2serve.server.core.translator import (
 )
 from seq2serve.server.engine.options import DecodingOptions
 
-FILE_FORMATS = (".txt", ".html", ".htm")
 # Translated files wait for their download this long, at most this many.
 FILE_TTL_S = 600.0
 MAX_STORED_FILES = 64
@@ -119,7 +120,7 @@ class LibreTranslateApi:
             "keyRequired": self.access.require_key,
             "suggestions": self.settings.suggestions,
             "filesTranslation": True,
-            "supportedFilesFormat": list(FILE_FORMATS),
+            "supportedFilesFormat": list(SUFFIXES),
             "language": {"source": {"code": "auto", "name": "Auto Detect"},
                          "target": {"code": target, "name": language_name(target)}},
         })
@@ -189,19 +190,12 @@ class LibreTranslateApi:
         raise invalid(f"{language_name(target)} ({target}) is not available as a target "
                       f"language from {language_name(source)} ({source[:16]})")
 
-    async def _translate_all(self, texts: Sequence[str], sources: Sequence[str], target: str,
-                             text_format: str, alternatives: int,
-                             software: Software = Software()) -> list[list[str]]:
-        """Every text's best translation and alternatives; one core request per source
-        language (one in all unless `auto` found several)."""
-        translated, _ = await self._translate_flagged(texts, sources, target, text_format,
-                                                      alternatives, software)
-        return translated
-
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
                                  software: Software) -> tuple[list[list[str]], list[bool]]:
-        """`_translate_all`, and for each text whether its best needed a placeholder repair."""
+        """Every text's best translation and alternatives, and whether its best needed a
+        placeholder repair; one core request per source language (one in all unless
+        `auto` found several)."""
         out: list[list[str]] = [[] for _ in texts]
         flags = [False] * len(texts)
         groups: dict[str, list[int]] = {}
@@ -301,6 +295,10 @@ class LibreTranslateApi:
     # -- files -----------------------------------------------------------------------
 
     async def translate_file(self, request: Request) -> Response:
+        """A whole file (core/documents/): .txt, .html, gettext .po/.pot, XLIFF, .srt.
+        All of its texts are queued together as ordinary core requests, so placeholders,
+        markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
+        field) retranslates entries that are translated already."""
         fields = await read_fields(request)
         self._admit(request, fields, cost=1)
         upload = fields.files.get("file")
@@ -309,31 +307,23 @@ class LibreTranslateApi:
         source = _required(fields, "source")
         target = _required(fields, "target")
         name = PurePath(upload.filename or "file.txt").name
-        suffix = PurePath(name).suffix.lower()
-        if suffix not in FILE_FORMATS:
+        if PurePath(name).suffix.lower() not in SUFFIXES:
             raise invalid("Invalid request: file format not supported")
         raw = await upload.read()
         if not raw:
             raise invalid("Invalid request: empty file")
-        try:
-            content = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise invalid("Invalid request: the file is not UTF-8 text") from None
-        if suffix == ".txt":
-            lines = content.split("\n")
-            wanted = [i for i, line in enumerate(lines) if line.strip()]
-            self._check_sizes([lines[i] for i in wanted][:1])
-            [language] = [s for s, _ in await self._sources([content[:2000]], source)]
-            done = await self._translate_all([lines[i] for i in wanted],
-                                             [language] * len(wanted), target, "text", 0)
-            for i, translated in zip(wanted, done, strict=True):
-                lines[i] = translated[0]
-            output = "\n".join(lines)
-        else:
-            [language] = [s for s, _ in await self._sources([content[:2000]], source)]
-            [[output]] = await self._translate_all([content], [language], target, "html", 0)
-        key = f"{uuid.uuid4().hex}.{name}"
-        self._store(key, output.encode("utf-8"))
+        overwrite = fields.boolean("overwrite", False)
+        document = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: read_document(name, raw, target, overwrite))
+        if source == "auto":
+            source = document.source_language.split("-")[0].split("_")[0] or "auto"
+        [language] = [s for s, _ in await self._sources(
+            [" ".join(document.texts[:50])[:2000]], source)]
+        template = self._request(self._pair(language, target), (), DecodingOptions(),
+                                 Software.from_fields(fields))
+        output = await translate_with_core(document, self.translator, template, Call())
+        key = f"{uuid.uuid4().hex}.{document.name}"
+        self._store(key, output)
         url = str(request.url_for("download_file", filename=key))
         return JSONResponse({"translatedFileUrl": url})
 
@@ -350,8 +340,7 @@ class LibreTranslateApi:
         if stored is None:
             raise invalid("Invalid filename")
         _, name, data = stored
-        kind = "text/html" if name.lower().endswith((".html", ".htm")) else "text/plain"
-        return Response(data, media_type=f"{kind}; charset=utf-8",
+        return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     # -- access ----------------------------------------------------------------------

@@ -80,4 +80,5 @@ async def translate_document(document: Document, translate: TranslateTexts, *,
     skipped = sum(1 for t in translations if t is None)
     if skipped:
         document.tally.notes.append(f"{skipped} texts over {max_chars} characters not sent")
-    return document.write(translations)
+    # Writing a large catalog takes a while: off the event loop, as its parsing is.
+    return await asyncio.get_running_loop().run_in_executor(None, document.write, translations)

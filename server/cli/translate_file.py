@@ -1,0 +1,159 @@
+"""`seq2serve translate-file`: translate a whole file on a running server.
+
+    seq2serve translate-file po/de.po --to de
+    seq2serve translate-file messages.pot --to de -o po/de.po
+    seq2serve translate-file app.xlf --to de --overwrite -o app.de.xlf
+
+The file is read here (core/documents/: gettext .po/.pot, XLIFF 1.2 and 2.x,
+.srt, .txt, .html) and its texts go to the server over gRPC as `seq2serve
+translate` sends them: in chunks of the server's `max_texts_per_request`, a few
+chunks in flight at once so that they batch with each other there. Entries
+already translated are kept byte for byte (`--overwrite` retranslates them);
+machine translations are marked for review (`fuzzy`, XLIFF's review states).
+A progress bar counts the texts on standard error when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
+
+from seq2serve.server.client import DEFAULT_TARGET, ModelInfo, Seq2ServeClient, report_rpc_error
+from seq2serve.server.core.documents import SUFFIXES, Document, DocumentError, read_document
+from seq2serve.server.core.documents.queueing import DEFAULT_WINDOW, translate_document
+
+PROG = "seq2serve translate-file"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE",
+                        help=f"the file to translate ({', '.join(SUFFIXES)})")
+    parser.add_argument("--to", dest="target_language", metavar="LANG", required=True,
+                        help="target language")
+    parser.add_argument("--from", dest="source_language", metavar="LANG",
+                        help="source language (default: what the file says, else the "
+                        "server's model for --to)")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help='where to write the translated file, "-" for standard output '
+                        "(default: NAME.LANG.SUFFIX beside FILE; a .pot gives NAME.LANG.po)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="retranslate entries that are translated already (default: "
+                        "keep them byte for byte)")
+    parser.add_argument("--model", help="model name (see the server's ListModels)")
+    parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
+    parser.add_argument("--server", default=DEFAULT_TARGET, metavar="HOST:PORT",
+                        help=f"the seq2serve server (default {DEFAULT_TARGET})")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="deadline per call in seconds (default none)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="S",
+                        help="wait up to S seconds for the server to report SERVING")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it shows only on a terminal anyway)")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        data = path.read_bytes()
+        document = read_document(path.name, data, args.target_language, args.overwrite)
+    except OSError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except DocumentError as e:
+        print(f"{PROG}: error: {e.message}", file=sys.stderr)
+        return 1
+    source = args.source_language or document.source_language.replace("_", "-").split("-")[0]
+    try:
+        with Seq2ServeClient(args.server, args.timeout) as client:
+            if args.wait > 0:
+                client.wait_until_serving(args.wait)
+            model = _model(client.list_models(), args.model, source, args.target_language)
+            if model is None:
+                print(f"{PROG}: error: this server has no translation model "
+                      f"{args.model or ''} for {source or '*'} -> {args.target_language}",
+                      file=sys.stderr)
+                return 1
+            output = asyncio.run(_translate(client, document, model, args))
+    except grpc.RpcError as error:
+        return report_rpc_error(PROG, error)
+    except (TimeoutError, DocumentError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
+    written = _write(output, args.output or str(_default_output(path, document,
+                                                                args.target_language)))
+    print(f"{PROG}: {written}: {document.tally.describe()}", file=sys.stderr)
+    return 0
+
+
+def _model(models: Sequence[ModelInfo], name: str | None, source: str,
+           target: str) -> ModelInfo | None:
+    """The model the server will pick: by name, else by language pair."""
+    for model in models:
+        if model.task != "translate":
+            continue
+        if name:
+            if model.name == name:
+                return model
+        elif model.target_language == target and source in ("", model.source_language):
+            return model
+    return None
+
+
+async def _translate(client: Seq2ServeClient, document: Document, model: ModelInfo,
+                     args: argparse.Namespace) -> bytes:
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(DEFAULT_WINDOW) as pool, \
+            tqdm(unit="text", desc=Path(args.file).name, file=sys.stderr,
+                 disable=True if args.no_progress else None) as bar:
+
+        def call(texts: Sequence[str]) -> list[str]:
+            answers = client.translate(list(texts), model.name, beam_size=args.beam)
+            return [nbest[0].text for nbest in answers]
+
+        async def translate(texts: Sequence[str]) -> list[str]:
+            return await loop.run_in_executor(pool, call, texts)
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        limits = model.limits
+        return await translate_document(
+            document, translate, progress=progress,
+            chunk_size=max(1, int(limits.get("max_texts_per_request", 32))),
+            max_chars=int(limits["max_text_chars"]) if "max_text_chars" in limits else None,
+            busy=lambda e: (isinstance(e, grpc.Call)
+                            and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED))
+
+
+def _default_output(path: Path, document: Document, target: str) -> Path:
+    if document.name != path.name:  # a .pot: NAME.LANG.po
+        return path.with_name(document.name)
+    return path.with_name(f"{path.stem}.{target}{path.suffix}")
+
+
+def _write(data: bytes, output: str) -> str:
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return "standard output"
+    target = Path(output)
+    # Whole or not at all: a failed write never leaves half a catalog behind.
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return str(target)
