@@ -36,12 +36,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from seq2serve.bench.model import (
-    model_agreement,
+    agreement_table,
     model_benchmark,
     model_problems,
     per_core_table,
@@ -78,6 +79,8 @@ class Record:
     seconds: float  # median wall time of one pass
     threads: int = 0
     sources: int = 0  # per timed pass
+    # the best hypothesis of each source of a pass, in order (not in the JSON)
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
     def sentences_per_second(self) -> float:
@@ -119,8 +122,16 @@ def _log(message: str) -> None:
 
 # -- measuring -------------------------------------------------------------------------
 
+class Timing(NamedTuple):
+    """One system's pass over a workload's batches."""
+
+    seconds: float  # the median over the timed repeats
+    tokens: int  # generated in one pass
+    outputs: list[list[int]]  # the best hypothesis per source, in order
+
+
 def _timed(system: System, prepared: object, beam: int, new_tokens: int | None,
-           expected: int | None, what: str) -> tuple[float, int]:
+           expected: int | None, what: str) -> tuple[float, list[list[int]]]:
     start = time.perf_counter()
     tokens = system.generate(prepared, beam, new_tokens)
     seconds = time.perf_counter() - start
@@ -129,7 +140,7 @@ def _timed(system: System, prepared: object, beam: int, new_tokens: int | None,
         if wrong:
             raise BenchError(f"{what}: a source got {wrong[0]} tokens, expected exactly "
                              f"{expected}; the systems would not be doing the same work")
-    return seconds, sum(len(t) for t in tokens)
+    return seconds, tokens
 
 
 # Before each timed pass: the previous system's idle worker threads (ONNX Runtime,
@@ -140,22 +151,24 @@ SETTLE_SECONDS = 0.3
 def measure(system: System, batches: Sequence[Sequence[Sequence[int]]], beam: int,
             new_tokens: int | None, repeats: int, warmup: int, what: str) -> tuple[float, int]:
     """Median seconds and the tokens generated for one pass over `batches`."""
-    return measure_round_robin([system], batches, beam, new_tokens, repeats, warmup,
-                               [what])[0]
+    timing = measure_round_robin([system], batches, beam, new_tokens, repeats, warmup,
+                                 [what])[0]
+    return timing.seconds, timing.tokens
 
 
 def measure_round_robin(systems: Sequence[System], batches: Sequence[Sequence[Sequence[int]]],
                         beam: int, new_tokens: int | None, repeats: int, warmup: int,
-                        whats: Sequence[str]) -> list[tuple[float, int]]:
-    """Per system, the median seconds and the tokens generated for one pass over
-    `batches`; repeat r of every system runs before repeat r + 1 of any."""
+                        whats: Sequence[str]) -> list[Timing]:
+    """Per system, the median seconds, the tokens generated and the outputs of one
+    pass over `batches`; repeat r of every system runs before repeat r + 1 of any."""
     prepared = [[system.prepare(b) for b in batches] for system in systems]
     for system, parts, what in zip(systems, prepared, whats, strict=True):
         for _ in range(warmup):
             _timed(system, parts[0], beam, new_tokens, new_tokens, what)
     times: list[list[float]] = [[] for _ in systems]
     counts: list[set[int]] = [set() for _ in systems]
-    for _ in range(repeats):
+    outputs: list[list[list[int]]] = [[] for _ in systems]
+    for repeat in range(repeats):
         for i, (system, parts, what) in enumerate(zip(systems, prepared, whats, strict=True)):
             if len(systems) > 1:
                 time.sleep(SETTLE_SECONDS)
@@ -163,13 +176,16 @@ def measure_round_robin(systems: Sequence[System], batches: Sequence[Sequence[Se
             for part in parts:
                 seconds, tokens = _timed(system, part, beam, new_tokens, new_tokens, what)
                 total_seconds += seconds
-                total_tokens += tokens
+                total_tokens += sum(len(t) for t in tokens)
+                if repeat == 0:
+                    outputs[i] += tokens
             times[i].append(total_seconds)
             counts[i].add(total_tokens)
     for what, seen in zip(whats, counts, strict=True):
         if len(seen) != 1:  # decoding is deterministic: a change means a bug, not noise
             raise BenchError(f"{what}: token counts differ between repeats: {sorted(seen)}")
-    return [(statistics.median(t), c.pop()) for t, c in zip(times, counts, strict=True)]
+    return [Timing(statistics.median(t), c.pop(), o)
+            for t, c, o in zip(times, counts, outputs, strict=True)]
 
 
 def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[str, int]],
@@ -186,10 +202,11 @@ def run_systems(systems: Sequence[System], workload: str, settings: list[tuple[s
             results = measure_round_robin(systems, batches_for[batch_size],
                                           beam_width(decoding), new_tokens, repeats, warmup,
                                           whats)
-            for system, what, (seconds, tokens) in zip(systems, whats, results, strict=True):
+            for system, what, (seconds, tokens, outputs) in zip(systems, whats, results,
+                                                                strict=True):
                 sources = sum(len(b) for b in batches_for[batch_size])
                 record = Record(workload, system.name, system.precision, decoding, batch_size,
-                                tokens / seconds, tokens, seconds, threads, sources)
+                                tokens / seconds, tokens, seconds, threads, sources, outputs)
                 _log(f"  {what}: {record.tokens_per_second:.1f} tokens/s "
                      f"({tokens} tokens, median {seconds:.3f} s)")
                 records.append(record)
@@ -472,21 +489,24 @@ def run(args: argparse.Namespace) -> int:
     counts = args.threads or [usable_cores()]
     header = machine_description(counts)  # before the run: its load average
     records: list[Record] = []
-    agreement: list[str] = []
+    # One cache for every thread count's pass: the models are built (exported,
+    # converted) once per run even without --work.
+    work = args.work or Path(tempfile.mkdtemp(prefix="seq2serve-bench-"))
     try:
         for threads in counts:
-            run_args = argparse.Namespace(**{**vars(args), "threads": threads})
+            run_args = argparse.Namespace(**{**vars(args), "threads": threads, "work": work})
             records += benchmark(run_args)
-        if args.model is not None:
-            agreement = model_agreement(args, counts[0])
     except BenchError as e:
         print(f"seq2serve bench: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
     print("\n".join(header) + "\n")
     print(markdown_table(records))
     if args.model is not None:
         print(per_core_table(records))
-        print("\n".join(agreement))
+        print(agreement_table(records))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.as_json() for r in records], indent=2) + "\n",

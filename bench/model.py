@@ -9,10 +9,12 @@ length-sorted batches do), the package's length limits and suppressed tokens, an
 decode naturally (EOS). Timing is harness.run_systems's: all systems loaded,
 round-robin repeats, the median.
 
-Reported beside the records: per (precision, decoding, batch) each system's best
-sentences/s per core over the thread counts run (a 2-core server runs two
-one-thread engines when that is best; the figure is what one core serves), and
-how many best hypotheses agree between the engine and CTranslate2.
+Tokens are each system's own generated target tokens, EOS included (the two
+may end a sentence at different places). Reported beside the records: per
+(precision, decoding, batch) each system's best sentences/s per core over the
+thread counts run (a 2-core server runs two one-thread engines when that is
+best; the figure is what one core serves), and how many best hypotheses of the
+timed passes agree between the engine and CTranslate2.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
 
 def _workload(args: argparse.Namespace, count: int) -> str:
     which = "sentence lines" if args.only_sentences else "lines"
-    return f"{args.model}: {count} {which} of {args.data}, sorted by length, natural length"
+    return (f"{args.model}: {count} {which} of {args.data}, sorted by length, natural length; "
+            "tokens: each system's own, EOS included")
 
 
 def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
@@ -102,35 +105,27 @@ def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
                        settings, batches_for, None, args.repeats, args.warmup, threads)
 
 
-def model_agreement(args: argparse.Namespace, threads: int) -> list[str]:
-    """Per precision and decoding: how many best hypotheses are the same token ids
-    in the engine and in CTranslate2 (batches of the largest batch size)."""
-    from seq2serve.bench.harness import beam_width
-
-    packages, ct2, ids = _prepared(args)
-    batch = max(args.batch_sizes)
+def agreement_table(records: Sequence[Record]) -> str:
+    """Per precision and decoding: how many best hypotheses (EOS included) are the
+    same token ids in the engine and in CTranslate2, from the outputs of the timed
+    passes at the largest batch size and the first thread count."""
+    timed = [r for r in records if r.outputs]
     lines = ["", "| precision | decoding | identical outputs, seq2serve and CTranslate2 |",
              "|---|---|---:|"]
-    systems = _systems(args, packages, ct2, threads)
-    try:
-        for system in systems:
-            system.load()
-        for decoding in args.decodings:
-            outputs = []
-            for system in systems:
-                out: list[list[int]] = []
-                for i in range(0, len(ids), batch):
-                    out += system.generate(system.prepare(ids[i: i + batch]),
-                                           beam_width(decoding), None)
-                outputs.append(out)
-            for k, precision in enumerate(args.precisions):
-                ours, theirs = outputs[2 * k], outputs[2 * k + 1]
-                same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-                lines.append(f"| {precision} | {decoding} | {same} of {len(ids)} |")
-    finally:
-        for system in systems:
-            system.close()
-    return lines
+    if not timed:
+        return "\n".join(lines)
+    batch, threads = max(r.batch_size for r in timed), timed[0].threads
+    found: dict[tuple[str, str, str], list[list[int]]] = {}
+    for r in timed:
+        if (r.batch_size, r.threads) == (batch, threads):
+            found[(r.system.split("@")[0], r.precision, r.decoding)] = r.outputs
+    for (system, precision, decoding), ours in found.items():
+        theirs = found.get(("ctranslate2", precision, decoding))
+        if system != "seq2serve" or theirs is None:
+            continue
+        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+        lines.append(f"| {precision} | {decoding} | {same} of {len(ours)} |")
+    return "\n".join(lines)
 
 
 def per_core_table(records: Sequence[Record]) -> str:

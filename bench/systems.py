@@ -2,10 +2,12 @@
 
 `prepare(sources)` turns token-id lists into the system's own input form
 (outside the timed region); `generate(prepared, beam, new_tokens)` decodes and
-returns the best hypothesis of each source as token ids without EOS. With
-`new_tokens` set, every system generates exactly that many tokens (minimum
-length = maximum length, EOS never forced); with None, it decodes naturally up
-to the model's own length limit (the real-sentence run).
+returns the best hypothesis of each source as token ids. With `new_tokens` set,
+every system generates exactly that many tokens (minimum length = maximum
+length, EOS never forced, none returned); with None, it decodes naturally up to
+the model's own length limit (the real-sentence runs), and a hypothesis the
+model ended keeps its EOS: it was generated, so it counts as a token, and two
+systems' outputs agree only if both ended (or both were cut) at the same place.
 """
 
 from __future__ import annotations
@@ -63,13 +65,16 @@ class Seq2Serve(System):
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
         from seq2serve.server.engine.options import DecodingOptions
+        from seq2serve.server.engine.search import FinishReason
 
         if new_tokens is None:  # the package's generation defaults (length limit, penalty)
             options = DecodingOptions(beam_size=beam, num_hypotheses=1)
         else:
             options = DecodingOptions(beam_size=beam, num_hypotheses=1,
                                       max_length=new_tokens, min_length=new_tokens)
-        return [list(result[0].token_ids) for result in self.engine.generate(prepared, options)]
+        eos = [self.engine.eos_id]
+        return [list(best.token_ids) + (eos if best.finish_reason is FinishReason.EOS else [])
+                for best in (result[0] for result in self.engine.generate(prepared, options))]
 
     def close(self) -> None:
         self.engine = None
@@ -179,9 +184,16 @@ class CTranslate2(System):
 class CheckpointCTranslate2(System):
     """CTranslate2 on a seq2serve checkpoint's conversion (bench/ctranslate2_model.py),
     given the same token ids as the engine: a piece's CTranslate2 index is its
-    SentencePiece id, the source EOS is CTranslate2's to add (`add_source_eos`).
-    The engine's limits for the package apply: each call's longest output limit
-    (`max_length`, `max_length_ratio`) and its suppressed tokens."""
+    SentencePiece id, the source EOS is CTranslate2's to add (`add_source_eos`),
+    and the target EOS comes back (`return_end_token`) as the engine's does.
+    The engine's defaults for the package apply: its suppressed tokens, length
+    penalty, repetition penalty, n-gram blocking and minimum length, and its
+    output length limit (`max_length`, `max_length_ratio`). CTranslate2 takes one
+    limit per call, so a batch decodes up to its longest source's limit and each
+    hypothesis is then cut to its own source's: exactly the engine's limit for
+    greedy decoding (a row's tokens do not depend on the limit), close to it for
+    beam search. Only a source the model does not end costs CTranslate2 those
+    extra steps (batches are sorted by length, so their limits are close)."""
 
     name = "ctranslate2"
 
@@ -213,17 +225,22 @@ class CheckpointCTranslate2(System):
         # The engine's sources end with EOS, which CTranslate2 adds itself.
         pieces = [[self.pieces[i] for i in (s[:-1] if s and s[-1] == self.eos_id else s)]
                   for s in sources]
-        limit = max(self.options.max_new_tokens(len(s)) for s in sources)
-        return pieces, limit
+        limits = [self.options.max_new_tokens(len(s)) for s in sources]
+        return pieces, limits
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
-        pieces, limit = prepared
+        pieces, limits = prepared
+        o = self.options
         results = self.translator.translate_batch(
             pieces, beam_size=beam, num_hypotheses=1, max_batch_size=0,
-            max_decoding_length=new_tokens or limit,
-            min_decoding_length=new_tokens or 0,
-            suppress_sequences=self.suppress or None)
-        return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+            max_decoding_length=new_tokens or max(limits),
+            min_decoding_length=new_tokens or o.min_length,
+            length_penalty=o.length_penalty, repetition_penalty=o.repetition_penalty,
+            no_repeat_ngram_size=o.no_repeat_ngram_size,
+            suppress_sequences=self.suppress or None, return_end_token=new_tokens is None)
+        cut = limits if new_tokens is None else [new_tokens] * len(limits)
+        return [[self.ids[p] for p in r.hypotheses[0][:limit]]
+                for r, limit in zip(results, cut, strict=True)]
 
     def close(self) -> None:
         self.translator = None

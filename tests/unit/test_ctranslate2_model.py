@@ -80,6 +80,31 @@ def test_shipped_en_de_greedy_equals_the_engine(shipped: tuple[Path, Path]) -> N
     assert theirs == ours
 
 
+def test_bench_systems_return_the_same_ids_with_eos(shipped: tuple[Path, Path]) -> None:
+    """`seq2serve bench --model`'s two systems, batched as it batches (sorted by
+    length): the same greedy ids, each ended by the EOS both generated."""
+    from seq2serve.bench.systems import CheckpointCTranslate2, Seq2Serve
+    from seq2serve.server.core.registry import package_tokenizer
+
+    package, ct2_dir = shipped
+    tokenizer = package_tokenizer(load_package(package))
+    sources = sorted((tokenizer.encode(t) for t in real_sentences(12)), key=len)
+    ours_system = Seq2Serve(package, 1)
+    theirs_system = CheckpointCTranslate2(ct2_dir, package, "fp32", 1)
+    outputs = []
+    for system in (ours_system, theirs_system):
+        system.load()
+        try:
+            outputs.append([t for i in range(0, len(sources), 4)
+                            for t in system.generate(system.prepare(sources[i: i + 4]), 1,
+                                                     None)])
+        finally:
+            system.close()
+    ours, theirs = outputs
+    assert all(len(t) > 2 and t[-1] == tokenizer.eos_id for t in ours)
+    assert theirs == ours
+
+
 def test_converted_directory(shipped: tuple[Path, Path]) -> None:
     import json
 
