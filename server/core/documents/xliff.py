@@ -58,7 +58,8 @@ class XliffDocument(Document):
         for unit in self.store.units:
             element = unit.xmlelement
             source = element.find(self._tag("source"))
-            if source is None or not unit.istranslatable() or not _content(source).strip():
+            if (source is None or not unit.istranslatable() or not _content(source).strip()
+                    or element.get("restype") == "x-gettext-domain-header"):
                 continue
             self.tally.entries += 1
             existing = element.find(self._tag("target"))
