@@ -34,7 +34,7 @@ from pathlib import Path
 
 import lz4.frame
 
-from seq2serve.model.data import messages_data
+from seq2serve.model.data import everyday_data, messages_data
 from seq2serve.model.data.data_card import count_table, data_card
 from seq2serve.model.data.ddtp import (
     KINDS,
@@ -47,6 +47,7 @@ from seq2serve.model.data.ddtp import (
 )
 
 CORPORA = ("ddtp", "messages")
+OPTIONAL_CORPORA = ("everyday",)  # built only when named in --corpora
 SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 DEFAULT_LANGS = ("de", "fr")
 
@@ -290,8 +291,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="which corpora to build, comma-separated from "
                         f"{', '.join(CORPORA)} (default: %(default)s; with both, the "
                         "DDTP + messages training mix too), or mix alone: rewrite the mix "
-                        "from the corpora already built")
+                        "from the corpora already built; everyday builds the everyday corpus "
+                        "(and the three-corpus mix when DDTP and messages are built), "
+                        "everyday-mix alone rewrites that mix")
     messages_data.configure(parser)
+    everyday_data.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -305,11 +309,14 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--ddtp-repeat must be >= 1, got {args.ddtp_repeat}")
     if wanted == ["mix"]:
         return _write_mix(args)
-    if not wanted or set(wanted) - set(CORPORA):
-        return _fail(f"--corpora must name some of {', '.join(CORPORA)}, or be mix alone; "
-                     f"got {args.corpora[:80]!r}")
-    outputs = {"ddtp": [args.out], "messages": [args.messages_out]}
-    if set(wanted) == set(CORPORA):
+    if wanted == ["everyday-mix"]:
+        return everyday_data.write_mix(args)
+    if not wanted or set(wanted) - set(CORPORA + OPTIONAL_CORPORA):
+        return _fail(f"--corpora must name some of {', '.join(CORPORA + OPTIONAL_CORPORA)}, "
+                     f"or be mix or everyday-mix alone; got {args.corpora[:80]!r}")
+    outputs = {"ddtp": [args.out], "messages": [args.messages_out],
+               "everyday": [args.everyday_out]}
+    if set(CORPORA) <= set(wanted):
         outputs["messages"].append(args.mixed_out)
     for out in (o for c in wanted for o in outputs[c]):
         if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
@@ -319,8 +326,10 @@ def run(args: argparse.Namespace) -> int:
     if "messages" in wanted:
         if status := messages_data.run(args, langs, args.no_update):
             return status
-        if "ddtp" in wanted:
-            return _write_mix(args)
+        if "ddtp" in wanted and (status := _write_mix(args)):
+            return status
+    if "everyday" in wanted:
+        return everyday_data.run(args, langs, args.no_update)
     return 0
 
 
