@@ -63,7 +63,7 @@ DEFAULT_PER_PACKAGE = 4000  # catalog entries per package and language (freeciv'
 # A path's language: a whole token `de`, `fr`, `de_DE`, `fr_FR` (+ `.UTF-8`) in one of
 # the last three path components: locale/de/LC_MESSAGES/x.mo, l10n/de.po, data.fr.po,
 # lang_de_DE/story.po. The rest of the path, the language replaced, names the catalog.
-_PATH_LANG = re.compile(r"(?<![A-Za-z0-9])(de|fr)(?:_(?:DE|FR))?(?:\.UTF-8|\.utf8)?(?=[/._-]|$)")
+_PATH_LANG = re.compile(r"(?<![A-Za-z0-9])(de|fr)(?:_(?:DE|FR))?(?:\.UTF-8|\.utf8)?(?=[/.-]|$)")
 STAMP_PATH = re.compile(r"(?:^|/)usr/share/tuxpaint/stamps/.+\.txt$")
 DICTIONARY_PATH = re.compile(r"(?:^|/)usr/share/trans/de-en$")
 
