@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from seq2serve.model.data import messages
 from seq2serve.model.data.ddtp import split_sentences
@@ -289,6 +290,21 @@ def _member_pairs(path: str, data: bytes, lang: str, corpus: EverydayCorpus
         return [], False
     corpus.catalogs += 1
     return catalog_pairs(catalog, corpus.dropped), False
+
+
+# --------------------------------------------------------------------------- hand-written test set
+
+HANDWRITTEN = Path(__file__).parent / "testsets" / "everyday.tsv"
+
+
+def handwritten(lang: str, path: Path = HANDWRITTEN) -> list[tuple[str, str]]:
+    """(English, translation) of the hand-written everyday test set: greetings,
+    weather, travel, shopping, food, family, time, health, work, home, feelings,
+    leisure; the issue's six sentences first. One `en<TAB>de<TAB>fr` line each."""
+    column = {"de": 1, "fr": 2}[lang]
+    rows = [line.split("\t") for line in path.read_text("utf-8").split("\n")
+            if line.strip() and not line.startswith("#")]
+    return [(row[0], row[column]) for row in rows]
 
 
 # --------------------------------------------------------------------------- measuring

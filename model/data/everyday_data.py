@@ -168,6 +168,7 @@ def write(directory: Path, corpora: list[EverydayCorpus], stats: dict[str, dict[
         }
         (folder / "corpus.json").write_text(json.dumps(info, indent=2, ensure_ascii=False)
                                             + "\n", encoding="utf-8")
+        write_handwritten(directory / f"{corpus.name}-handwritten", corpus.lang)
         for split, rows in corpus.splits.items():
             for package in {r[0] for r in rows}:
                 entry = sources.setdefault(package, {"source": stats.get(package, {}).get(
@@ -179,6 +180,22 @@ def write(directory: Path, corpora: list[EverydayCorpus], stats: dict[str, dict[
     (directory / "packages.json").write_text(json.dumps(meta, indent=1) + "\n",
                                              encoding="utf-8")
     (directory / "DATA_CARD.md").write_text(everyday_card(corpora, meta), encoding="utf-8")
+
+
+def write_handwritten(folder: Path, lang: str) -> None:
+    """The hand-written test set as a corpus folder with a test split only, so
+    `seq2serve train --score CKPT --data <folder> --split test` scores it."""
+    pairs = everyday.handwritten(lang)
+    folder.mkdir(parents=True)
+    for ext, lines in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs]),
+                       ("kind", ["sentence"] * len(pairs))):
+        (folder / f"test.{ext}").write_text("".join(f"{x}\n" for x in lines),
+                                            encoding="utf-8", newline="\n")
+    info = {"task": "translate", "src_lang": "en", "tgt_lang": lang,
+            "counts": {"test": {"sentence": len(pairs)}},
+            "source": {"name": "hand-written everyday sentences",
+                       "file": "model/data/testsets/everyday.tsv"}}
+    (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- mix

@@ -131,6 +131,20 @@ def test_package_split_named_and_inherited() -> None:
     assert everyday.package_split("adonthell-data", "adonthell-data") == "test"
 
 
+ISSUE_SENTENCES = ["I love you.", "The weather is nice today.", "Where is the train station?",
+                   "My brother lives in Berlin.", "We are going to the beach tomorrow.",
+                   "I am hungry."]
+
+
+@pytest.mark.parametrize("lang", ["de", "fr"])
+def test_handwritten_test_set(lang: str) -> None:
+    pairs = everyday.handwritten(lang)
+    assert len(pairs) >= 200 and len({s for s, _ in pairs}) == len(pairs)
+    assert [s for s, _ in pairs[:6]] == ISSUE_SENTENCES
+    assert all(s and t and s != t and "\t" not in t for s, t in pairs)
+    assert everyday.handwritten("de")[5] == ("I am hungry.", "Ich habe Hunger.")
+
+
 # --------------------------------------------------------------------------- a tree
 
 
@@ -213,8 +227,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_cli_writes_corpus_and_card(tmp_path: Path) -> None:
     assert corpus.run(_parse(_args(tmp_path))) == 0
     out = tmp_path / "everyday"
-    assert {p.name for p in out.iterdir()} == {"en-de", "en-fr", "DATA_CARD.md",
-                                                "packages.json", "sources.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "en-de", "en-fr", "en-de-handwritten", "en-fr-handwritten", "DATA_CARD.md",
+        "packages.json", "sources.json"}
+    handwritten = (out / "en-fr-handwritten" / "test.tgt").read_text().split("\n")
+    assert handwritten[0] == "Je t'aime." and len(handwritten) > 200
     info = json.loads((out / "en-de" / "corpus.json").read_text())
     assert info["counts"]["test"] and info["tgt_lang"] == "de"
     lines = {ext: (out / "en-de" / f"train.{ext}").read_text().split("\n")
