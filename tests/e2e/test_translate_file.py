@@ -1,0 +1,122 @@
+"""Whole files on the shipped en-de through both ways in: HTTP /translate_file
+(LibreTranslate's contract: multipart in, a download URL out) and `seq2serve
+translate-file` over gRPC, on catalogs cut from Debian packages
+(tests/fixtures/catalogs/): the .po written passes `msgfmt --check`, re-reads,
+keeps its translated entries byte for byte and marks the new ones fuzzy."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serving import RunningServer, free_port, server_config
+from translate.storage import pypo, xliff2
+
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "en-de"
+CATALOGS = Path(__file__).resolve().parents[1] / "fixtures" / "catalogs"
+
+pytestmark = pytest.mark.skipif(not SHIPPED.is_dir(), reason="the shipped models/en-de")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("files")
+    (root / "en-de").symlink_to(SHIPPED)
+    # Fewer texts per request than the catalog has entries: a file is many requests.
+    running = RunningServer(server_config(root, http_port=free_port(), threads=1,
+                                          max_texts_per_request=16))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    assert server.http_url is not None
+    with httpx.Client(base_url=server.http_url, timeout=300) as client:
+        yield client
+
+
+def msgfmt_check(path: Path) -> None:
+    msgfmt = shutil.which("msgfmt")
+    if msgfmt is None:
+        pytest.skip("msgfmt (gettext) is not installed; .ci/run installs it")
+    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def upload(http: httpx.Client, name: str, **fields: str) -> httpx.Response:
+    answer = http.post("/translate_file", data={"source": "en", "target": "de", **fields},
+                       files={"file": (name, (CATALOGS / name).read_bytes())})
+    assert answer.status_code == 200, answer.text
+    return http.get(answer.json()["translatedFileUrl"])
+
+
+def test_a_po_file_through_http(http: httpx.Client, tmp_path: Path) -> None:
+    name = "gnome-power-manager.de.po"
+    raw = (CATALOGS / name).read_bytes()
+    download = upload(http, name)
+    assert download.headers["content-type"].startswith("text/x-gettext-translation")
+    assert download.headers["content-disposition"] == f'attachment; filename="{name}"'
+    written = tmp_path / name
+    written.write_bytes(download.content)
+    msgfmt_check(written)
+    before, after = pypo.pofile(raw).units, pypo.pofile(download.content).units
+    assert len(before) == len(after)
+    filled = 0
+    for old, new in zip(before, after, strict=True):
+        if old.isheader() or old.isobsolete() or old.istranslated() or old.isfuzzy():
+            assert str(new) == str(old)  # byte for byte
+            continue
+        filled += 1
+        assert new.isfuzzy() and new.target
+        if new.hasplural():
+            assert len(new.target.strings) == 2 and all(new.target.strings)
+    assert filled == 21
+    # The same translation /translate gives (one core, one cache-free answer).
+    entry = next(u for u in after if str(u.source) == "Observe power management")
+    same = http.post("/translate", json={"q": "Observe power management", "source": "en",
+                                         "target": "de"}).json()["translatedText"]
+    assert str(entry.target) == same
+
+
+def test_xliff_and_subtitles_through_http(http: httpx.Client) -> None:
+    store = xliff2.Xliff2File(upload(http, "ark.de.xlf").content)
+    states = {u.getid(): (u.xmlelement.get("state"), u.target) for u in store.units}
+    assert states["add"] == ("final", "Hinzufügen")
+    assert states["remove-from-archive"][0] == "initial" and states["remove-from-archive"][1]
+    srt = (b"1\n00:00:01,000 --> 00:00:03,500\nThe disk is almost full.\n\n"
+           b"2\n00:00:04,000 --> 00:00:05,250\nOpen the file.\n")
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("film.srt", srt)})
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    assert out.count(b"-->") == 2 and out.startswith(b"1\n00:00:01,000 --> 00:00:03,500\n")
+    assert b"The disk" not in out
+    settings = http.get("/frontend/settings").json()
+    assert {".po", ".pot", ".xliff", ".xlf", ".srt", ".txt", ".html"} <= set(
+        settings["supportedFilesFormat"])
+
+
+def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "de.po"
+    result = subprocess.run(
+        [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file",
+         str(CATALOGS / "gnome-power-manager.pot"), "--to", "de", "--from", "en",
+         "-o", str(out), "--server", server.target],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "38 of 38 entries translated" in result.stderr
+    msgfmt_check(out)
+    store = pypo.pofile(out.read_bytes())
+    assert store.parseheader()["Language"] == "de"
+    assert all(u.isfuzzy() and u.target for u in store.units if not u.isheader())
+    missing = subprocess.run(
+        [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file",
+         str(tmp_path / "nothing.po"), "--to", "de", "--server", server.target],
+        capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "nothing.po" in missing.stderr
