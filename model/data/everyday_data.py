@@ -204,7 +204,8 @@ def write_handwritten(folder: Path, lang: str) -> None:
 def write_mix(args: argparse.Namespace) -> int:
     """`--everyday-mix-out/en-<lang>`: DDTP x --ddtp-repeat + messages + everyday x
     --everyday-repeat in train; valid and test are the three corpora's own,
-    concatenated; train holds no pair of any valid or test split."""
+    concatenated; train holds no pair of any valid or test split and no
+    English sentence of the hand-written test set."""
     if args.everyday_repeat < 1:
         return _fail(f"--everyday-repeat must be >= 1, got {args.everyday_repeat}")
     parts = [(args.out, args.ddtp_repeat), (args.messages_out, 1),
@@ -220,7 +221,10 @@ def write_mix(args: argparse.Namespace) -> int:
 
     def fill(tmp: Path) -> None:
         for name in names:
-            write_mix_pair(tmp / name, [(d / name, r) for d, r in parts])
+            lang = name.split("-", 1)[1]
+            held = {src for src, _ in everyday.handwritten(lang)} if lang in everyday.LANGS \
+                else set()
+            write_mix_pair(tmp / name, [(d / name, r) for d, r in parts], held)
 
     try:
         messages_data.write_atomically(args.everyday_mix_out, args.force, fill)
@@ -231,8 +235,11 @@ def write_mix(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_mix_pair(folder: Path, parts: list[tuple[Path, int]]) -> None:
-    """One pair's mix from (corpus folder, train repeat) parts."""
+def write_mix_pair(folder: Path, parts: list[tuple[Path, int]],
+                   held_sources: set[str] | frozenset[str] = frozenset()) -> None:
+    """One pair's mix from (corpus folder, train repeat) parts; train also
+    drops every pair whose English is in `held_sources` (the hand-written
+    everyday test set, so that no sentence of it is seen in training)."""
     folder.mkdir(parents=True)
     rows: dict[str, list[tuple[str, str, str]]] = {}
     for split in ("test", "valid", "train"):
@@ -240,7 +247,8 @@ def write_mix_pair(folder: Path, parts: list[tuple[Path, int]]) -> None:
                        for row in messages_data._read_rows(corpus, split)
                        * (repeat if split == "train" else 1)]
     held = {(s, t) for split in ("test", "valid") for _, s, t in rows[split]}
-    rows["train"] = [r for r in rows["train"] if (r[1], r[2]) not in held]
+    rows["train"] = [r for r in rows["train"]
+                     if (r[1], r[2]) not in held and r[1] not in held_sources]
     counts: dict[str, dict[str, int]] = {}
     for split, split_rows in rows.items():
         for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):

@@ -258,7 +258,8 @@ def test_mix_repeats_and_keeps_evaluation_pairs_out(tmp_path: Path) -> None:
         "train": [("sentence", "A tool.", "Ein Werkzeug.")],
         "test": [("sentence", "A test.", "Ein Test.")]})
     _write_corpus(tmp_path / "messages" / "en-de", {
-        "train": [("message", "Open", "Öffnen"), ("message", "Go home.", "Geh heim.")]})
+        "train": [("message", "Open", "Öffnen"), ("message", "Go home.", "Geh heim."),
+                  ("message", "Help!", "Hilfe!")]})  # a hand-written test sentence
     assert corpus.run(_parse(_args(tmp_path, **{"--ddtp-repeat": 2,
                                                  "--everyday-repeat": 3}))) == 0
     mix = tmp_path / "mix" / "en-de"
@@ -267,7 +268,10 @@ def test_mix_repeats_and_keeps_evaluation_pairs_out(tmp_path: Path) -> None:
     everyday_train = (tmp_path / "everyday" / "en-de" / "train.src").read_text().split("\n")[:-1]
     assert train.count(("A tool.", "Ein Werkzeug.")) == 2
     assert train.count(("Open", "Öffnen")) == 1
-    assert len(train) == 2 + 2 + 3 * len(everyday_train)
+    assert not any(src == "Help!" for src, _ in train)
+    handwritten = {src for src, _ in everyday.handwritten("de")}
+    assert "The weather is nice today." in everyday_train
+    assert len(train) == 2 + 2 + 3 * len([s for s in everyday_train if s not in handwritten])
     held = set(zip((mix / "test.src").read_text().split("\n"),
                    (mix / "test.tgt").read_text().split("\n"), strict=True))
     assert ("A test.", "Ein Test.") in held and not held & set(train)
