@@ -61,6 +61,15 @@ class Document(ABC):
                              "translations")
 
 
+def check_target(declared: str | None, target: str, name: str) -> None:
+    """Refuse to fill a file made for another language (`Language: fr`, `trgLang="fr"`)
+    with `target`: only the primary language is compared (`de_DE` is `de`)."""
+    primary = (declared or "").replace("_", "-").split("-")[0].strip().lower()
+    wanted = target.replace("_", "-").split("-")[0].lower()
+    if primary and primary != wanted:
+        raise DocumentError(f"{name} is for language {declared!r}, not {target[:16]!r}")
+
+
 def decode_utf8(data: bytes, name: str) -> str:
     """A text file's content; a UTF-8 byte order mark is kept (written back as it came)."""
     try:

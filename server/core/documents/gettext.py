@@ -32,7 +32,12 @@ from translate.lang import data as language_data
 from translate.misc.multistring import multistring
 from translate.storage import pypo
 
-from seq2serve.server.core.documents.base import Document, DocumentError, same_edges
+from seq2serve.server.core.documents.base import (
+    Document,
+    DocumentError,
+    check_target,
+    same_edges,
+)
 
 MEDIA_TYPE = "text/x-gettext-translation"
 _PLURAL_FORMS = re.compile(r"^\s*nplurals\s*=\s*(\d+)\s*;\s*plural\s*=\s*(.+?);?\s*$")
@@ -82,6 +87,9 @@ class GettextDocument(Document):
             self.store = pypo.pofile(data)
         except Exception as e:  # the parser's errors have no common type
             raise DocumentError(f"{name} is not a readable gettext catalog: {e}") from None
+        if not template:
+            check_target(str(self.store.parseheader().get("Language", "")),  # type: ignore[no-untyped-call]
+                         target, name)
         self.target = target
         self.template = template
         self._units: list[pypo.pounit] = []

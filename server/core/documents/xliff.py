@@ -30,7 +30,12 @@ from html import escape
 from lxml import etree
 from translate.storage import xliff, xliff2
 
-from seq2serve.server.core.documents.base import Document, DocumentError, same_edges
+from seq2serve.server.core.documents.base import (
+    Document,
+    DocumentError,
+    check_target,
+    same_edges,
+)
 
 MEDIA_TYPE = "application/xliff+xml"
 XML_NS = "http://www.w3.org/XML/1998/namespace"
@@ -49,6 +54,7 @@ class XliffDocument(Document):
                 xliff2.Xliff2File(data) if self.version2 else xliff.xlifffile(data))
         except Exception as e:  # lxml's and the toolkit's errors have no common type
             raise DocumentError(f"{name} is not a readable XLIFF file: {e}") from None
+        check_target(self.store.gettargetlanguage(), target, name)
         self.target = target
         self.namespace = self.store.namespace or ""
         self.source_language = str(self.store.getsourcelanguage() or "")
