@@ -278,3 +278,10 @@ def test_mix_repeats_and_keeps_evaluation_pairs_out(tmp_path: Path) -> None:
     assert json.loads((mix / "corpus.json").read_text())["counts"]["test"]["sentence"] >= 1
     # the mix alone, from the corpora already built
     assert corpus.run(_parse([*_args(tmp_path), "--corpora", "everyday-mix", "--force"])) == 0
+
+
+def test_measure() -> None:
+    m = everyday.measure(["Where is my brother?", "Open file", "I love you and your dog."])
+    assert m == {"pairs": 3, "words": 12, "words_per_pair": 4.0, "everyday": 0.67,
+                 "dialogue": 0.67, "sentences": 0.67}
+    assert everyday.measure([])["pairs"] == 0
