@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,14 @@ class Box:
         assert self.event.wait(timeout), "nothing was delivered"
         assert len(self.values) == 1
         return self.values[0]
+
+
+def msgfmt_check(path: Path) -> None:
+    """gettext's own `msgfmt --check` accepts the .po file (formats, plural forms,
+    header); skips only where gettext is not installed (.ci/run installs it)."""
+    msgfmt = shutil.which("msgfmt")
+    if msgfmt is None:
+        pytest.skip("msgfmt (gettext) is not installed; .ci/run installs it")
+    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -6,7 +6,6 @@ keeps its translated entries byte for byte and marks the new ones fuzzy."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import msgfmt_check
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
@@ -39,15 +39,6 @@ def http(server: RunningServer) -> Iterator[httpx.Client]:
     assert server.http_url is not None
     with httpx.Client(base_url=server.http_url, timeout=300) as client:
         yield client
-
-
-def msgfmt_check(path: Path) -> None:
-    msgfmt = shutil.which("msgfmt")
-    if msgfmt is None:
-        pytest.skip("msgfmt (gettext) is not installed; .ci/run installs it")
-    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
 
 
 def upload(http: httpx.Client, name: str, **fields: str) -> httpx.Response:

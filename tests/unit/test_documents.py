@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import msgfmt_check
 from lxml import etree
 from translate.storage import pypo, xliff, xliff2
 
@@ -46,15 +45,6 @@ async def fake_translate(texts: Sequence[str]) -> list[str]:
 
 def translate(document: Document, chunk_size: int = 7) -> bytes:
     return asyncio.run(translate_document(document, fake_translate, chunk_size=chunk_size))
-
-
-def msgfmt_check(path: Path) -> None:
-    msgfmt = shutil.which("msgfmt")
-    if msgfmt is None:
-        pytest.skip("msgfmt (gettext) is not installed; .ci/run installs it")
-    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
 
 
 def units(data: bytes) -> list[pypo.pounit]:
