@@ -78,6 +78,18 @@ class Hyp:
 
 
 @dataclass(frozen=True)
+class SoftwareText:
+    """A translation request's software-text fields (docs/placeholders.md):
+    placeholder protection (None: the server's default, on), a glossary of the
+    server's --glossary-dir by name, term pairs and do-not-translate terms."""
+
+    protect_placeholders: bool | None = None
+    glossary: str = ""
+    terms: tuple[tuple[str, str], ...] = ()
+    do_not_translate: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Summary:
     hypotheses: list[Hyp]
     truncated: bool  # the input was cut to the model's limit (the request allowed it)
@@ -124,9 +136,11 @@ class Seq2ServeClient:
 
     def translate(self, texts: str | Sequence[str], model: str | None = None,
                   source_language: str | None = None, target_language: str | None = None,
-                  **options: Any) -> list[list[Hyp]]:
-        """One n-best list (best first) per text, in input order."""
-        request = _translate_request(texts, model, source_language, target_language, options)
+                  software: SoftwareText | None = None, **options: Any) -> list[list[Hyp]]:
+        """One n-best list (best first) per text, in input order; `software`: the
+        placeholder protection, glossary and terms (the server's defaults: None)."""
+        request = _translate_request(texts, model, source_language, target_language, options,
+                                     software)
         response = self._stub.Translate(request, timeout=self.timeout)
         return [_hyps(t.hypotheses, request.options) for t in response.translations]
 
@@ -197,11 +211,19 @@ def _texts(texts: str | Sequence[str]) -> list[str]:
 
 def _translate_request(texts: str | Sequence[str], model: str | None,
                        source_language: str | None, target_language: str | None,
-                       options: dict[str, Any]) -> pb.TranslateRequest:
-    return pb.TranslateRequest(model=model or "", texts=_texts(texts),
-                               options=_options_pb(options),
-                               source_language=source_language or "",
-                               target_language=target_language or "")
+                       options: dict[str, Any],
+                       software: SoftwareText | None = None) -> pb.TranslateRequest:
+    request = pb.TranslateRequest(model=model or "", texts=_texts(texts),
+                                  options=_options_pb(options),
+                                  source_language=source_language or "",
+                                  target_language=target_language or "")
+    if software is not None:
+        if software.protect_placeholders is not None:
+            request.protect_placeholders = software.protect_placeholders
+        request.glossary = software.glossary
+        request.terms.extend(pb.Term(source=a, target=b) for a, b in software.terms)
+        request.do_not_translate.extend(software.do_not_translate)
+    return request
 
 
 def _options_pb(options: dict[str, Any]) -> pb.DecodingOptions:
@@ -248,6 +270,31 @@ def add_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=0.0, metavar="S",
                         help="wait up to S seconds for the server to report SERVING (it "
                         "may still be starting or loading models) before calling")
+
+
+def add_software_arguments(parser: argparse.ArgumentParser) -> None:
+    """The software-text flags of the translating commands."""
+    parser.add_argument("--no-protect", dest="protect_placeholders", action="store_false",
+                        default=None, help="translate placeholders and inline markup as text "
+                        "(by default they are masked and restored)")
+    parser.add_argument("--glossary", default="", metavar="NAME",
+                        help="a glossary of the server's --glossary-dir")
+    parser.add_argument("--term", action="append", default=[], metavar="SOURCE=TARGET",
+                        help="translate SOURCE as TARGET (repeatable)")
+    parser.add_argument("--keep", action="append", default=[], metavar="TERM",
+                        help="leave TERM untranslated, e.g. a product name (repeatable)")
+
+
+def software_text(args: argparse.Namespace) -> SoftwareText:
+    """The flags of add_software_arguments; a --term without '=' is a usage error."""
+    terms = []
+    for term in args.term:
+        source, sep, target = term.partition("=")
+        if not sep or not source.strip() or not target.strip():
+            raise ValueError(f"--term must be SOURCE=TARGET, got {term!r}")
+        terms.append((source.strip(), target.strip()))
+    return SoftwareText(args.protect_placeholders, args.glossary, tuple(terms),
+                        tuple(args.keep))
 
 
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,9 +20,11 @@ import grpc
 from seq2serve.server.client import (
     Seq2ServeClient,
     add_call_arguments,
+    add_software_arguments,
     decoding_options,
     hypothesis_lines,
     report_rpc_error,
+    software_text,
 )
 
 PROG = "seq2serve translate"
@@ -37,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", dest="target_language", metavar="LANG",
                         help="target language")
     add_call_arguments(parser)
+    add_software_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=32, metavar="N",
                         help="texts per call (default 32)")
 
@@ -46,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: --batch-size must be >= 1, got {args.batch_size}",
               file=sys.stderr)
         return 2
+    try:
+        software = software_text(args)
+    except ValueError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
     n_best = bool(args.n_best and args.n_best > 1)
     first = True
     try:
@@ -54,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
                 client.wait_until_serving(args.wait)
             for batch in _batches(_texts(args.text), args.batch_size):
                 for hyps in client.translate(batch, args.model, args.source_language,
-                                             args.target_language, **decoding_options(args)):
+                                             args.target_language, software,
+                                             **decoding_options(args)):
                     if n_best and not first:
                         print()
                     first = False

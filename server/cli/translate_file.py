@@ -27,7 +27,14 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
-from seq2serve.server.client import DEFAULT_TARGET, ModelInfo, Seq2ServeClient, report_rpc_error
+from seq2serve.server.client import (
+    DEFAULT_TARGET,
+    ModelInfo,
+    Seq2ServeClient,
+    add_software_arguments,
+    report_rpc_error,
+    software_text,
+)
 from seq2serve.server.core.documents import SUFFIXES, Document, DocumentError, read_document
 from seq2serve.server.core.documents.queueing import DEFAULT_WINDOW, translate_document
 
@@ -56,12 +63,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="deadline per call in seconds (default none)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="S",
                         help="wait up to S seconds for the server to report SERVING")
+    add_software_arguments(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it shows only on a terminal anyway)")
 
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.file)
+    try:
+        args.software = software_text(args)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     try:
         data = path.read_bytes()
         document = read_document(path.name, data, args.target_language, args.overwrite)
@@ -116,7 +129,8 @@ async def _translate(client: Seq2ServeClient, document: Document, model: ModelIn
                  disable=True if args.no_progress else None) as bar:
 
         def call(texts: Sequence[str]) -> list[str]:
-            answers = client.translate(list(texts), model.name, beam_size=args.beam)
+            answers = client.translate(list(texts), model.name, software=args.software,
+                                       beam_size=args.beam)
             return [nbest[0].text for nbest in answers]
 
         async def translate(texts: Sequence[str]) -> list[str]:

@@ -4,6 +4,7 @@ TBX by name) substitute their terms, and bad input names its field."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,3 +206,43 @@ def test_a_stream_with_placeholders_comes_whole_at_the_end(
     text = chunks[-1].translation.hypotheses[0].text
     assert chunks[-1].text_delta == text
     assert placeholders_intact(request.texts[0], text)
+
+
+def test_the_translate_command_sends_glossary_terms_and_protection(
+        server: RunningServer, stub: pb_grpc.TranslatorStub,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`seq2serve translate` (the gRPC client) with --glossary, --term, --keep and
+    --no-protect: the server applies each, as for a raw request."""
+    from seq2serve.server.cli import translate as translate_cli
+
+    def run(*flags: str) -> str:
+        parser = argparse.ArgumentParser()
+        translate_cli.configure(parser)
+        args = parser.parse_args([*flags, "--from", "en", "--to", "de",
+                                  "--server", server.target])
+        assert translate_cli.run(args) == 0
+        return capsys.readouterr().out.strip()
+
+    out = run("Seq2Serve cannot open the disk.", "--term", "disk=Datenträger",
+              "--keep", "Seq2Serve")
+    assert "Datenträger" in out and "Seq2Serve" in out
+    out = run("Weblate cannot open the file.", "--glossary", "ui")
+    assert "Weblate" in out and "Datei" in out
+    protected = run("Copied %1$s of %2$d files")
+    assert placeholders_intact("Copied %1$s of %2$d files", protected)
+    # Off, the text goes to the model as it is (here: the same answer as a raw
+    # request with protect_placeholders false).
+    [raw] = translate(stub, ["Hello {{name}}, you have {0} new messages"],
+                      protect_placeholders=False)
+    assert run("Hello {{name}}, you have {0} new messages", "--no-protect") == raw.text
+
+
+def test_a_term_without_target_is_a_usage_error(server: RunningServer,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from seq2serve.server.cli import translate as translate_cli
+
+    parser = argparse.ArgumentParser()
+    translate_cli.configure(parser)
+    args = parser.parse_args(["text", "--term", "disk", "--server", server.target])
+    assert translate_cli.run(args) == 2
+    assert "--term must be SOURCE=TARGET" in capsys.readouterr().err
