@@ -256,13 +256,23 @@ def _finish_reason(value: int) -> str:
 # --- the shared half of `seq2serve translate` and `seq2serve summarize` ---
 
 def add_call_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags every client command has: where the server is and how to decode."""
-    parser.add_argument("--model", help="model name (see the server's ListModels)")
-    parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
+    """Flags of the commands that print hypotheses: the model, how to decode and
+    print, where the server is."""
+    add_model_arguments(parser)
     parser.add_argument("--n-best", type=int, metavar="N",
                         help="hypotheses to print per input (at most the beam size)")
     parser.add_argument("--scores", action="store_true",
                         help="print each hypothesis's score before it, tab separated")
+    add_server_arguments(parser)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model name (see the server's ListModels)")
+    parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the server is, each call's deadline, how long to wait for SERVING."""
     parser.add_argument("--server", default=DEFAULT_TARGET, metavar="HOST:PORT",
                         help=f"the seq2serve server (default {DEFAULT_TARGET})")
     parser.add_argument("--timeout", type=float, metavar="S",

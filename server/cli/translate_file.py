@@ -28,9 +28,10 @@ import grpc
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
 from seq2serve.server.client import (
-    DEFAULT_TARGET,
     ModelInfo,
     Seq2ServeClient,
+    add_model_arguments,
+    add_server_arguments,
     add_software_arguments,
     report_rpc_error,
     software_text,
@@ -55,14 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="retranslate entries that are translated already (default: "
                         "keep them byte for byte)")
-    parser.add_argument("--model", help="model name (see the server's ListModels)")
-    parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
-    parser.add_argument("--server", default=DEFAULT_TARGET, metavar="HOST:PORT",
-                        help=f"the seq2serve server (default {DEFAULT_TARGET})")
-    parser.add_argument("--timeout", type=float, metavar="S",
-                        help="deadline per call in seconds (default none)")
-    parser.add_argument("--wait", type=float, default=0.0, metavar="S",
-                        help="wait up to S seconds for the server to report SERVING")
+    add_model_arguments(parser)
+    add_server_arguments(parser)
     add_software_arguments(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it shows only on a terminal anyway)")
