@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from serving import free_port
 
 from seq2serve.server.client import Seq2ServeClient
 
@@ -47,12 +47,6 @@ def tool(name: str, why: str) -> str:
     if path is None:
         pytest.skip(f"{name} is not installed ({why}); .ci/run installs it")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def models_dir(tmp: Path, names: Sequence[str] = ("en-de",)) -> Path:

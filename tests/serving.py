@@ -20,12 +20,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from seq2serve.server.app import Server
 from seq2serve.server.config import ServerConfig
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    """A port nothing listens on right now (the OS's pick for port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now (the OS's pick for port 0), and none this
+    process was given before: the OS may pick a port again as soon as its socket is
+    closed, so two calls in a row (a server's port and its metrics port) could get
+    the same one, and the server refuses that configuration."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def serve_env(models_dir: Path, port: int, **settings: object) -> dict[str, str]:
