@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def packages_index(lists: Path) -> dict[str, Deb]:
 
 
 def download(conf: Path, debs_dir: Path, debs: list[Deb],
-             progress: Callable[[int], None] | None = None, chunk: int = 25) -> dict[str, Path]:
+             progress: Callable[[int], None] | None = None, chunk: int = 25,
+             parallel: int = 8) -> dict[str, Path]:
     """Fetch `debs` into `debs_dir` with `apt-get download`, skipping any file
     already there with the expected size and SHA-256 (so an interrupted run
     resumes). Returns package -> .deb path for every package that is present;
@@ -142,8 +144,7 @@ def download(conf: Path, debs_dir: Path, debs: list[Deb],
                 progress(size)
         else:
             missing.append(name)
-    for i in range(0, len(missing), chunk):
-        batch = missing[i:i + chunk]
+    def fetch(batch: list[str]) -> list[str]:
         try:
             _apt(conf, debs_dir, ["download", *batch])
         except subprocess.CalledProcessError:
@@ -152,12 +153,19 @@ def download(conf: Path, debs_dir: Path, debs: list[Deb],
                     _apt(conf, debs_dir, ["download", name])
                 except subprocess.CalledProcessError:
                     _log(f"apt-get download {name} failed; skipped")
-        for name in batch:
-            file, size, _ = expected[name]
-            if (debs_dir / file).is_file():
-                present[name] = debs_dir / file
-                if progress:
-                    progress(size)
+        return batch
+
+    # Small .debs are bound by the round trip per file, not the bandwidth: a few
+    # apt-get processes at once (each writes only its own files).
+    batches = [missing[i:i + chunk] for i in range(0, len(missing), chunk)]
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for batch in pool.map(fetch, batches):
+            for name in batch:
+                file, size, _ = expected[name]
+                if (debs_dir / file).is_file():
+                    present[name] = debs_dir / file
+                    if progress:
+                        progress(size)
     return present
 
 
