@@ -229,7 +229,8 @@ class Server:
                                 batch_limit=config.max_texts_per_request,
                                 alternatives_limit=config.max_beam_size - 1),
             max_body_bytes=config.max_message_bytes,
-            cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()))
+            cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()),
+            timeout_s=config.http_timeout_s or None)
         app = build_app(self.translator, self.proto_api, settings, self.metrics,
                         lambda: self.serving, access)
         try:

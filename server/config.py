@@ -83,6 +83,10 @@ class ServerConfig:
     http_port: int = field(default=5000, metadata=_meta(
         "port of the HTTP front door on --host (LibreTranslate's API, the .proto's JSON, "
         "the translation page); 0 disables it", "PORT"))
+    http_timeout_s: float = field(default=120.0, metadata=_meta(
+        "longest an HTTP request may take, queue included: past it the work leaves the "
+        "queue and its batch and the client gets 504 (HTTP has no deadline of its own, as "
+        "a gRPC call has); 0 = no limit", "SECONDS"))
     cache_mb: float = field(default=64.0, metadata=_meta(
         "exact response cache shared by both front doors, in MiB (a text's answer never "
         "depends on its batch, so a hit is the same answer bit for bit); 0 disables it",
@@ -197,6 +201,7 @@ class ServerConfig:
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
             float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),
             float_problem("grace_period_s", self.grace_period_s, 0.0, 3600.0),
+            float_problem("http_timeout_s", self.http_timeout_s, 0.0, 86400.0),
             int_problem("max_message_bytes", self.max_message_bytes, 1024, MAX_MESSAGE_BYTES),
             self._queue_fits_a_request(),
             _choice_problem("log_level", self.log_level, LOG_LEVELS, upper=True),

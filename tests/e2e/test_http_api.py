@@ -285,13 +285,23 @@ def test_keys_and_rate_limits(models_dir: Path, tmp_path: Path) -> None:
         running.stop()
 
 
+def dropped_texts(running: RunningServer, expected: int = 2) -> float | None:
+    """The texts the queue dropped as cancelled, once `expected` (or after 10 s)."""
+    for _ in range(100):
+        dropped = running.server.metrics.registry.get_sample_value(
+            "seq2serve_cancelled_total", {"model": "opus-mt-en-de", "reason": "cancelled"})
+        if dropped == expected:
+            break
+        time.sleep(0.1)
+    return dropped
+
+
 def test_a_client_that_leaves_takes_its_texts_out_of_the_queue(models_dir: Path) -> None:
     """The texts wait 5 s for company in the queue; their client leaves after 0.5 s:
     they are dropped as cancelled, never run, and the server goes on serving."""
     running = RunningServer(server_config(models_dir, http_port=free_port(),
                                           max_queue_delay_ms=5000.0))
     try:
-        metrics = running.server.metrics
         body = json.dumps({"q": ["a b c d", "the house"], "source": "en",
                            "target": "de"}).encode()
         with socket.create_connection(("127.0.0.1", running.http_port)) as client:
@@ -299,16 +309,31 @@ def test_a_client_that_leaves_takes_its_texts_out_of_the_queue(models_dir: Path)
                            b"Content-Type: application/json\r\n"
                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             time.sleep(0.5)
-        for _ in range(100):
-            dropped = metrics.registry.get_sample_value(
-                "seq2serve_cancelled_total", {"model": "opus-mt-en-de", "reason": "cancelled"})
-            if dropped == 2:
-                break
-            time.sleep(0.1)
-        assert dropped == 2
+        assert dropped_texts(running) == 2
         assert sum(h.batches for h in running.server.registry.handles()) == 0
         assert running.http_url is not None
         assert httpx.get(running.http_url + "/health", timeout=10).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_a_request_over_the_time_limit_gets_504_and_leaves_the_queue(models_dir: Path) -> None:
+    """The texts wait 5 s for company in the queue; the HTTP limit is 0.5 s: the client
+    gets 504 with LibreTranslate's error body, the texts are dropped, never run, and
+    the same server answers the next request (over gRPC, which has no such limit)."""
+    running = RunningServer(server_config(models_dir, http_port=free_port(),
+                                          max_queue_delay_ms=5000.0, http_timeout_s=0.5))
+    try:
+        assert running.http_url is not None
+        late = httpx.post(running.http_url + "/translate", timeout=30, json={
+            "q": ["a b c d", "the house"], "source": "en", "target": "de"})
+        assert late.status_code == 504
+        assert late.json() == {"error": "the request took longer than this server's limit "
+                                        "of 0.5 s (--http-timeout-s)"}
+        assert dropped_texts(running) == 2
+        assert sum(h.batches for h in running.server.registry.handles()) == 0
+        with Seq2ServeClient(running.target) as client:
+            assert grpc_best(client, ["the house"])[0][0]
     finally:
         running.stop()
 
