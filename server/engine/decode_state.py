@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -161,8 +162,14 @@ class DecodeState:
         return int(self.tokens.shape[0])
 
     def row_generated(self) -> np.ndarray:
-        """Tokens generated so far, per row (N,)."""
-        return np.repeat(self.generated, self.beams)
+        """Tokens generated so far, per row (N,); read-only (computed once per state)."""
+        return self._row_generated
+
+    @cached_property
+    def _row_generated(self) -> np.ndarray:
+        rows = np.repeat(self.generated, self.beams)
+        rows.flags.writeable = False
+        return rows
 
     def row_processing(self) -> Processing:
         """Processing parameters per row (N,)."""

@@ -238,7 +238,8 @@ class Runner:
                             *(f"self_v.{i}" for i in range(self.layers))]
         self.cross_outputs = [o.name for o in graphs.encoder.outputs
                               if o.name.startswith("cross_")]
-        self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffer
+        self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffers
+        self._alignment = np.empty(0, dtype=np.int64)
         # The decoder's binding of the last step and what it binds (cache, encoder
         # state, log-prob buffer): the next step over the same ones rebinds only
         # tokens and positions (on CPU the cache is written in place, so most steps).
@@ -416,17 +417,18 @@ class Runner:
         size = rows * self.vocab_size
         if self._log_probs.size < size:
             self._log_probs = np.empty(size, dtype=np.float32)
+            self._alignment = np.empty(rows, dtype=np.int64)
         log_probs = self._log_probs[:size].reshape(rows, self.vocab_size)
         binding = self._decoder_binding(cache, enc, log_probs)
         binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
         with self._terminable():
             self.decoder.run_with_iobinding(binding, self._run_options)
-        _, *new_cache, alignment = binding.get_outputs()  # in binding order
         if self.in_place:
-            # The bound buffers now hold the new cache. (The binding's own
-            # output values do not outlive it; ours do.)
-            return log_probs, cache, alignment.numpy()
+            # Every output went into our buffers: the cache in place, the log-probs
+            # and the alignment into the host buffers (no get_outputs() per step).
+            return log_probs, cache, self._alignment[:rows].copy()
+        _, *new_cache, alignment = binding.get_outputs()  # in binding order
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
 
@@ -455,7 +457,11 @@ class Runner:
                 binding.bind_ortvalue_output(name, value)
             else:
                 binding.bind_output(name, self.device, self.device_id)
-        binding.bind_output("alignment", "cpu")
+        if self.in_place:
+            binding.bind_output("alignment", "cpu", 0, np.int64, [log_probs.shape[0]],
+                                self._alignment.ctypes.data)
+        else:
+            binding.bind_output("alignment", "cpu")
         # Only the in-place cache outlives the step as the same tensors.
         self._step_binding = ((cache, enc, log_probs, self.decoder, binding) if self.in_place
                               else None)

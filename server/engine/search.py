@@ -26,6 +26,7 @@ from seq2serve.server.engine.decoding import (
     beam_step,
     greedy_tokens,
     process_log_probs,
+    process_without_history,
     sample_tokens,
     stops,
     top_k,
@@ -117,8 +118,12 @@ class SearchStrategy:
         raise NotImplementedError
 
     def _process(self, state: DecodeState, log_probs: np.ndarray) -> None:
-        process_log_probs(log_probs, state.history, state.row_generated(),
-                          state.row_processing())
+        if state.processing.reads_history:
+            process_log_probs(log_probs, state.history, state.row_generated(),
+                              state.row_processing())
+        else:  # the usual case: no per-row arrays needed
+            process_without_history(log_probs, state.generated, state.beams,
+                                    state.processing)
 
     def _hypotheses(self, state: DecodeState, source: int,
                     found: Sequence[tuple[np.ndarray, float]],
