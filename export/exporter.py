@@ -168,7 +168,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                 _convert_fp16(fp32_dir / graph, tmp / graph)
         # The reorder and move graphs take the decoder's cache as it is: fp16 in fp16.
         cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
-        write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset)
+        write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset,
+                           vocab=model.cfg.tgt_vocab_size)
         try:
             check_cache_graphs(tmp)
         except ValueError as e:

@@ -133,9 +133,10 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
 
 
 def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
-                       opset: int = DEFAULT_OPSET) -> None:
+                       opset: int = DEFAULT_OPSET, vocab: int | None = None) -> None:
     """reorder.onnx, move.onnx and select.onnx into the directory `path`, for
-    caches of `cache_dtype` ("float32" or "float16"):
+    caches of `cache_dtype` ("float32" or "float16") and log-probs over `vocab`
+    ids (None: any vocabulary):
 
     - reorder: Seq2SeqTransformer.reorder_cache, one Gather along the rows per
       cache tensor (any number of rows in and out: rows joining, leaving);
@@ -174,7 +175,7 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
                   helper.make_node("ScatterND", [src.name, "moved_rows", rows], [dst.name])]
     save(nodes, "move_cache_rows", inputs, outputs, MOVE_FILE)
 
-    nodes, constants = select_nodes()
+    nodes, constants = select_nodes(vocab)
     graph = helper.make_graph(nodes, "select", info(SELECT_INPUTS), info(SELECT_OUTPUTS),
                               constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
@@ -187,7 +188,7 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
 SELECT_CHUNK = 64
 
 
-def select_nodes() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def select_nodes(vocab: int | None = None) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Each row's k best log-probs in two passes: the max of every chunk of
     SELECT_CHUNK ids, then TopK over the k best chunks only. ONNX Runtime's TopK
     over the whole row scans it element by element (0.60 ms for 96 x 8,000 on one
@@ -201,7 +202,10 @@ def select_nodes() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     are lower) hold the result. They are gathered in ascending chunk order, so a
     candidate's position grows with its id and the last TopK's ties-to-the-lower-
     position rule is the ties-to-the-lower-id rule. The row is padded to whole
-    chunks with -inf at ids past the vocabulary, which lose every tie."""
+    chunks with -inf at ids past the vocabulary, which lose every tie - unless
+    `vocab` is known to be whole chunks (the shipped 8,000 is 125 x 64): then the
+    rows are read as they are, without the Pad's copy of the whole (N, V) input
+    (0.92 -> 0.57 ms at 128 x 8,000 on one core)."""
     def const(name: str, values: list[int] | float) -> onnx.TensorProto:
         if isinstance(values, float):
             return numpy_helper.from_array(np.array(values, dtype=np.float32), name)
@@ -211,14 +215,21 @@ def select_nodes() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     constants = [const("chunk", [SELECT_CHUNK]), const("zero", [0]), const("one", [1]),
                  const("minus_inf", -np.inf), const("chunk_shape", [0, -1, SELECT_CHUNK]),
                  const("flat_shape", [0, -1]), const("last_axis", [2])]
-    nodes = [
+    whole_chunks = vocab is not None and vocab % SELECT_CHUNK == 0
+    padding = [] if whole_chunks else [
         # pad = (-V) mod chunk, so that the padded row is whole chunks
         node("Shape", ["log_probs"], ["vocab"], start=1, end=2),
         node("Sub", ["zero", "vocab"], ["minus_vocab"]),
         node("Mod", ["minus_vocab", "chunk"], ["pad"]),
         node("Concat", ["zero", "zero", "zero", "pad"], ["pads"], axis=0),
         node("Pad", ["log_probs", "pads", "minus_inf"], ["padded"], mode="constant"),
-        node("Reshape", ["padded", "chunk_shape"], ["chunks"]),  # (N, C, chunk)
+    ]
+    if whole_chunks:
+        constants = [c for c in constants if c.name not in ("zero", "minus_inf")]
+    nodes = [
+        *padding,
+        node("Reshape", ["log_probs" if whole_chunks else "padded", "chunk_shape"],
+             ["chunks"]),  # (N, C, chunk)
         node("ReduceMax", ["chunks"], ["chunk_max"], axes=[2], keepdims=0),  # (N, C)
         node("Shape", ["chunk_max"], ["chunk_count"], start=1, end=2),
         node("Min", ["k", "chunk_count"], ["k_chunks"]),

@@ -241,8 +241,11 @@ def check_cache_graphs(package_dir: Path) -> None:
         for out, name in zip(outputs, [o.name for o in graph.get_outputs()], strict=True):
             if not np.array_equal(out, expect(values[name.removeprefix(prefix)])):
                 raise ValueError(f"{file} output {name} does not move the rows")
-    # Several chunks of the select graph (the last one partial), ties, -inf, a flat row.
-    log_probs = np.round(rng.standard_normal((4, 200)) * 2).astype(np.float32) / 2
+    # Rows as wide as the decoder's log-probs (the select graph may be built for that
+    # width), else several chunks with a partial last one; ties, -inf, a flat row.
+    width = next((o.shape[1] for o in decoder.get_outputs() if o.name == "log_probs"), None)
+    width = width if isinstance(width, int) else 200
+    log_probs = np.round(rng.standard_normal((4, width)) * 2).astype(np.float32) / 2
     log_probs[1, :5] = -np.inf
     log_probs[3] = 0.0
     select = cpu_session(package_dir / SELECT_FILE)

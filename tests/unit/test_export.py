@@ -17,7 +17,7 @@ from conftest import CORPUS, make_marian_dir
 
 from seq2serve.export.exporter import ExportError, export
 from seq2serve.export.exporter import run as export_cli
-from seq2serve.export.onnx_graphs import write_cache_graphs
+from seq2serve.export.onnx_graphs import SELECT_CHUNK, write_cache_graphs
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
 from seq2serve.export.tokenizer import PackageTokenizer
@@ -377,12 +377,16 @@ def test_shipped_tokenizers_give_back_every_character(name: str) -> None:
 
 
 @pytest.mark.parametrize("vocab", [1, 63, 64, 65, 1000, 8000])
-def test_select_graph_ranks_like_a_stable_sort(tmp_path: Path, vocab: int) -> None:
+@pytest.mark.parametrize("known", [False, True])
+def test_select_graph_ranks_like_a_stable_sort(tmp_path: Path, vocab: int, known: bool) -> None:
     """The two-pass select graph (chunk maxima, then the best chunks) gives each
     row's best k exactly as a stable sort does: ties to the lower id, -inf rows,
     flat rows, k past the number of chunks, a vocabulary that is no whole number
-    of chunks."""
-    write_cache_graphs(tmp_path, layers=1)
+    of chunks; built for any vocabulary or for this one (without padding when it
+    is whole chunks)."""
+    write_cache_graphs(tmp_path, layers=1, vocab=vocab if known else None)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "select.onnx")).graph.node]
+    assert ("Pad" in ops) == (not known or vocab % SELECT_CHUNK != 0)
     select = cpu_session(tmp_path / "select.onnx")
     rng = np.random.default_rng(vocab)
     for k in sorted({1, 2, 8, 40, 200, vocab} & set(range(1, vocab + 1))):
