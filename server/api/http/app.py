@@ -199,9 +199,11 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
 
 class SecurityHeaders:
     """ASGI middleware: the Content-Security-Policy and two hardening headers on
-    every answer that does not set its own. Plain ASGI, not Starlette's
-    BaseHTTPMiddleware, which runs each request in a task group with streams
-    (about a tenth of the HTTP front door's CPU under load)."""
+    every answer that does not set its own (the 413 of BodyLimit and CORS
+    preflights included). Plain ASGI, not Starlette's BaseHTTPMiddleware, which
+    runs each request in a task group with memory streams: with it, HTTP served
+    0.87-0.93x of gRPC's texts/s at 32 clients on one server, 0.94-0.96x without
+    (docs/benchmarks.md)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
