@@ -212,24 +212,23 @@ def select_nodes(vocab: int | None = None) -> tuple[list[onnx.NodeProto], list[o
         return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
 
     node = helper.make_node
-    constants = [const("chunk", [SELECT_CHUNK]), const("zero", [0]), const("one", [1]),
-                 const("minus_inf", -np.inf), const("chunk_shape", [0, -1, SELECT_CHUNK]),
+    constants = [const("chunk", [SELECT_CHUNK]), const("chunk_shape", [0, -1, SELECT_CHUNK]),
                  const("flat_shape", [0, -1]), const("last_axis", [2])]
-    whole_chunks = vocab is not None and vocab % SELECT_CHUNK == 0
-    padding = [] if whole_chunks else [
+    rows = "log_probs"
+    nodes = []
+    if vocab is None or vocab % SELECT_CHUNK:
         # pad = (-V) mod chunk, so that the padded row is whole chunks
-        node("Shape", ["log_probs"], ["vocab"], start=1, end=2),
-        node("Sub", ["zero", "vocab"], ["minus_vocab"]),
-        node("Mod", ["minus_vocab", "chunk"], ["pad"]),
-        node("Concat", ["zero", "zero", "zero", "pad"], ["pads"], axis=0),
-        node("Pad", ["log_probs", "pads", "minus_inf"], ["padded"], mode="constant"),
-    ]
-    if whole_chunks:
-        constants = [c for c in constants if c.name not in ("zero", "minus_inf")]
-    nodes = [
-        *padding,
-        node("Reshape", ["log_probs" if whole_chunks else "padded", "chunk_shape"],
-             ["chunks"]),  # (N, C, chunk)
+        constants += [const("zero", [0]), const("minus_inf", -np.inf)]
+        nodes += [
+            node("Shape", ["log_probs"], ["vocab"], start=1, end=2),
+            node("Sub", ["zero", "vocab"], ["minus_vocab"]),
+            node("Mod", ["minus_vocab", "chunk"], ["pad"]),
+            node("Concat", ["zero", "zero", "zero", "pad"], ["pads"], axis=0),
+            node("Pad", ["log_probs", "pads", "minus_inf"], ["padded"], mode="constant"),
+        ]
+        rows = "padded"
+    nodes += [
+        node("Reshape", [rows, "chunk_shape"], ["chunks"]),  # (N, C, chunk)
         node("ReduceMax", ["chunks"], ["chunk_max"], axes=[2], keepdims=0),  # (N, C)
         node("Shape", ["chunk_max"], ["chunk_count"], start=1, end=2),
         node("Min", ["k", "chunk_count"], ["k_chunks"]),
