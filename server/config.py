@@ -84,9 +84,9 @@ class ServerConfig:
         "port of the HTTP front door on --host (LibreTranslate's API, the .proto's JSON, "
         "the translation page); 0 disables it", "PORT"))
     http_timeout_s: float = field(default=120.0, metadata=_meta(
-        "longest an HTTP request may take, queue included: past it the work leaves the "
-        "queue and its batch and the client gets 504 (HTTP has no deadline of its own, as "
-        "a gRPC call has); 0 = no limit", "SECONDS"))
+        "longest an HTTP request may take, queue included (a stream: until its first "
+        "event): past it the work leaves the queue and its batch and the client gets 504 "
+        "(HTTP has no deadline of its own, as a gRPC call has); 0 = no limit", "SECONDS"))
     cache_mb: float = field(default=64.0, metadata=_meta(
         "exact response cache shared by both front doors, in MiB (a text's answer never "
         "depends on its batch, so a hit is the same answer bit for bit); 0 disables it",
