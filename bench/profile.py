@@ -14,7 +14,13 @@ naturally. Reported:
 1. the wall time split into the encoder, each runner call made between decoder
    steps (the decoder graph, select, the cache's move/reorder and resize) and
    the rest (Python and NumPy between steps), from timers around those calls;
-2. ONNX Runtime's profiler over the encoder and the decoder graphs: time per
+2. with `--ctranslate2 DIR` (the package's checkpoint converted by
+   `python -m seq2serve.bench.ctranslate2_model`), CTranslate2's whole decoding of
+   the same batches at the package's precision and the same beam and threads, in
+   the same rounds, beside seq2serve's encoder and decoder graphs alone: the most
+   seq2serve could reach against CTranslate2 if nothing at all ran between its
+   graph calls (no Python, no select, no cache moves);
+3. ONNX Runtime's profiler over the encoder and the decoder graphs: time per
    operator type, grouped. The profiler's own cost per node inflates small
    operators; read its shares, not its milliseconds.
 """
@@ -177,10 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source-length", type=int, default=24)
     parser.add_argument("--threads", type=int, default=0, help="0 = the usable cores")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ctranslate2", type=Path, metavar="DIR",
+                        help="with --package: the package's checkpoint as a CTranslate2 "
+                        "model, timed on the same batches in the same rounds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if (args.package is None) != (args.data is None):
         parser.error("--package and --data go together")
+    if args.ctranslate2 is not None and args.package is None:
+        parser.error("--ctranslate2 needs --package")
 
     from seq2serve.server.engine.engine import Engine
     from seq2serve.server.engine.runner import RunnerConfig
@@ -193,9 +204,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         """Every batch once; returns the decoder steps."""
         return sum(len(engine.generate(batch, options).stats.steps) for batch in batches)
 
+    peer = None
+    prepared: list[Any] = []
+    if args.ctranslate2 is not None:
+        from seq2serve.bench.systems import CheckpointCTranslate2
+
+        peer = CheckpointCTranslate2(args.ctranslate2, package, engine.package.manifest.precision,
+                                     runner.threads)
+        peer.load()
+        prepared = [peer.prepare(batch) for batch in batches]
+
+    def decode_peer() -> float:
+        assert peer is not None
+        start = time.perf_counter()
+        for batch in prepared:
+            peer.generate(batch, args.beam, None)
+        return time.perf_counter() - start
+
     decode()  # warm-up
-    walls, splits = [], []
-    for _ in range(args.repeats):
+    if peer is not None:
+        decode_peer()
+    walls, splits, peer_walls = [], [], []
+    for _ in range(args.repeats):  # rounds: seq2serve, then CTranslate2
         with timed_calls(runner) as totals:
             start = time.perf_counter()
             steps = decode()
@@ -204,7 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         split["Python and NumPy between steps"] = wall - sum(split.values())
         walls.append(wall)
         splits.append(split)
-    median = statistics.median(walls)
+        if peer is not None:
+            peer_walls.append(decode_peer())
+    median = statistics.median_low(walls)  # a real round, whose split is printed
     split = splits[walls.index(median)]
     texts = sum(len(b) for b in batches)
     print(f"{description}, beam {args.beam}, {runner.threads} threads: median of "
@@ -213,6 +245,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n| part | ms | share |\n|---|---:|---:|")
     for name, seconds in split.items():
         print(f"| {name} | {seconds * 1e3:.1f} | {seconds / median:.1%} |")
+    bound = None
+    if peer is not None:
+        peer.close()
+        peer_median = statistics.median(peer_walls)
+        graphs = split["encoder"] + split["decoder graph"]
+        bound = {"ctranslate2_seconds": peer_median, "graphs_seconds": graphs,
+                 "now": peer_median / median, "at_most": peer_median / graphs}
+        print(f"\n| CTranslate2 beside it (same batches, rounds alternated) | ms | "
+              f"seq2serve's speed / CTranslate2's |\n|---|---:|---:|\n"
+              f"| CTranslate2, whole decoding | {peer_median * 1e3:.1f} | |\n"
+              f"| seq2serve, whole decoding | {median * 1e3:.1f} | {bound['now']:.2f}x |\n"
+              f"| seq2serve's encoder and decoder graphs alone | {graphs * 1e3:.1f} | "
+              f"{bound['at_most']:.2f}x at most |")
 
     profiles = {}
     for name in ("encoder", "decoder"):
@@ -232,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "workload": description, "beam": args.beam, "threads": runner.threads,
             "median_seconds": median, "decoder_steps": steps, "split_seconds": split,
-            "profiles": profiles}, indent=2) + "\n")
+            "ctranslate2": bound, "profiles": profiles}, indent=2) + "\n")
     return 0
 
 

@@ -7,6 +7,7 @@ Argos package, and, where .venv-lt holds LibreTranslate, an offline start."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -106,8 +107,6 @@ def test_bench_systems_return_the_same_ids_with_eos(shipped: tuple[Path, Path]) 
 
 
 def test_converted_directory(shipped: tuple[Path, Path]) -> None:
-    import json
-
     _, ct2_dir = shipped
     assert sorted(p.name for p in ct2_dir.iterdir()) == [
         "config.json", "model.bin", ct2_model.TOKENIZER_FILE, "shared_vocabulary.json"]
@@ -228,3 +227,27 @@ def test_libretranslate_serves_the_checkpoint_offline(tmp_path: Path) -> None:
     assert peer.process.poll() is not None
     log = peer.log.read_text()
     assert "Cannot update models" in log and "Downloading MiniSBD" not in log
+
+
+def test_profile_times_ctranslate2_beside_the_graphs(shipped: tuple[Path, Path], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench/profile.py --ctranslate2`: CTranslate2's whole decoding of the same
+    batches beside seq2serve's, and the bound that the graphs alone set."""
+    from seq2serve.bench import profile
+
+    package, ct2_dir = shipped
+    out = tmp_path / "profile.json"
+    assert profile.main(["--package", str(package), "--data", str(SENTENCES),
+                         "--sentences", "8", "--batch-size", "4", "--beam", "2",
+                         "--threads", "1", "--repeats", "2", "--ctranslate2", str(ct2_dir),
+                         "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    bound = report["ctranslate2"]
+    split = report["split_seconds"]
+    assert bound["ctranslate2_seconds"] > 0
+    assert bound["graphs_seconds"] == split["encoder"] + split["decoder graph"]
+    assert bound["now"] == bound["ctranslate2_seconds"] / report["median_seconds"]
+    # The graphs are part of the wall time, so the bound is never below today's ratio.
+    assert bound["at_most"] == bound["ctranslate2_seconds"] / bound["graphs_seconds"]
+    assert bound["at_most"] > bound["now"]
+    assert "encoder and decoder graphs alone" in capsys.readouterr().out

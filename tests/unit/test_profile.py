@@ -43,3 +43,8 @@ def test_profile_of_a_package_on_sentences(marian_package: Path, tmp_path: Path,
 def test_package_and_data_go_together(marian_package: Path) -> None:
     with pytest.raises(SystemExit):
         profile.main(["--package", str(marian_package)])
+
+
+def test_ctranslate2_needs_a_package() -> None:
+    with pytest.raises(SystemExit):
+        profile.main(["--ctranslate2", "/nonexistent"])
