@@ -109,6 +109,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule")
     opt.add_argument("--warmup", type=int, default=4000)
     opt.add_argument("--clip", type=float, default=1.0, help="gradient norm; 0 = off")
+    opt.add_argument("--autocast", choices=("none", "bfloat16"), default="none",
+                     help="bfloat16: forward pass and loss under torch.autocast (weights, "
+                     "gradients and Adam stay float32); about 2x the steps per second on "
+                     "CPUs with AMX-BF16, slower on CPUs without bfloat16 instructions")
     opt.add_argument("--max-steps", type=int, help="total optimizer steps (across resumes)")
     opt.add_argument("--max-minutes", type=float, help="total wall-clock minutes of "
                      "training incl. validation (across resumes)")
@@ -500,8 +504,10 @@ class Trainer:
                                    args.lr_scale)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                logits = self.model(src, src != cfg.pad_id, tgt_in)
-                loss = loss_fn(logits, labels, cfg.pad_id, args.label_smoothing)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                    enabled=args.autocast == "bfloat16"):
+                    logits = self.model(src, src != cfg.pad_id, tgt_in)
+                    loss = loss_fn(logits, labels, cfg.pad_id, args.label_smoothing)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if args.clip > 0:

@@ -659,3 +659,21 @@ def test_languages_pick_and_check_the_corpus(tmp_path: Path,
     summarize = parser.parse_args(["--task", "summarize", "--out", "run"])
     train.resolve_data(summarize)
     assert summarize.data == str(Path("data/ddtp/summarize-en"))
+
+
+def test_bfloat16_autocast_trains_float32_weights(tmp_path: Path) -> None:
+    """`--autocast bfloat16` computes the forward pass in bfloat16 (the weights
+    come out different from a float32 run of the same steps), still learns, and
+    keeps float32 weights in its checkpoints."""
+    steps = ["--max-steps", "60", "--eval-every", "30"]
+    assert train.run(train_args(tmp_path / "fp32", *steps)) == 0
+    assert train.run(train_args(tmp_path / "bf16", *steps, "--autocast", "bfloat16")) == 0
+    log = read_log(tmp_path / "bf16")
+    assert log[-1]["train_loss"] < log[0]["train_loss"]
+    bf16, meta, _ = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "bf16"))
+    fp32, _, _ = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "fp32"))
+    assert meta["train_args"]["autocast"] == "bfloat16"
+    weights = bf16.state_dict()
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    assert any(not torch.equal(weights[name], other)
+               for name, other in fp32.state_dict().items())
