@@ -343,6 +343,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where --model's package and checkpoints/ are (default: models)")
     parser.add_argument("--precisions", nargs="+", choices=("int8", "fp32"),
                         default=["int8", "fp32"], help="--model's precisions (default: both)")
+    parser.add_argument("--ort-beam-search", action="store_true",
+                        help="with --model: also ONNX Runtime's BeamSearch operator over the "
+                        "checkpoint (bench/ort_beam_search.py), the decoding loop in C++")
     parser.add_argument("--only-sentences", action="store_true",
                         help="with --data DIR: only the lines DIR/test.kind marks `sentence`")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
@@ -362,6 +365,8 @@ def _check(args: argparse.Namespace) -> list[str]:
         problems += model_problems(args)
     elif args.data is not None and not args.package:
         problems.append("--data needs --package or --model")
+    if args.ort_beam_search and args.model is None:
+        problems.append("--ort-beam-search needs --model")
     for p in args.package:
         if not (p / "manifest.json").is_file():
             problems.append(f"--package {p}: not a model package (no manifest.json)")
@@ -505,8 +510,10 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(header) + "\n")
     print(markdown_table(records))
     if args.model is not None:
-        print(per_core_table(records))
-        print(agreement_table(records))
+        others = {r.system.split("@")[0] for r in records} - {"ctranslate2", "seq2serve"}
+        for system in ["seq2serve", *sorted(others)]:
+            print(per_core_table(records, system))
+            print(agreement_table(records, system))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.as_json() for r in records], indent=2) + "\n",

@@ -49,7 +49,8 @@ def model_problems(args: argparse.Namespace) -> list[str]:
 
 def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[list[int]]]:
     """The engine's packages by precision, CTranslate2's model, and the sentences' ids;
-    the fp32 export and the conversion are cached in --work by the package's digest."""
+    the fp32 export and the conversions are cached in --work by the package's digest
+    (with --ort-beam-search, the BeamSearch graphs in WORK/ort-beam-search-PRECISION)."""
     from seq2serve.bench.ctranslate2_model import convert
     from seq2serve.export.exporter import export
     from seq2serve.export.package import load_package
@@ -72,6 +73,12 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
     ct2 = work / "ctranslate2"
     if not (ct2 / "model.bin").is_file():
         convert(checkpoint, ct2, force=True)
+    if args.ort_beam_search:
+        from seq2serve.bench.ort_beam_search import GRAPH_FILE, build
+
+        for precision in args.precisions:
+            if not (work / f"ort-beam-search-{precision}" / GRAPH_FILE).is_file():
+                build(checkpoint, work / f"ort-beam-search-{precision}", precision)
     tokenizer = package_tokenizer(package)
     limit = package.manifest.max_source_length
     texts = read_sentences(args.data, args.sentences, args.only_sentences)
@@ -86,6 +93,11 @@ def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
     for precision in args.precisions:
         systems.append(Seq2Serve(packages[precision], threads, name=f"seq2serve@{args.model}"))
         systems.append(CheckpointCTranslate2(ct2, packages[precision], precision, threads))
+        if args.ort_beam_search:
+            from seq2serve.bench.ort_beam_search import GRAPH_FILE, OrtBeamSearch
+
+            graph = ct2.parent / f"ort-beam-search-{precision}" / GRAPH_FILE
+            systems.append(OrtBeamSearch(graph, packages[precision], precision, threads))
     return systems
 
 
@@ -105,13 +117,15 @@ def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
                        settings, batches_for, None, args.repeats, args.warmup, threads)
 
 
-def agreement_table(records: Sequence[Record]) -> str:
+def agreement_table(records: Sequence[Record], system: str = "seq2serve") -> str:
     """Per precision and decoding: how many best hypotheses (EOS included) are the
-    same token ids in the engine and in CTranslate2, from the outputs of the timed
-    passes at the largest batch size and the first thread count."""
+    same token ids in `system` and in CTranslate2 (and, for another system, in the
+    engine), from the outputs of the timed passes at the largest batch size and the
+    first thread count."""
     timed = [r for r in records if r.outputs]
-    lines = ["", "| precision | decoding | identical outputs, seq2serve and CTranslate2 |",
-             "|---|---|---:|"]
+    peers = ["ctranslate2"] + (["seq2serve"] if system != "seq2serve" else [])
+    lines = ["", f"| precision | decoding | identical outputs, {system} and "
+             f"{' / '.join(peers)} |", "|---|---|---:|"]
     if not timed:
         return "\n".join(lines)
     batch, threads = max(r.batch_size for r in timed), timed[0].threads
@@ -119,18 +133,18 @@ def agreement_table(records: Sequence[Record]) -> str:
     for r in timed:
         if (r.batch_size, r.threads) == (batch, threads):
             found[(r.system.split("@")[0], r.precision, r.decoding)] = r.outputs
-    for (system, precision, decoding), ours in found.items():
-        theirs = found.get(("ctranslate2", precision, decoding))
-        if system != "seq2serve" or theirs is None:
+    for (name, precision, decoding), ours in found.items():
+        theirs = [found.get((peer, precision, decoding)) for peer in peers]
+        if name != system or any(t is None for t in theirs):
             continue
-        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-        lines.append(f"| {precision} | {decoding} | {same} of {len(ours)} |")
+        same = [str(sum(a == b for a, b in zip(ours, t or [], strict=True))) for t in theirs]
+        lines.append(f"| {precision} | {decoding} | {' / '.join(same)} of {len(ours)} |")
     return "\n".join(lines)
 
 
-def per_core_table(records: Sequence[Record]) -> str:
-    """Each system's best sentences/s per core over the thread counts, and the
-    engine's ratio to CTranslate2 at that best."""
+def per_core_table(records: Sequence[Record], system: str = "seq2serve") -> str:
+    """Each system's best sentences/s per core over the thread counts, and
+    `system`'s ratio to CTranslate2 at that best."""
     best: dict[tuple[str, str, str, int], tuple[float, int]] = {}
     for r in records:
         key = (r.system.split("@")[0], r.precision, r.decoding, r.batch_size)
@@ -138,11 +152,11 @@ def per_core_table(records: Sequence[Record]) -> str:
         if key not in best or per_core > best[key][0]:
             best[key] = (per_core, r.threads)
     lines = ["", "Per core, each system at its best thread count:", "",
-             "| precision | decoding | batch | seq2serve sentences/s per core (threads) "
-             "| CTranslate2 (threads) | seq2serve / CTranslate2 |",
+             f"| precision | decoding | batch | {system} sentences/s per core (threads) "
+             f"| CTranslate2 (threads) | {system} / CTranslate2 |",
              "|---|---|---:|---:|---:|---:|"]
-    for (system, precision, decoding, batch), (ours, threads) in sorted(best.items()):
-        if system != "seq2serve":
+    for (name, precision, decoding, batch), (ours, threads) in sorted(best.items()):
+        if name != system:
             continue
         peer = best.get(("ctranslate2", precision, decoding, batch))
         if peer is None:

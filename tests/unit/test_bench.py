@@ -279,3 +279,30 @@ def test_agreement_table_pairs_the_systems_outputs() -> None:
         record("seq2serve@m", "fp32", 4, [[5, 2], [6, 2], [7]]),
         record("ctranslate2", "fp32", 4, [[5, 2], [6, 2], [7]])])
     assert agreement_lines(table) == {("int8", "greedy"): (2, 3), ("fp32", "greedy"): (3, 3)}
+
+
+def test_model_mode_with_onnx_runtime_beam_search(tiny_models: Path, corpus: Path,
+                                                   tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ort-beam-search` adds ONNX Runtime's BeamSearch operator over the checkpoint
+    as a third system, with its own per-core and agreement tables."""
+    out = tmp_path / "records.json"
+    work = tmp_path / "work"
+    assert harness.main(model_args(tiny_models, corpus, work, "--sentences", "4",
+                                   "--batch-sizes", "2", "--decodings", "beam4", "--threads",
+                                   "1", "--precisions", "int8", "--ort-beam-search",
+                                   "--json", str(out))) == 0
+    records = {r["system"]: r for r in json.loads(out.read_text())}
+    assert set(records) == {"seq2serve@tiny", "ctranslate2", "ort-beamsearch"}
+    assert records["ort-beamsearch"]["sentences_per_second"] > 0
+    assert (next(work.iterdir()) / "ort-beam-search-int8" / "beam_search.onnx").is_file()
+    printed = capsys.readouterr().out
+    assert "| ort-beamsearch / CTranslate2 |" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("| int8 | beam4 | ")
+            and " / " in line and line.endswith(" of 4 |")]
+    assert len(rows) == 1  # its agreement with CTranslate2 / with the engine
+
+
+def test_onnx_runtime_beam_search_needs_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert harness.main(["--ort-beam-search", "--quick"]) != 0
+    assert "--ort-beam-search needs --model" in capsys.readouterr().err

@@ -251,3 +251,30 @@ def test_profile_times_ctranslate2_beside_the_graphs(shipped: tuple[Path, Path],
     assert bound["at_most"] == bound["ctranslate2_seconds"] / bound["graphs_seconds"]
     assert bound["at_most"] > bound["now"]
     assert "encoder and decoder graphs alone" in capsys.readouterr().out
+
+
+def test_onnx_runtime_beam_search_equals_the_engine_one_sentence_at_a_time(
+        shipped: tuple[Path, Path], tmp_path: Path) -> None:
+    """bench/ort_beam_search.py's graph follows ONNX Runtime's BeamSearch contract:
+    on the shipped en-de (fp32), one real sentence per call, its best hypotheses are
+    the engine's, EOS and length limit included."""
+    from seq2serve.bench.ort_beam_search import OrtBeamSearch, build
+    from seq2serve.bench.systems import Seq2Serve
+    from seq2serve.server.core.registry import package_tokenizer
+
+    package, _ = shipped
+    graph = build(SHIPPED, tmp_path / "ort", "fp32")
+    assert [p.name for p in graph.parent.iterdir()] == [graph.name]
+    tokenizer = package_tokenizer(load_package(package))
+    sources = [tokenizer.encode(t) for t in real_sentences(8)]
+    outputs = []
+    for system in (Seq2Serve(package, 1), OrtBeamSearch(graph, package, "fp32", 1)):
+        system.load()
+        try:
+            outputs.append([t for s in sources
+                            for t in system.generate(system.prepare([s]), 4, None)])
+        finally:
+            system.close()
+    ours, theirs = outputs
+    assert all(len(t) > 2 and t[-1] == tokenizer.eos_id for t in ours)
+    assert theirs == ours
