@@ -15,6 +15,10 @@ may end a sentence at different places). Reported beside the records: per
 thread counts run (a 2-core server runs two one-thread engines when that is
 best; the figure is what one core serves), and how many best hypotheses of the
 timed passes agree between the engine and CTranslate2.
+
+With `--ort-beam-search`, ONNX Runtime's BeamSearch operator over the same
+checkpoint (bench/ort_beam_search.py) runs as a third system, with its own
+per-core and agreement tables.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
         if args.ort_beam_search:
             from seq2serve.bench.ort_beam_search import GRAPH_FILE, OrtBeamSearch
 
-            graph = ct2.parent / f"ort-beam-search-{precision}" / GRAPH_FILE
+            graph = ct2.parent / f"ort-beam-search-{precision}" / GRAPH_FILE  # _prepared's
             systems.append(OrtBeamSearch(graph, packages[precision], precision, threads))
     return systems
 
