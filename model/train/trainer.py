@@ -407,6 +407,9 @@ class Trainer:
         if latest is not None:
             meta = ckpt.read_meta(latest)
             cfg = ModelConfig.from_dict(meta["model"])
+            # A resumed run keeps the start it had: --init-from is ignored, and its
+            # checkpoints go on naming the checkpoint the run was initialised from.
+            args.init_from = meta.get("train_args", {}).get("init_from")
         elif args.init_from is not None:
             init = ckpt.read_meta(args.init_from)
             cfg = ModelConfig.from_dict({**init["model"],

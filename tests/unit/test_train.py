@@ -677,3 +677,22 @@ def test_bfloat16_autocast_trains_float32_weights(tmp_path: Path) -> None:
     assert {t.dtype for t in weights.values()} == {torch.float32}
     assert any(not torch.equal(weights[name], other)
                for name, other in fp32.state_dict().items())
+
+
+def test_a_resumed_finetune_keeps_naming_its_start(trained: Path, tmp_path: Path) -> None:
+    """--init-from is ignored on resume (the run's own checkpoint is the start), so its
+    later checkpoints still name the checkpoint the run was initialised from: what
+    `release checkpoint` reads as the base (for the card and the total training time)."""
+    from seq2serve.server.cli.main import main
+
+    out = tmp_path / "phase2"
+    common = [*TINY, "--out", str(out), "--tokenizer", str(trained / "tokenizer.model"),
+              "--eval-every", "2", "--lr", "0.0005", "--warmup", "2"]
+    assert main(["train", *common, "--init-from", str(trained / "best"),
+                 "--max-steps", "2"]) == 0
+    elsewhere = tmp_path / "another-start"
+    shutil.copytree(trained / "best", elsewhere)
+    assert main(["train", *common, "--init-from", str(elsewhere), "--max-steps", "4"]) == 0
+    latest = ckpt.latest_checkpoint(out)
+    assert latest.name == ckpt.step_dir_name(4)
+    assert ckpt.read_meta(latest)["train_args"]["init_from"] == str(trained / "best")
