@@ -112,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--autocast", choices=("none", "bfloat16"), default="none",
                      help="bfloat16: forward pass and loss under torch.autocast (weights, "
                      "gradients and Adam stay float32); about 2x the steps per second on "
-                     "CPUs with AMX-BF16, slower on CPUs without bfloat16 instructions")
+                     "CPUs with AMX-BF16 (unmeasured on CPUs without bfloat16 instructions)")
     opt.add_argument("--max-steps", type=int, help="total optimizer steps (across resumes)")
     opt.add_argument("--max-minutes", type=float, help="total wall-clock minutes of "
                      "training incl. validation (across resumes)")
