@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.systems import System, Tokens
+from seq2serve.bench.systems import System, Tokens, engine_defaults
 
 GRAPH_FILE = "beam_search.onnx"
 OPSET = 17
@@ -185,16 +185,13 @@ class OrtBeamSearch(System):
 
     def __init__(self, graph: Path, package: Path, precision: str, threads: int):
         from seq2serve.export.package import load_package
-        from seq2serve.server.config import ServerConfig
-        from seq2serve.server.engine.options import DecodingOptions
 
         self.graph = Path(graph)
         self.precision = precision
         self.threads = threads
         manifest = load_package(package).manifest
         self.special = manifest.special_tokens
-        limits = ServerConfig(models_dir=None).option_limits()
-        self.options = DecodingOptions().resolve(manifest.generation.as_dict(), limits)
+        self.options = engine_defaults(manifest)
         self.vocab = manifest.config.tgt_vocab_size
         self.session: Any = None
 

@@ -181,6 +181,17 @@ class CTranslate2(System):
         super().close()
 
 
+def engine_defaults(manifest: Any) -> Any:
+    """The decoding options the engine applies to a package's requests by default
+    (its generation settings under the server's default limits): what a peer system
+    is given to decode the same way."""
+    from seq2serve.server.config import ServerConfig
+    from seq2serve.server.engine.options import DecodingOptions
+
+    limits = ServerConfig(models_dir=None).option_limits()
+    return DecodingOptions().resolve(manifest.generation.as_dict(), limits)
+
+
 class CheckpointCTranslate2(System):
     """CTranslate2 on a seq2serve checkpoint's conversion (bench/ctranslate2_model.py),
     given the same token ids as the engine: a piece's CTranslate2 index is its
@@ -200,7 +211,6 @@ class CheckpointCTranslate2(System):
     def __init__(self, model_dir: Path, package: Path, precision: str, threads: int):
         from seq2serve.bench.ctranslate2_model import TOKENIZER_FILE, spm_pieces
         from seq2serve.export.package import load_package
-        from seq2serve.server.engine.options import DecodingOptions
 
         self.model_dir = Path(model_dir)
         self.precision = precision
@@ -210,10 +220,7 @@ class CheckpointCTranslate2(System):
         manifest = load_package(package).manifest
         self.eos_id = manifest.special_tokens.eos
         self.suppress = [[self.pieces[i]] for i in manifest.special_tokens.suppress]
-        from seq2serve.server.config import ServerConfig
-
-        limits = ServerConfig(models_dir=None).option_limits()  # the engine's defaults
-        self.options = DecodingOptions().resolve(manifest.generation.as_dict(), limits)
+        self.options = engine_defaults(manifest)
         self.translator: Any = None
 
     def load(self) -> None:
