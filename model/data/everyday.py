@@ -2,7 +2,8 @@
 
 Program messages (`messages.py`) teach the models software language; this
 corpus brings sentences people say and write: game narratives and dialogue
-(the Wesnoth campaigns, Widelands, Freedink, Adonthell, ...), manuals
+(the Wesnoth campaigns, Widelands, Freedink, Adonthell, and the modern-day
+Cataclysm: Dark Days Ahead and FreedroidRPG, ...), manuals
 translated through gettext, the short picture captions of Tux Paint's stamps
 and the example sentences of the Ding German-English dictionary. Which
 packages, and why, is docs/data-card-everyday.md; the figures that chose them
@@ -34,8 +35,9 @@ SPLITS = messages.SPLITS  # train, valid, test: a pair shared with train stays i
 
 # Binary packages whose gettext catalogs (anywhere in the package, in or out of
 # usr/share/locale) are read. Chosen by measuring every Debian package with de/fr
-# catalogs outside usr/share/locale (docs/data-card-everyday.md has the table):
-# kept where the English side is mostly sentences of ordinary language.
+# catalogs outside usr/share/locale, and the games with large catalogs inside it
+# (docs/data-card-everyday.md has the table): kept where the English side is mostly
+# sentences of ordinary language.
 CATALOG_PACKAGES = (
     "wesnoth-1.16-data", "wesnoth-1.16-did", "wesnoth-1.16-dm", "wesnoth-1.16-dw",
     "wesnoth-1.16-ei", "wesnoth-1.16-httt", "wesnoth-1.16-l", "wesnoth-1.16-low",
@@ -43,7 +45,7 @@ CATALOG_PACKAGES = (
     "wesnoth-1.16-thot", "wesnoth-1.16-trow", "wesnoth-1.16-tsg", "wesnoth-1.16-ttb",
     "wesnoth-1.16-utbs", "widelands-data", "freedink-data", "adonthell-data", "7kaa-data",
     "singularity", "pingus-data", "tuxpaint-data", "lbreakout2", "freeciv-data",
-    "ufoai-misc", "ikiwiki", "publican",
+    "ufoai-misc", "ikiwiki", "publican", "cataclysm-dda-data", "freedroidrpg-data",
 )
 STAMP_PACKAGES = ("tuxpaint-stamps-default",)  # stamps/**/*.txt: English, then xx.utf8=...
 DICTIONARY_PACKAGES = ("trans-de-en",)  # Ding: usr/share/trans/de-en, "de :: en" lines
@@ -59,7 +61,7 @@ VALID_PACKAGES = frozenset({"wesnoth-1.16-thot"})
 # Stamps and dictionary examples are independent entries of one package each:
 # they are split per entry by the English text, like the messages corpus's packages.
 ENTRY_TEST_PERCENT, ENTRY_VALID_PERCENT = 3, 3
-DEFAULT_PER_PACKAGE = 4000  # catalog entries per package and language (freeciv's help has 8k)
+DEFAULT_PER_PACKAGE = 8000  # catalog pairs per package and language (Cataclysm DDA: 19k de)
 
 # A path's language: a whole token `de`, `fr`, `de_DE`, `fr_FR` (+ `.UTF-8`) in one of
 # the last three path components: locale/de/LC_MESSAGES/x.mo, l10n/de.po, data.fr.po,
