@@ -143,7 +143,23 @@ def _train_command(args: dict[str, Any], cfg: dict[str, Any], data: str, run: st
         + f" --max-tokens {args.get('max_tokens')} --warmup {args.get('warmup')} "
         f"--max-tgt-len {args.get('max_tgt_len')} --eval-every {args.get('eval_every')} "
         f"--eval-max-sentences {args.get('eval_max_sentences')} "
-        f"--max-minutes {args.get('max_minutes')} --no-progress")
+        f"--max-minutes {args.get('max_minutes')}" + _autocast_flag(args) + " --no-progress")
+
+
+_CORPUS_LABELS = {"ddtp": "DDTP", "messages": "program messages", "everyday": "everyday"}
+
+
+def _autocast_flag(args: dict[str, Any]) -> str:
+    autocast = args.get("autocast")
+    return f" --autocast {autocast}" if autocast and autocast != "none" else ""
+
+
+def _test_set_name(data: str) -> str:
+    """A test set's short name from its corpus folder: data/messages/en-de ->
+    messages, data/everyday/en-de-handwritten -> everyday-handwritten."""
+    folder = Path(data)
+    variant = folder.name.split("-", 2)[2:]  # what follows the pair, if anything
+    return "-".join([folder.parent.name, *variant])
 
 
 def _finetune_command(args: dict[str, Any], data: str, run: str, init: str,
@@ -155,7 +171,8 @@ def _finetune_command(args: dict[str, Any], data: str, run: str, init: str,
         f"--warmup {args.get('warmup')} --max-tgt-len {args.get('max_tgt_len')} "
         f"--eval-every {args.get('eval_every')} "
         f"--eval-max-sentences {args.get('eval_max_sentences')} "
-        f"--max-minutes {args.get('max_minutes')} --no-progress")
+        f"--max-minutes {args.get('max_minutes')}"
+        + _autocast_flag(args) + " --no-progress")
 
 
 def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
@@ -198,6 +215,11 @@ def model_card(checkpoint: str | os.PathLike[str],
     base = meta.get("base")
     bytes_ = _has_byte_fallback(directory)  # the base run's too: the same or extended
     mixed = bool(corpus and "mix" in corpus.get("source", {}))
+    # The three-corpus mix (DDTP, messages, everyday) records every part's repeat;
+    # the two-corpus one only DDTP's.
+    repeats = {Path(part).parent.name: n
+               for part, n in ((corpus or {}).get("train_repeat") or {}).items()}
+    everyday = "everyday" in repeats
     # The same vocabulary: the run went on from the base run's checkpoint (other
     # data or schedule); a larger one: the base's tokenizer was extended first.
     extended = bool(base) and base["model"]["src_vocab_size"] != cfg["src_vocab_size"]
@@ -207,12 +229,15 @@ def model_card(checkpoint: str | os.PathLike[str],
     base_data = chain[0]["train_args"].get("data", data) if base else data
     this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
     by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
-    commands = (["seq2serve data                         # DDTP, program messages and their "
+    repeat = repeats.get("ddtp") or (corpus or {}).get("ddtp_repeat", 1)
+    commands = ([f"seq2serve data --corpora ddtp,messages,everyday --ddtp-repeat {repeat} "
+                 "--everyday-repeat " + str(repeats["everyday"]) + "   # the three corpora "
+                 "and their mix via apt-get"] if everyday else
+                ["seq2serve data                         # DDTP, program messages and their "
                  "mix via apt-get"] if mixed else
                 ["seq2serve data --out data/ddtp          # Debian's translation indexes via "
                  "apt-get"])
-    repeat = (corpus or {}).get("ddtp_repeat", 1)
-    if mixed and repeat > 1:
+    if mixed and not everyday and repeat > 1:
         commands.append(f"seq2serve data --corpora mix --mixed-out {Path(data).parent} "
                         f"--ddtp-repeat {repeat}")
     if base and extended:
@@ -255,10 +280,13 @@ def model_card(checkpoint: str | os.PathLike[str],
                                    for step in averaged))
         run = f"{run}/averaged"
     score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
-                   [f"{rel}/test-{Path(r['data']).parent.name}.json" for r in reports])
+                   [f"{rel}/test-{_test_set_name(r['data'])}.json" for r in reports])
     score_cmds = [f"seq2serve train --score {rel} --data {r['data']} --split {r['split']} "
                   f"--score-out {out}" for r, out in zip(reports, score_files, strict=True)]
-    domains = ("Debian package descriptions (DDTP) and program messages (the gettext "
+    domains = ("Debian package descriptions (DDTP), program messages (the gettext "
+               "catalogs of Debian packages) and everyday text (game dialogue and "
+               "narratives, manuals, dictionary examples)" if everyday else
+               "Debian package descriptions (DDTP) and program messages (the gettext "
                "catalogs of Debian packages)" if mixed else
                "Debian package descriptions (DDTP)")
     out = [
@@ -272,10 +300,16 @@ def model_card(checkpoint: str | os.PathLike[str],
         "## Data",
         "",
         (f"`{data}`, built by `seq2serve data`: DDTP (Debian bookworm's translation "
-         "indexes, [docs/data-card.md](../../../docs/data-card.md)) and program messages "
-         "([docs/data-card-messages.md](../../../docs/data-card-messages.md)), valid and "
-         "test being each corpus's own"
-         + (f"; DDTP's training pairs appear {repeat} times" if repeat > 1 else "")
+         "indexes, [docs/data-card.md](../../../docs/data-card.md))"
+         + (", " if everyday else " and ")
+         + "program messages ([docs/data-card-messages.md](../../../docs/data-card-messages.md))"
+         + (" and everyday text ([docs/data-card-everyday.md]"
+            "(../../../docs/data-card-everyday.md))" if everyday else "")
+         + ", valid and test being each corpus's own"
+         + ("; training pairs appear " + ", ".join(
+             f"{_CORPUS_LABELS.get(part, part)} x{n}" for part, n in repeats.items())
+            if everyday else
+            f"; DDTP's training pairs appear {repeat} times" if repeat > 1 else "")
          + (f". The base run trained on `{base_data}`" if base and base_data != data else "")
          + "." if mixed else
          f"`{data}`, built by `seq2serve data` from Debian bookworm's translation indexes "

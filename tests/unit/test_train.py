@@ -564,6 +564,40 @@ def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
     assert card.count("samples from") == 2
 
 
+def test_card_of_a_phase_on_the_three_corpus_mix(trained: Path, tmp_path: Path) -> None:
+    """A phase on the DDTP + messages + everyday mix, trained under bfloat16 autocast:
+    the card names the three corpora with their repeats, rebuilds them with one
+    `seq2serve data` command, passes --autocast on, and gives the hand-written
+    test set its own score file beside the everyday corpus's."""
+    from seq2serve.model.train import release
+    from seq2serve.server.cli.main import main
+
+    out = tmp_path / "everyday"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+                 "--tokenizer", str(trained / "tokenizer.model"), "--max-steps", "4",
+                 "--eval-every", "4", "--lr", "0.0005", "--warmup", "2",
+                 "--autocast", "bfloat16"]) == 0
+    shipped = tmp_path / "shipped"
+    release.release_checkpoint(out, shipped, "tiny")
+    report = evaluate(shipped, CORPUS, split="train", max_sentences=2, samples=1)
+    reports = [{**report, "data": f"data/{name}"} for name in (
+        "ddtp/en-de", "messages/en-de", "everyday/en-de", "everyday/en-de-handwritten")]
+    corpus = {"source": {"mix": ["data/ddtp/en-de", "data/messages/en-de",
+                                 "data/everyday/en-de"]},
+              "train_repeat": {"data/ddtp/en-de": 4, "data/messages/en-de": 1,
+                               "data/everyday/en-de": 3}}
+    card = release.model_card(shipped, reports, corpus=corpus)
+    assert "training pairs appear DDTP x4, program messages x1, everyday x3" in card
+    assert "docs/data-card-everyday.md" in card
+    assert ("seq2serve data --corpora ddtp,messages,everyday --ddtp-repeat 4 "
+            "--everyday-repeat 3") in card
+    assert "--corpora mix" not in card
+    assert "--out runs/tiny-2 --init-from runs/tiny/checkpoints/step-" in card
+    assert card.count("--autocast bfloat16") == 1  # the phase that ran under it, only
+    for name in ("ddtp", "messages", "everyday", "everyday-handwritten"):
+        assert card.count(f"--score-out {shipped.as_posix()}/test-{name}.json") == 1
+
+
 def test_a_third_phase_from_the_released_second_keeps_the_whole_chain(
         trained: Path, tmp_path: Path) -> None:
     """A phase that went on from a shipped (released) checkpoint of a second phase:
