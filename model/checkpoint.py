@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +141,14 @@ def load_model_weights(directory: str | os.PathLike[str], model: Seq2SeqTransfor
 
 
 def load_weights_growing_vocab(directory: str | os.PathLike[str], model: Seq2SeqTransformer,
-                               unk_id: int) -> int:
+                               unk_id: int, init_rows: Mapping[int, Sequence[int]] | None = None
+                               ) -> int:
     """Load a checkpoint into a model whose vocabulary extends the checkpoint's (same
     ids, new ones appended). Each vocabulary-sized tensor gets the old rows and, for
-    every new row, a copy of the <unk> row: the model first treats a new piece as the
-    <unk> it used to see there, and fine-tuning tells them apart. Returns the number
-    of rows added."""
+    every new row, the mean of the old rows `init_rows` names for it (a new word
+    piece: the pieces the old vocabulary spelled it with), else a copy of the <unk>
+    row (a new character: the model first treats it as the <unk> it used to see
+    there). Fine-tuning tells them apart. Returns the number of rows added."""
     saved = load_file(str(Path(directory) / WEIGHTS_FILE))
     own = model.state_dict()
     added = 0
@@ -157,9 +160,11 @@ def load_weights_growing_vocab(directory: str | os.PathLike[str], model: Seq2Seq
             if not grows_rows:
                 raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not "
                                  f"fit the model's {tuple(target.shape)}")
-            extra = target.shape[0] - tensor.shape[0]
-            tensor = torch.cat([tensor, tensor[unk_id:unk_id + 1].expand(extra, *tensor.shape[1:])])
-            added = max(added, extra)
+            old_rows = tensor.shape[0]
+            rows = [tensor[list((init_rows or {}).get(i) or [unk_id])].float().mean(0)
+                    for i in range(old_rows, target.shape[0])]
+            tensor = torch.cat([tensor, torch.stack(rows).to(tensor.dtype)])
+            added = max(added, target.shape[0] - old_rows)
         saved[name] = tensor.to(target.dtype)
     missing = set(own) - set(saved)
     # Tied weights are saved once; the model's other name for them is filled by the tie.

@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.model.checkpoint import load_checkpoint, read_meta, save_checkpoint
-from seq2serve.model.tokenizer import Tokenizer, extend_vocabulary, unknown_characters
+from seq2serve.model.tokenizer import (
+    Tokenizer,
+    extend_vocabulary,
+    frequent_split_words,
+    unknown_characters,
+)
 from seq2serve.model.train.evaluate import training_time
 
 CARD_FILE = "MODEL_CARD.md"
@@ -448,10 +453,14 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("--name", required=True)
     ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
     ext = sub.add_parser("extend-vocab", help="add the characters a tokenizer maps to <unk> "
-                         "in a corpus's training split as new pieces (for fine-tuning)")
+                         "in a corpus's training split as new pieces, and with --words the "
+                         "words it splits most (for fine-tuning)")
     ext.add_argument("tokenizer", type=Path, help="SentencePiece model")
     ext.add_argument("data", type=Path, help="corpus directory (train.src, train.tgt)")
     ext.add_argument("out", type=Path, help="the extended SentencePiece model to write")
+    ext.add_argument("--words", type=int, default=0, metavar="N",
+                     help="also add the N words of the split that save the most tokens as "
+                          "pieces of their own (default 0)")
     card = sub.add_parser("card", help=f"write {CARD_FILE} beside a released checkpoint")
     card.add_argument("checkpoint", type=Path)
     card.add_argument("--report", type=Path, required=True, action="append",
@@ -484,11 +493,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "extend-vocab":
         tokenizer = Tokenizer(args.tokenizer)
-        unknown = unknown_characters(tokenizer, [args.data / "train.src",
-                                                 args.data / "train.tgt"])
-        extended = extend_vocabulary(args.tokenizer, args.out, unknown)
+        split = [args.data / "train.src", args.data / "train.tgt"]
+        unknown = unknown_characters(tokenizer, split)
+        words = frequent_split_words(tokenizer, split, args.words) if args.words > 0 else {}
+        extended = extend_vocabulary(args.tokenizer, args.out, unknown, words)
         print(json.dumps({"out": str(args.out), "vocab_size": extended.vocab_size,
-                          "added": unknown}, ensure_ascii=False))
+                          "added": unknown, "words": list(words)}, ensure_ascii=False))
         return 0
     reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.report]
     packages = (json.loads(args.packages.read_text(encoding="utf-8"))

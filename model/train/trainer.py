@@ -32,7 +32,7 @@ from torch import Tensor
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.config import ModelConfig
 from seq2serve.model.data.ddtp import KINDS
-from seq2serve.model.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
+from seq2serve.model.tokenizer import MODEL_TYPES, Tokenizer, segmentation, train_tokenizer
 from seq2serve.model.train.batching import (
     BatchStream,
     TokenData,
@@ -419,9 +419,15 @@ class Trainer:
             cfg = model_config(args, self.tokenizer.vocab_size, self.corpus, self.task)
         self.model = Seq2SeqTransformer(cfg).to(self.device)
         if init is not None:
-            added = ckpt.load_weights_growing_vocab(args.init_from, self.model, cfg.unk_id)
+            base = Tokenizer(Path(args.init_from) / init["tokenizer"]["file"])
+            spelled = {i: segmentation(base, self.tokenizer.sp.id_to_piece(i))
+                       for i in range(base.vocab_size, self.tokenizer.vocab_size)}
+            init_rows = {i: ids for i, ids in spelled.items() if ids and base.unk_id not in ids}
+            added = ckpt.load_weights_growing_vocab(args.init_from, self.model, cfg.unk_id,
+                                                    init_rows)
             self.log(f"initialised from {args.init_from} (step {init.get('step')}); "
-                     f"{added} new vocabulary rows start as <unk>'s")
+                     f"{added} new vocabulary rows: {len(init_rows)} start as the mean of the "
+                     f"pieces the old vocabulary spelled them with, the rest as <unk>'s")
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98),
                                           eps=1e-9)
         self.step, self.epoch, self.index = 0, 0, 0

@@ -21,6 +21,7 @@ from seq2serve.model.config import ModelConfig
 from seq2serve.model.tokenizer import (
     REQUIRED_CHARS,
     ROUND_TRIP_TEXTS,
+    SPIECE_UNDERLINE,
     Tokenizer,
     round_trip_failures,
     train_tokenizer,
@@ -530,6 +531,46 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
     assert "release extend-vocab runs/tiny/tokenizer.model" in card
     assert "--init-from runs/tiny/best --tokenizer runs/tiny-vocab.model" in card
 
+
+
+def test_vocabulary_grows_by_the_words_it_splits_most(trained: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Vocabulary adaptation: the words of a corpus that the tokenizer spells with the
+    most pieces become pieces of their own, and their embedding rows start as the mean
+    of the rows of the pieces that spelled them."""
+    from seq2serve.model.tokenizer import extend_vocabulary, frequent_split_words, segmentation
+    from seq2serve.server.cli.main import main
+
+    old = Tokenizer(trained / "tokenizer.model")
+    split = [CORPUS / "train.src", CORPUS / "train.tgt"]
+    words = frequent_split_words(old, split, count=3)
+    assert len(words) == 3
+    spelled = {w: segmentation(old, w) for w in words}
+    assert all(len(ids) > 1 for ids in spelled.values()), spelled
+    text = " ".join(line for path in split for line in path.read_text().splitlines())
+    for word in words:  # every one occurs in the split, and not inside a longer run
+        assert word.lstrip(SPIECE_UNDERLINE) in text
+    new = extend_vocabulary(trained / "tokenizer.model", tmp_path / "words.model", [], words)
+    assert new.vocab_size == old.vocab_size + 3
+    assert all(new.sp.id_to_piece(i) == old.sp.id_to_piece(i) for i in range(old.vocab_size))
+    for word in words:
+        assert segmentation(new, word) == [new.sp.piece_to_id(word)]
+    sources, _ = read_split(CORPUS, "train")
+    assert all(new.decode(new.encode(s)) == old.decode(old.encode(s)) for s in sources)
+    assert sum(map(len, new.encode_batch(sources))) < sum(map(len, old.encode_batch(sources)))
+
+    out = tmp_path / "ft"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+                 "--tokenizer", str(tmp_path / "words.model"), "--max-steps", "1",
+                 "--eval-every", "1", "--lr", "1e-12", "--warmup", "1"]) == 0
+    assert "3 new vocabulary rows: 3 start as the mean" in capsys.readouterr().err
+    base = ckpt.load_checkpoint(trained / "best")[0].src_embed.weight.detach()
+    grown = ckpt.load_checkpoint(out / "best")[0].src_embed.weight.detach()
+    torch.testing.assert_close(grown[:old.vocab_size], base, rtol=0, atol=1e-6)
+    for word, ids in spelled.items():  # a learning rate of 1e-12 leaves them as they began
+        torch.testing.assert_close(grown[new.sp.piece_to_id(word)], base[ids].mean(0),
+                                   rtol=0, atol=1e-6)
 
 
 def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
