@@ -69,9 +69,12 @@ def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
 
 
 def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
-                       name: str, save_dtype: str = "float16") -> dict[str, Any]:
+                       name: str, save_dtype: str = "float16",
+                       base: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Copy `run_dir/best` (or `run_dir` itself when it is a checkpoint, e.g. an
-    average) to `dest` with `save_dtype` weights; returns the new meta."""
+    average) to `dest` with `save_dtype` weights; returns the new meta. `base`: where
+    the checkpoint the run started from is now (default: the run's --init-from),
+    for a release written over that directory since, or moved."""
     best = Path(run_dir) / "best"
     if not best.is_dir() and (Path(run_dir) / "config.json").is_file():
         best = Path(run_dir)
@@ -79,13 +82,19 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
     seconds, _ = training_time(best, meta)
     extra = {k: v for k, v in meta.items() if k not in RESERVED}
     extra["name"] = name
-    init = extra.get("train_args", {}).get("init_from")
+    init = base or extra.get("train_args", {}).get("init_from")
     if init:  # a fine-tune: keep what the base run was, for the card and the total time
         base_meta = read_meta(init)
         base_seconds, _ = training_time(Path(init), base_meta)
         extra["base"] = {"step": base_meta.get("step"), "elapsed_seconds": base_seconds,
                          "train_args": base_meta.get("train_args", {}),
                          "model": base_meta["model"], "released": "name" in base_meta}
+        if "vocabulary_extension" in base_meta:
+            extra["base"]["vocabulary_extension"] = base_meta["vocabulary_extension"]
+        record = Path(str(extra["train_args"].get("tokenizer", ""))).with_suffix(".json")
+        if base_meta["model"]["src_vocab_size"] != meta["model"]["src_vocab_size"] \
+                and record.is_file():  # the `extend-vocab` that made this run's tokenizer
+            extra["vocabulary_extension"] = json.loads(record.read_text(encoding="utf-8"))
         if "base" in base_meta:  # a released checkpoint that went on from another
             extra["earlier"] = [*base_meta.get("earlier", []), base_meta["base"]]
         if seconds is not None and base_seconds is not None:
@@ -227,10 +236,17 @@ def model_card(checkpoint: str | os.PathLike[str],
     everyday = "everyday" in repeats
     # The same vocabulary: the run went on from the base run's checkpoint (other
     # data or schedule); a larger one: the base's tokenizer was extended first.
-    extended = bool(base) and base["model"]["src_vocab_size"] != cfg["src_vocab_size"]
     # Every earlier phase, oldest first (each a record of its released step, cumulative
     # time, arguments and model); `base` is the one this run went on from.
     chain = [*meta.get("earlier", []), base] if base else []
+    # A phase that `release extend-vocab` grew the vocabulary for records how; without
+    # the record, a grown vocabulary is the older fine-tune of a scratch base run whose
+    # tokenizer got the characters it had mapped to <unk>.
+    grown = [(k, phase["vocabulary_extension"]) for k, phase in enumerate([*chain[1:], meta],
+                                                                          start=1)
+             if phase.get("vocabulary_extension")]
+    extended = (bool(base) and not grown
+                and base["model"]["src_vocab_size"] != cfg["src_vocab_size"])
     base_data = chain[0]["train_args"].get("data", data) if base else data
     this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
     by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
@@ -260,6 +276,7 @@ def model_card(checkpoint: str | os.PathLike[str],
                                        f"runs/{name}", bytes_)
                         + f" --max-steps {chain[0]['step']}")
         runs = [f"runs/{name}"] + [f"runs/{name}-{k + 1}" for k in range(1, len(chain) + 1)]
+        tokenizer = f"runs/{name}/tokenizer.model"
         for k in range(1, len(chain) + 1):
             phase_args = chain[k]["train_args"] if k < len(chain) else args
             previous = chain[k - 1]
@@ -270,7 +287,11 @@ def model_card(checkpoint: str | os.PathLike[str],
                 init, tokenizer = release_dir, f"{release_dir}/tokenizer.model"
             else:
                 init = f"{runs[k - 1]}/checkpoints/step-{int(previous['step']):09d}"
-                tokenizer = f"runs/{name}/tokenizer.model"
+            for _, ext in (g for g in grown if g[0] == k):
+                commands.append(f"python -m seq2serve.model.train.release extend-vocab "
+                                f"{tokenizer} {ext['data']} runs/{name}-{k + 1}-vocab.model "
+                                f"--words {ext['words']}")
+                tokenizer = f"runs/{name}-{k + 1}-vocab.model"
             commands.append(_finetune_command(phase_args, phase_args.get("data", data), runs[k],
                                               init, tokenizer)
                             + (f" --max-steps {chain[k]['step']}" if k < len(chain) else ""))
@@ -339,6 +360,12 @@ def model_card(checkpoint: str | os.PathLike[str],
         + (f"; the base run's {base['model']['src_vocab_size']} plus "
            f"{cfg['src_vocab_size'] - base['model']['src_vocab_size']} single characters "
            "that it had mapped to <unk> (`release extend-vocab`)" if extended else "")
+        + "".join(f"; the {_nth(k + 1)} phase added the {ext['words']} words of `{ext['data']}` "
+                  "that the tokenizer spelled with the most pieces"
+                  + (f" and {ext['characters']} characters it had mapped to <unk>"
+                     if ext.get("characters") else "")
+                  + " (`release extend-vocab --words`), their embedding rows starting as "
+                  "the mean of those pieces' rows" for k, ext in grown)
         + ("; byte fallback (a character without a piece is spelled in bytes)"
            if bytes_ else "") + " |",
         f"| training | Adam (0.9, 0.98), inverse-square-root schedule with "
@@ -353,8 +380,10 @@ def model_card(checkpoint: str | os.PathLike[str],
         + ("".join(
             f"; then continued from {'the base run' if k == 1 else f'the {_nth(k)} phase'}'s "
             f"{'released ' if chain[k - 1].get('released') else ''}checkpoint at step "
-            f"{chain[k - 1]['step']} on `{phase.get('data', data)}`, a fresh Adam with peak "
-            f"learning rate {phase.get('lr')} after {phase.get('warmup')} warm-up steps"
+            f"{chain[k - 1]['step']} on `{phase.get('data', data)}`"
+            + (" with the grown vocabulary" if any(g[0] == k for g in grown) else "")
+            + f", a fresh Adam with peak learning rate {phase.get('lr')} after "
+            f"{phase.get('warmup')} warm-up steps"
             for k, phase in enumerate(
                 [c["train_args"] for c in chain[1:]] + [args], start=1))
            if base and not extended else "") + " |",
@@ -452,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("dest", type=Path)
     ck.add_argument("--name", required=True)
     ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    ck.add_argument("--base", type=Path, help="where the checkpoint the run started from is "
+                    "now (default: the run's --init-from; give it when a release has been "
+                    "written over that directory since)")
     ext = sub.add_parser("extend-vocab", help="add the characters a tokenizer maps to <unk> "
                          "in a corpus's training split as new pieces, and with --words the "
                          "words it splits most (for fine-tuning)")
@@ -486,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.run / "best").is_dir() and not (args.run / "config.json").is_file():
             print(f"error: {args.run} holds neither best/ nor a checkpoint", file=sys.stderr)
             return 2
-        meta = release_checkpoint(args.run, args.dest, args.name, args.dtype)
+        meta = release_checkpoint(args.run, args.dest, args.name, args.dtype, args.base)
         print(json.dumps({"dest": str(args.dest), "step": meta.get("step"),
                           "elapsed_seconds": meta.get("elapsed_seconds"),
                           "valid": meta.get("valid")}))
@@ -497,8 +529,14 @@ def main(argv: list[str] | None = None) -> int:
         unknown = unknown_characters(tokenizer, split)
         words = frequent_split_words(tokenizer, split, args.words) if args.words > 0 else {}
         extended = extend_vocabulary(args.tokenizer, args.out, unknown, words)
-        print(json.dumps({"out": str(args.out), "vocab_size": extended.vocab_size,
-                          "added": unknown, "words": list(words)}, ensure_ascii=False))
+        # Beside the model, for `release checkpoint` (the card's commands) to find.
+        record = {"tokenizer": str(args.tokenizer), "data": str(args.data),
+                  "words": args.words, "characters": len(unknown),
+                  "vocab_size": extended.vocab_size}
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n",
+                                                 encoding="utf-8")
+        print(json.dumps({**record, "out": str(args.out), "added": unknown,
+                          "added_words": list(words)}, ensure_ascii=False))
         return 0
     reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.report]
     packages = (json.loads(args.packages.read_text(encoding="utf-8"))

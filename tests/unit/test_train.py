@@ -573,6 +573,33 @@ def test_vocabulary_grows_by_the_words_it_splits_most(trained: Path, tmp_path: P
                                    rtol=0, atol=1e-6)
 
 
+def test_card_of_a_phase_that_grew_the_vocabulary(trained: Path, tmp_path: Path) -> None:
+    """`extend-vocab --words` leaves a record beside the tokenizer; the release of a
+    phase trained with it keeps the record, and the card's commands grow the
+    vocabulary the same way before that phase."""
+    from seq2serve.model.train import release
+    from seq2serve.server.cli.main import main
+
+    vocab = tmp_path / "vocab.model"
+    assert release.main(["extend-vocab", str(trained / "tokenizer.model"), str(CORPUS),
+                         str(vocab), "--words", "3"]) == 0
+    record = json.loads(vocab.with_suffix(".json").read_text())
+    assert record["words"] == 3 and record["vocab_size"] == Tokenizer(vocab).vocab_size
+    out = tmp_path / "phase2"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(trained / "best"),
+                 "--tokenizer", str(vocab), "--max-steps", "10", "--eval-every", "10"]) == 0
+    shipped = tmp_path / "shipped"
+    released = release.release_checkpoint(out, shipped, "tiny")
+    assert released["vocabulary_extension"] == record
+    report = evaluate(shipped, CORPUS, split="train", max_sentences=4, samples=1)
+    card = release.model_card(shipped, report, logs={"the second phase": read_log(out)})
+    assert (f"release extend-vocab runs/tiny/tokenizer.model {CORPUS} "
+            "runs/tiny-2-vocab.model --words 3") in card
+    assert "--tokenizer runs/tiny-2-vocab.model" in card
+    assert f"the second phase added the 3 words of `{CORPUS}`" in card
+    assert "single characters" not in card  # not the older character-only fine-tune
+
+
 def test_continued_run_and_its_card_with_a_report_per_test_split(trained: Path,
                                                                  tmp_path: Path) -> None:
     """A second phase on other data with the same tokenizer (the DDTP-weighted
