@@ -18,6 +18,7 @@ Fetching and writing are `everyday_data.py`'s.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import re
 from collections import Counter
@@ -49,7 +50,13 @@ CATALOG_PACKAGES = (
 )
 STAMP_PACKAGES = ("tuxpaint-stamps-default",)  # stamps/**/*.txt: English, then xx.utf8=...
 DICTIONARY_PACKAGES = ("trans-de-en",)  # Ding: usr/share/trans/de-en, "de :: en" lines
-PACKAGES = CATALOG_PACKAGES + STAMP_PACKAGES + DICTIONARY_PACKAGES
+# FreeDict's small English-French dictionary (dictd format): headwords and their first
+# translation, as `word` pairs, training only. The everyday French is scarce, and en-fr
+# has no dictionary examples (Ding's are German): a basic French lexicon (8,800
+# headwords: beach -> plage, tomorrow -> demain). German has Ding's examples, and
+# FreeDict's English-German (Ding's entries again, 460k headwords) adds rare senses first.
+WORD_LIST_PACKAGES = ("dict-freedict-eng-fra",)
+PACKAGES = CATALOG_PACKAGES + STAMP_PACKAGES + DICTIONARY_PACKAGES + WORD_LIST_PACKAGES
 
 # Catalog packages are split by binary package (each campaign is its own work).
 # Evaluation packages are named, not hashed: with ~30 packages a hash gives a
@@ -69,6 +76,8 @@ DEFAULT_PER_PACKAGE = 8000  # catalog pairs per package and language (Cataclysm 
 _PATH_LANG = re.compile(r"(?<![A-Za-z0-9])(de|fr)(?:_(?:DE|FR))?(?:\.UTF-8|\.utf8)?(?=[/.-]|$)")
 STAMP_PATH = re.compile(r"(?:^|/)usr/share/tuxpaint/stamps/.+\.txt$")
 DICTIONARY_PATH = re.compile(r"(?:^|/)usr/share/trans/de-en$")
+WORD_LIST_PATH = re.compile(r"(?:^|/)usr/share/dictd/freedict-eng-(deu|fra)\.dict\.dz$")
+_WORD_LIST_LANG = {"deu": "de", "fra": "fr"}
 
 Row = tuple[str, str, str, str]  # (package, kind, English, translation)
 
@@ -88,7 +97,8 @@ def catalog_lang(path: str) -> tuple[str, str] | None:
 
 def wanted(path: str) -> bool:
     """Whether a member of one of PACKAGES' .debs is read at all."""
-    return bool(catalog_lang(path) or STAMP_PATH.search(path) or DICTIONARY_PATH.search(path))
+    return bool(catalog_lang(path) or STAMP_PATH.search(path) or DICTIONARY_PATH.search(path)
+                or WORD_LIST_PATH.search(path))
 
 
 # --------------------------------------------------------------------------- readers
@@ -148,6 +158,41 @@ def dictionary_pairs(text: str) -> list[tuple[str, str]]:
                 continue
             if _SENTENCE.match(de) and _SENTENCE.match(en):
                 out.append((en, de))
+    return out
+
+
+# Closed-class English words: a dictionary line gives one of their many renderings
+# ("the" -> "à l'", "you" -> "à toi"); sentences teach them better.
+_FUNCTION_WORDS = frozenset("""
+a an the this that these those i you he she it we they me him her us them my your his its
+our their mine yours of to in on at by for with from into onto upon about as and or but if
+than so not no yes be am is are was were been do does did have has had will would shall
+should can could may might must there here what which who whom whose when where why how
+""".split())
+_HEADWORD = re.compile(r"^(?P<word>[^\s/][^/]*?) /[^/]*/$")  # "beach /biːtʃ/"
+_WORD_NOTE = re.compile(r"\[[^\]]*\]|\([^)]*\)|\{[^}]*\}|<[^>]*>")
+
+
+def word_list_pairs(text: str) -> list[tuple[str, str]]:
+    """(headword, first translation) of a FreeDict dictd file (the .dict text: each
+    entry a `headword /pronunciation/` line, then its senses, `1. ...` when several).
+    The first sense's first alternative (before `,` or `;`), notes in brackets
+    removed; kept when the headword has at most 3 words and the translation 4, and is
+    not a function word."""
+    out = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        head = _HEADWORD.match(line)
+        if head is None or not re.search(r"[A-Za-z]", head["word"]) \
+                or head["word"].lower() in _FUNCTION_WORDS:
+            continue
+        sense = re.sub(r"^\s*\d+\.\s*", "", lines[i + 1])
+        if _HEADWORD.match(lines[i + 1]) or "  -  " in sense:  # no sense; an example
+            continue
+        first = " ".join(re.split(r"[,;]", _WORD_NOTE.sub("", sense))[0].split())
+        word = " ".join(head["word"].split())
+        if first and len(word.split()) <= 3 and len(first.split()) <= 4:
+            out.append((word, first))
     return out
 
 
@@ -224,15 +269,19 @@ def build(members: Iterable[Member], langs: Iterable[str],
     held_sources = set(messages.HELD_OUT_PACKAGES)
     raw: dict[tuple[str, str], dict[tuple[str, str], str]] = {}  # (pkg, lang) -> pair -> split
     uncapped: set[str] = set()  # stamp and dictionary packages: their entries are the point
+    words: set[str] = set()  # dictionary headwords: training only, kind `word`
     for package, source, path, data in members:
         if package in messages.HELD_OUT_PACKAGES or source in held_sources:
             for corpus in corpora.values():
                 corpus.dropped["held-out package"] += 1
             continue
         for lang, corpus in corpora.items():
-            pairs, per_entry = _member_pairs(path, data, lang, corpus)
-            if per_entry:
+            pairs, mode = _member_pairs(path, data, lang, corpus)
+            per_entry = mode == "entry"
+            if mode != "catalog":
                 uncapped.add(package)
+            if mode == "word":
+                words.add(package)
             kept = raw.setdefault((package, lang), {})
             for src, tgt in pairs:
                 result = clean_pair(src, tgt)
@@ -242,7 +291,8 @@ def build(members: Iterable[Member], langs: Iterable[str],
                     corpus.dropped["duplicate"] += 1
                 else:
                     inherited = package_split(package, source)
-                    kept[result] = (entry_split(result[0]) if per_entry and inherited == "train"
+                    kept[result] = ("train" if mode == "word" else
+                                    entry_split(result[0]) if per_entry and inherited == "train"
                                     else inherited)
     chosen: dict[str, dict[tuple[str, str, str], dict[str, str]]] = {lang: {} for lang in corpora}
     for (package, lang), kept in sorted(raw.items()):
@@ -251,7 +301,8 @@ def build(members: Iterable[Member], langs: Iterable[str],
         if len(ranked) > cap:
             corpora[lang].dropped["over the per-package cap"] += len(ranked) - cap
         for src, tgt in ranked[:cap]:
-            for kind, s, t in with_sentences(src, tgt):
+            for kind, s, t in ([("word", src, tgt)] if package in words
+                               else with_sentences(src, tgt)):
                 if s == t:
                     continue
                 chosen[lang].setdefault((kind, s, t), {})[package] = kept[(src, tgt)]
@@ -274,24 +325,35 @@ def build(members: Iterable[Member], langs: Iterable[str],
 
 
 def _member_pairs(path: str, data: bytes, lang: str, corpus: EverydayCorpus
-                  ) -> tuple[list[tuple[str, str]], bool]:
-    """(pairs for `lang`, split per entry?) of one package member."""
+                  ) -> tuple[list[tuple[str, str]], str]:
+    """(pairs for `lang`, how they are split) of one package member: `catalog` (by
+    package, capped), `entry` (per entry) or `word` (dictionary headwords: train)."""
     if DICTIONARY_PATH.search(path):
         if lang != "de":
-            return [], True
-        return dictionary_pairs(data.decode("utf-8", errors="replace")), True
+            return [], "entry"
+        return dictionary_pairs(data.decode("utf-8", errors="replace")), "entry"
     if STAMP_PATH.search(path):
-        return stamp_pairs(data.decode("utf-8", errors="replace"), lang), True
+        return stamp_pairs(data.decode("utf-8", errors="replace"), lang), "entry"
+    word_list = WORD_LIST_PATH.search(path)
+    if word_list:
+        if _WORD_LIST_LANG[word_list[1]] != lang:
+            return [], "word"
+        try:
+            text = gzip.decompress(data).decode("utf-8", errors="replace")
+        except (OSError, EOFError) as exc:
+            corpus.dropped[f"unreadable dictionary: {exc}"] += 1
+            return [], "word"
+        return word_list_pairs(text), "word"
     found = catalog_lang(path)
     if found is None or found[0] != lang:
-        return [], False
+        return [], "catalog"
     try:
         catalog = read_catalog(path, data)
     except MoError as exc:
         corpus.dropped[f"unreadable catalog: {exc}"] += 1
-        return [], False
+        return [], "catalog"
     corpus.catalogs += 1
-    return catalog_pairs(catalog, corpus.dropped), False
+    return catalog_pairs(catalog, corpus.dropped), "catalog"
 
 
 # --------------------------------------------------------------------------- hand-written test set

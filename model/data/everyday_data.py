@@ -2,8 +2,8 @@
 and the three-corpus training mix (DDTP + program messages + everyday).
 
 Output (`--everyday-out`, default data/everyday): one folder per pair with
-`{train,valid,test}.src/.tgt/.kind/.pkg` (`.kind` is `sentence` or
-`paragraph`, `.pkg` the binary package) and `corpus.json`, plus
+`{train,valid,test}.src/.tgt/.kind/.pkg` (`.kind` is `sentence`,
+`paragraph` or `word`, `.pkg` the binary package) and `corpus.json`, plus
 `packages.json`, `sources.json` (the measured figures per package) and
 `DATA_CARD.md`. Fetching reuses the messages corpus's private apt state and
 .deb cache (`debian_debs.py`): bounded, cached, resumable.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -104,6 +105,38 @@ def test_dictionary_pairs_keep_sentence_examples_only() -> None:
     ]
 
 
+FREEDICT = """00-database-info
+This is the English-French FreeDict dictionary /eng-fra/ of 2017.
+
+beach /biːtʃ/
+plage
+station /steiʃən/
+1. gare
+2. station
+care /kɛə/
+1. avoir soin de, se soucier de
+the /ðə/
+à l'
+water /wɔːtər/
+[adj.] aquatique; eau
+give a ring /ɡɪv ə rɪŋ/
+sonner
+bus stop /bʌs stɔp/
+arrêt de bus
+a very long headword /x/
+mot
+hungry /hʌŋɡri/
+   "I am hungry"  -  j'ai faim
+"""
+
+
+def test_word_list_pairs_take_each_headwords_first_translation() -> None:
+    assert everyday.word_list_pairs(FREEDICT) == [
+        ("beach", "plage"), ("station", "gare"), ("care", "avoir soin de"),
+        ("water", "aquatique"), ("give a ring", "sonner"), ("bus stop", "arrêt de bus"),
+    ]
+
+
 def test_stamp_pairs() -> None:
     text = "A happy lion!\nca.utf8=Un lleó feliç.\nde.utf8=Ein fröhlicher Löwe!\n" \
            "fr.utf8=Un lion heureux !\n"
@@ -178,6 +211,8 @@ def make_tree(root: Path) -> Path:
     put("coreutils", "usr/share/locale/de/LC_MESSAGES/coreutils.mo",
         mo_bytes([("Copy the file.", "Kopiere die Datei.")]))
     put("bash-doc", "usr/share/doc/bash/po/de.po", PO.encode(), "bash")
+    put("dict-freedict-eng-fra", "usr/share/dictd/freedict-eng-fra.dict.dz",
+        gzip.compress(FREEDICT.encode()), "freedict")
     return root
 
 
@@ -208,6 +243,12 @@ def test_build_from_tree(tmp_path: Path) -> None:
     assert [r[2] for split in fr.splits.values() for r in split
             if r[0] == "wesnoth-1.16-tsg"] == ["We must go home now."]
     assert not any(r[0] == "trans-de-en" for split in fr.splits.values() for r in split)
+    # dictionary headwords: French only, training only, kind `word`
+    words = [(split, r[1], r[2], r[3]) for split, rows in fr.splits.items() for r in rows
+             if r[0] == "dict-freedict-eng-fra"]
+    assert sorted(words) == sorted(("train", "word", src, tgt)
+                                   for src, tgt in everyday.word_list_pairs(FREEDICT))
+    assert not any(r[0] == "dict-freedict-eng-fra" for rows in de.splits.values() for r in rows)
 
 
 def _args(tmp_path: Path, **extra: object) -> list[str]:
