@@ -425,9 +425,10 @@ class Trainer:
             init_rows = {i: ids for i, ids in spelled.items() if ids and base.unk_id not in ids}
             added = ckpt.load_weights_growing_vocab(args.init_from, self.model, cfg.unk_id,
                                                     init_rows)
-            self.log(f"initialised from {args.init_from} (step {init.get('step')}); "
-                     f"{added} new vocabulary rows: {len(init_rows)} start as the mean of the "
-                     f"pieces the old vocabulary spelled them with, the rest as <unk>'s")
+            self.log(f"initialised from {args.init_from} (step {init.get('step')})"
+                     + (f"; {added} new vocabulary rows: {len(init_rows)} start as the mean "
+                        "of the pieces the old vocabulary spelled them with, the rest as "
+                        "<unk>'s" if added else ""))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98),
                                           eps=1e-9)
         self.step, self.epoch, self.index = 0, 0, 0
