@@ -4,12 +4,13 @@ Program messages (`messages.py`) teach the models software language; this
 corpus brings sentences people say and write: game narratives and dialogue
 (the Wesnoth campaigns, Widelands, Freedink, Adonthell, and the modern-day
 Cataclysm: Dark Days Ahead and FreedroidRPG, ...), manuals
-translated through gettext, the short picture captions of Tux Paint's stamps
-and the example sentences of the Ding German-English dictionary. Which
-packages, and why, is docs/data-card-everyday.md; the figures that chose them
-come from `measure` below.
+translated through gettext, the short picture captions of Tux Paint's stamps,
+the example sentences of the Ding German-English dictionary and the headwords
+of FreeDict's English-French one. Which packages, and why, is
+docs/data-card-everyday.md; the figures that chose them come from `measure`
+below.
 
-Three readers, one cleaning: every pair goes through `gettext.clean_pair`,
+Four readers, one cleaning: every pair goes through `gettext.clean_pair`,
 the messages corpus's rules. A catalog entry of several sentences is kept
 whole (kind `paragraph`) and, when both sides split into the same number of
 sentences (`ddtp.split_sentences`), as sentence pairs too (kind `sentence`).
