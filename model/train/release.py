@@ -118,7 +118,8 @@ def _has_byte_fallback(checkpoint: Path) -> bool:
 
 
 def _nth(phase: int) -> str:
-    return {2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(phase, f"{phase}th")
+    return {2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth", 7: "seventh",
+            8: "eighth", 9: "ninth"}.get(phase, f"{phase}th")
 
 
 def _hms(seconds: float) -> str:
