@@ -227,13 +227,13 @@ def frequent_split_words(tokenizer: Tokenizer, files: Sequence[str | os.PathLike
     words: Counter[str] = Counter()
     tokens = 0
     for line in _lines(files):
-        text = tokenizer.sp.normalize(line)
-        tokens += len(tokenizer.sp.encode(text, out_type=int))
-        words.update(_WORD_RUN.findall(text))  # normalized: "▁" for spaces, one in front
+        tokens += len(tokenizer.sp.encode(line, out_type=int))
+        # Normalized text writes "▁" for every space and one in front, as pieces do.
+        words.update(_WORD_RUN.findall(tokenizer.sp.normalize(line)))
     pieces = {tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)}
     saving = []
     for word, n in words.items():
-        if n >= min_count and word not in pieces and word != SPIECE_UNDERLINE:
+        if n >= min_count and word not in pieces:
             split = segmentation(tokenizer, word)
             if len(split) > 1 and tokenizer.unk_id not in split:
                 saving.append((n * (len(split) - 1), word, n, split))

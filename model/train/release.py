@@ -235,14 +235,13 @@ def model_card(checkpoint: str | os.PathLike[str],
     repeats = {Path(part).parent.name: n
                for part, n in ((corpus or {}).get("train_repeat") or {}).items()}
     everyday = "everyday" in repeats
-    # The same vocabulary: the run went on from the base run's checkpoint (other
-    # data or schedule); a larger one: the base's tokenizer was extended first.
     # Every earlier phase, oldest first (each a record of its released step, cumulative
     # time, arguments and model); `base` is the one this run went on from.
     chain = [*meta.get("earlier", []), base] if base else []
-    # A phase that `release extend-vocab` grew the vocabulary for records how; without
-    # the record, a grown vocabulary is the older fine-tune of a scratch base run whose
-    # tokenizer got the characters it had mapped to <unk>.
+    # The same vocabulary: the run went on from the base run's checkpoint (other data
+    # or schedule). A phase that `release extend-vocab` grew the vocabulary for records
+    # how; without the record, a grown vocabulary is the older fine-tune of a scratch
+    # base run whose tokenizer got the characters it had mapped to <unk> (`extended`).
     grown = [(k, phase["vocabulary_extension"]) for k, phase in enumerate([*chain[1:], meta],
                                                                           start=1)
              if phase.get("vocabulary_extension")]
