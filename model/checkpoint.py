@@ -140,15 +140,17 @@ def load_model_weights(directory: str | os.PathLike[str], model: Seq2SeqTransfor
         raise ValueError(f"weights mismatch: missing {missing}, unexpected {unexpected}")
 
 
-def load_weights_growing_vocab(directory: str | os.PathLike[str], model: Seq2SeqTransformer,
-                               unk_id: int, init_rows: Mapping[int, Sequence[int]] | None = None
-                               ) -> int:
+def load_weights_growing(directory: str | os.PathLike[str], model: Seq2SeqTransformer,
+                         unk_id: int, init_rows: Mapping[int, Sequence[int]] | None = None
+                         ) -> int:
     """Load a checkpoint into a model whose vocabulary extends the checkpoint's (same
     ids, new ones appended). Each vocabulary-sized tensor gets the old rows and, for
     every new row, the mean of the old rows `init_rows` names for it (a new word
     piece: the pieces the old vocabulary spelled it with), else a copy of the <unk>
     row (a new character: the model first treats it as the <unk> it used to see
-    there). Fine-tuning tells them apart. Returns the number of rows added."""
+    there). Fine-tuning tells them apart. A model with more decoder layers than the
+    checkpoint gets them on top, each starting as the identity (below). Returns the
+    number of vocabulary rows added."""
     saved = load_file(str(Path(directory) / WEIGHTS_FILE))
     own = model.state_dict()
     added = 0
@@ -166,13 +168,28 @@ def load_weights_growing_vocab(directory: str | os.PathLike[str], model: Seq2Seq
             tensor = torch.cat([tensor, torch.stack(rows).to(tensor.dtype)])
             added = max(added, target.shape[0] - old_rows)
         saved[name] = tensor.to(target.dtype)
-    missing = set(own) - set(saved)
+    old_layers = 1 + max((int(n.split(".")[1]) for n in saved
+                          if n.startswith("decoder_layers.")), default=-1)
+    grown = range(old_layers, len(model.decoder_layers))
+    if grown and not model.cfg.pre_norm:
+        raise ValueError("a decoder grows by identity layers only in a pre-norm model")
+    new_layer = tuple(f"decoder_layers.{i}." for i in grown)
+    missing = {n for n in set(own) - set(saved) if not n.startswith(new_layer)}
     # Tied weights are saved once; the model's other name for them is filled by the tie.
     model.load_state_dict(saved, strict=False)
     untied = [n for n in missing if own[n].data_ptr() not in
               {own[m].data_ptr() for m in saved if m in own}]
     if untied:
         raise ValueError(f"weights missing from {directory}: {sorted(untied)}")
+    with torch.no_grad():
+        # A pre-norm layer whose three output projections are zero adds nothing to
+        # the residual stream: the grown model starts as the checkpoint's function,
+        # and the new layers' own weights get gradients once the projections move.
+        for i in grown:
+            layer = model.decoder_layers[i]
+            for proj in (layer.self_attn.out_proj, layer.cross_attn.out_proj, layer.ffn.fc2):
+                proj.weight.zero_()
+                proj.bias.zero_()
     return added
 
 

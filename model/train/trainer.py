@@ -88,7 +88,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     arch.add_argument("--init-from", type=Path, metavar="CHECKPOINT_DIR",
                       help="fine-tune: start from this checkpoint's architecture and weights "
                            "(the tokenizer may extend its vocabulary: new embedding rows "
-                           "start as <unk>'s); the --d-model/--layers/... flags are ignored")
+                           "start as the mean of the pieces that spelled them); "
+                           "--decoder-layers above the checkpoint's grows the decoder by "
+                           "identity layers on top (pre-norm models); the other "
+                           "--d-model/--layers/... flags are ignored")
     arch.add_argument("--d-model", type=int, default=256)
     arch.add_argument("--layers", type=int, default=3)
     arch.add_argument("--encoder-layers", type=int, help="default: --layers")
@@ -412,9 +415,14 @@ class Trainer:
             args.init_from = meta.get("train_args", {}).get("init_from")
         elif args.init_from is not None:
             init = ckpt.read_meta(args.init_from)
+            layers = init["model"]["decoder_layers"]
+            if (args.decoder_layers or layers) < layers:
+                raise SystemExit(f"error: --decoder-layers {args.decoder_layers} is below "
+                                 f"the {layers} of {args.init_from}; a decoder only grows")
             cfg = ModelConfig.from_dict({**init["model"],
                                          "src_vocab_size": self.tokenizer.vocab_size,
-                                         "tgt_vocab_size": self.tokenizer.vocab_size})
+                                         "tgt_vocab_size": self.tokenizer.vocab_size,
+                                         "decoder_layers": args.decoder_layers or layers})
         else:
             cfg = model_config(args, self.tokenizer.vocab_size, self.corpus, self.task)
         self.model = Seq2SeqTransformer(cfg).to(self.device)
@@ -423,12 +431,15 @@ class Trainer:
             spelled = {i: segmentation(base, self.tokenizer.sp.id_to_piece(i))
                        for i in range(base.vocab_size, self.tokenizer.vocab_size)}
             init_rows = {i: ids for i, ids in spelled.items() if ids and base.unk_id not in ids}
-            added = ckpt.load_weights_growing_vocab(args.init_from, self.model, cfg.unk_id,
+            added = ckpt.load_weights_growing(args.init_from, self.model, cfg.unk_id,
                                                     init_rows)
             self.log(f"initialised from {args.init_from} (step {init.get('step')})"
                      + (f"; {added} new vocabulary rows: {len(init_rows)} start as the mean "
                         "of the pieces the old vocabulary spelled them with, the rest as "
-                        "<unk>'s" if added else ""))
+                        "<unk>'s" if added else "")
+                     + (f"; decoder grown from {layers} to {cfg.decoder_layers} layers, the "
+                        "new ones on top starting as the identity"
+                        if cfg.decoder_layers > layers else ""))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98),
                                           eps=1e-9)
         self.step, self.epoch, self.index = 0, 0, 0

@@ -127,11 +127,13 @@ def test_a_dtype_the_graph_does_not_have_is_refused(tmp_path: Path) -> None:
 
 def test_model_sizes_the_graph_fixes_must_be_the_configs(tmp_path: Path) -> None:
     package = linked_copy("en-de", tmp_path / "pkg")
-    edit_manifest(package, lambda d: d["config"].update(tgt_vocab_size=9000, src_vocab_size=9000))
+    vocab = load_package(package).manifest.config.tgt_vocab_size
+    edit_manifest(package, lambda d: d["config"].update(tgt_vocab_size=vocab + 1000,
+                                                        src_vocab_size=vocab + 1000))
     with pytest.raises(PackageError) as error:
         Runner(load_package(package), CPU)
-    assert ("decoder.onnx: output 'log_probs' axis 1 is 8000 in the graph, expected "
-            "V = 9000 in the model config") in error.value.problems
+    assert (f"decoder.onnx: output 'log_probs' axis 1 is {vocab} in the graph, expected "
+            f"V = {vocab + 1000} in the model config") in error.value.problems
 
 
 def test_terminate_ends_a_run_in_progress_and_refuses_later_ones() -> None:

@@ -493,7 +493,7 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
     grown_cfg = ModelConfig.from_dict({**meta["model"], "src_vocab_size": new.vocab_size,
                                        "tgt_vocab_size": new.vocab_size})
     grown = Seq2SeqTransformer(grown_cfg)
-    assert ckpt.load_weights_growing_vocab(trained / "best", grown, grown_cfg.unk_id) == 2
+    assert ckpt.load_weights_growing(trained / "best", grown, grown_cfg.unk_id) == 2
     model.eval(), grown.eval()
     src = torch.tensor([old.encode(sources[0])])
     tgt = torch.tensor([[grown_cfg.decoder_start_id, *old.encode(sources[0])[:3]]])
@@ -531,6 +531,39 @@ def test_finetune_with_extended_vocabulary_and_release(trained: Path, tmp_path: 
     assert "release extend-vocab runs/tiny/tokenizer.model" in card
     assert "--init-from runs/tiny/best --tokenizer runs/tiny-vocab.model" in card
 
+
+
+def test_decoder_grows_by_identity_layers_and_trains_them(tmp_path: Path) -> None:
+    """--init-from with more --decoder-layers: the new layers go on top and start as the
+    identity (the grown model computes what the checkpoint did), then they train."""
+    from seq2serve.server.cli.main import main
+
+    base = tmp_path / "base"
+    assert main(["train", *TINY, "--pre-norm", "--out", str(base), "--max-steps", "30",
+                 "--eval-every", "0"]) == 0
+    model, meta, _ = ckpt.load_checkpoint(base / "best")
+    grown_cfg = ModelConfig.from_dict({**meta["model"], "decoder_layers": 4})
+    grown = Seq2SeqTransformer(grown_cfg)
+    assert ckpt.load_weights_growing(base / "best", grown, grown_cfg.unk_id) == 0
+    model.eval(), grown.eval()
+    src = torch.tensor([[5, 9, 14, 2]])
+    tgt = torch.tensor([[grown_cfg.decoder_start_id, 7, 11]])
+    with torch.no_grad():
+        torch.testing.assert_close(grown(src, torch.ones_like(src), tgt),
+                                   model(src, torch.ones_like(src), tgt), rtol=0, atol=1e-5)
+
+    out = tmp_path / "grown"
+    assert main(["train", *TINY, "--out", str(out), "--init-from", str(base / "best"),
+                 "--decoder-layers", "4", "--max-steps", "10", "--eval-every", "0"]) == 0
+    after, after_meta, _ = ckpt.load_checkpoint(out / "best")
+    assert after_meta["model"]["decoder_layers"] == 4
+    assert after_meta["model"]["encoder_layers"] == meta["model"]["encoder_layers"]
+    for layer in after.decoder_layers[2:]:  # the new layers' output projections moved
+        assert layer.ffn.fc2.weight.abs().sum() > 0
+        assert layer.cross_attn.out_proj.weight.abs().sum() > 0
+    with pytest.raises(SystemExit, match="a decoder only grows"):
+        main(["train", *TINY, "--out", str(tmp_path / "shrunk"), "--init-from",
+              str(base / "best"), "--decoder-layers", "1", "--max-steps", "1"])
 
 
 def test_vocabulary_grows_by_the_words_it_splits_most(trained: Path, tmp_path: Path,
