@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS, make_marian_dir
+from onnx import numpy_helper
 
 from seq2serve.export.exporter import ExportError, export
 from seq2serve.export.exporter import run as export_cli
@@ -376,7 +377,7 @@ def test_shipped_tokenizers_give_back_every_character(name: str) -> None:
         assert round_trip_failures(SHIPPED / name / manifest["tokenizer"][side]) == {}
 
 
-@pytest.mark.parametrize("vocab", [1, 63, 64, 65, 1000, 8000])
+@pytest.mark.parametrize("vocab", [1, 63, 64, 65, 1000, 8000, 10000, 1040])
 @pytest.mark.parametrize("known", [False, True])
 def test_select_graph_ranks_like_a_stable_sort(tmp_path: Path, vocab: int, known: bool) -> None:
     """The two-pass select graph (chunk maxima, then the best chunks) gives each
@@ -385,8 +386,13 @@ def test_select_graph_ranks_like_a_stable_sort(tmp_path: Path, vocab: int, known
     of chunks; built for any vocabulary or for this one (without padding when it
     is whole chunks)."""
     write_cache_graphs(tmp_path, layers=1, vocab=vocab if known else None)
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "select.onnx")).graph.node]
-    assert ("Pad" in ops) == (not known or vocab % SELECT_CHUNK != 0)
+    graph = onnx.load(str(tmp_path / "select.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    chunk = int(next(numpy_helper.to_array(t)[0] for t in graph.initializer if t.name == "chunk"))
+    # Whole chunks of a known vocabulary need no padding: 64, or a divisor near it.
+    whole = {10000: 80, 1040: 65, 1000: 100, 65: 65, 63: 63}
+    assert chunk == (whole.get(vocab, SELECT_CHUNK) if known else SELECT_CHUNK)
+    assert ("Pad" in ops) == (not known or vocab % chunk != 0)
     select = cpu_session(tmp_path / "select.onnx")
     rng = np.random.default_rng(vocab)
     for k in sorted({1, 2, 8, 40, 200, vocab} & set(range(1, vocab + 1))):
