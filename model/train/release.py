@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -292,8 +293,11 @@ def model_card(checkpoint: str | os.PathLike[str],
                                 f"{tokenizer} {ext['data']} runs/{name}-{k + 1}-vocab.model "
                                 f"--words {ext['words']}")
                 tokenizer = f"runs/{name}-{k + 1}-vocab.model"
+            layers = (chain[k]["model"] if k < len(chain) else cfg)["decoder_layers"]
             commands.append(_finetune_command(phase_args, phase_args.get("data", data), runs[k],
                                               init, tokenizer)
+                            + (f" --decoder-layers {layers}"
+                               if layers != previous["model"]["decoder_layers"] else "")
                             + (f" --max-steps {chain[k]['step']}" if k < len(chain) else ""))
         run = runs[-1]
     else:
@@ -342,8 +346,9 @@ def model_card(checkpoint: str | os.PathLike[str],
          "(see [docs/data-card.md](../../../docs/data-card.md) for counts, splits and the "
          "licence situation of package descriptions).")
         + (" Segments per split: " + "; ".join(
-            f"{split} {sum(kinds.values()):,} ("
-            + ", ".join(f"{n:,} {k}" for k, n in kinds.items()) + ")"
+            (f"{split} {sum(kinds.values()):,} ("
+             + ", ".join(f"{n:,} {k}" for k, n in kinds.items()) + ")"
+             if isinstance(kinds, dict) else f"{split} {kinds:,}")
             for split, kinds in corpus["counts"].items()) + "."
            if corpus and "counts" in corpus else ""),
         "",
@@ -382,6 +387,10 @@ def model_card(checkpoint: str | os.PathLike[str],
             f"{'released ' if chain[k - 1].get('released') else ''}checkpoint at step "
             f"{chain[k - 1]['step']} on `{phase.get('data', data)}`"
             + (" with the grown vocabulary" if any(g[0] == k for g in grown) else "")
+            + (f" with the decoder grown from {chain[k - 1]['model']['decoder_layers']} to "
+               f"{layers} layers (the new ones on top, starting as the identity)"
+               if (layers := ([*chain, meta][k]["model"]["decoder_layers"]))
+               != chain[k - 1]["model"]["decoder_layers"] else "")
             + f", a fresh Adam with peak learning rate {phase.get('lr')} after "
             f"{phase.get('warmup')} warm-up steps"
             for k, phase in enumerate(
@@ -502,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="JSON records of `python -m seq2serve.bench.quality --json`")
     card.add_argument("--log", type=Path, action="append", default=[],
                       help="a run's log.jsonl (validation curve); repeat for base run and "
-                           "fine-tune, in order")
+                           "fine-tune, in order, or as N:PATH, the log of phase N (1: the "
+                           "run from scratch), for some phases of a longer chain")
     card.add_argument("--notes", type=Path, help="Markdown for a Limitations section")
     args = parser.parse_args(argv)
     if args.command == "average":
@@ -558,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
               else [f"training ({path.name})" for path in args.log])
     if len(args.log) == 1:
         labels = ["training"]
+    phases = [re.fullmatch(r"(\d+):(.+)", str(path)) for path in args.log]
+    if args.log and all(phases):
+        labels = ["training from scratch" if int(m[1]) == 1 else f"the {_nth(int(m[1]))} phase"
+                  for m in phases if m]
+        args.log = [Path(m[2]) for m in phases if m]
     logs = {label: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
                     if line.strip()] for label, path in zip(labels, args.log, strict=True)}
     notes = args.notes.read_text(encoding="utf-8") if args.notes else None

@@ -71,7 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     tok = parser.add_argument_group("tokenizer (first run only)")
     tok.add_argument("--tokenizer", type=Path, metavar="SPM_MODEL",
-                     help="use this SentencePiece model instead of training one")
+                     help="use this SentencePiece model instead of training one "
+                          "(default with --init-from: the checkpoint's)")
     tok.add_argument("--vocab-size", type=int, default=8000)
     tok.add_argument("--spm-type", choices=MODEL_TYPES, default="unigram")
     tok.add_argument("--spm-sentences", type=int, default=200_000,
@@ -371,8 +372,13 @@ class Trainer:
         args = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.tokenizer_file = self.out / ckpt.TOKENIZER_FILE
-        if not self.tokenizer_file.is_file() and args.tokenizer is not None:
-            shutil.copyfile(args.tokenizer, self.tokenizer_file)
+        # A fine-tune keeps its checkpoint's tokenizer unless told otherwise: one
+        # trained afresh would give the same ids to other pieces.
+        given = args.tokenizer or (
+            Path(args.init_from) / ckpt.read_meta(args.init_from)["tokenizer"]["file"]
+            if args.init_from is not None else None)
+        if not self.tokenizer_file.is_file() and given is not None:
+            shutil.copyfile(given, self.tokenizer_file)
         if not self.tokenizer_file.is_file():
             t0 = time.monotonic()
             train_tokenizer(

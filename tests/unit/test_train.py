@@ -554,9 +554,12 @@ def test_decoder_grows_by_identity_layers_and_trains_them(tmp_path: Path) -> Non
 
     out = tmp_path / "grown"
     assert main(["train", *TINY, "--out", str(out), "--init-from", str(base / "best"),
-                 "--decoder-layers", "4", "--max-steps", "10", "--eval-every", "0"]) == 0
+                 "--decoder-layers", "4", "--max-steps", "10", "--eval-every", "0",
+                 "--vocab-size", "100"]) == 0
     after, after_meta, _ = ckpt.load_checkpoint(out / "best")
     assert after_meta["model"]["decoder_layers"] == 4
+    # No --tokenizer: the fine-tune keeps the checkpoint's (not one of 100 pieces).
+    assert (out / "tokenizer.model").read_bytes() == (base / "tokenizer.model").read_bytes()
     assert after_meta["model"]["encoder_layers"] == meta["model"]["encoder_layers"]
     for layer in after.decoder_layers[2:]:  # the new layers' output projections moved
         assert layer.ffn.fc2.weight.abs().sum() > 0
@@ -564,6 +567,22 @@ def test_decoder_grows_by_identity_layers_and_trains_them(tmp_path: Path) -> Non
     with pytest.raises(SystemExit, match="a decoder only grows"):
         main(["train", *TINY, "--out", str(tmp_path / "shrunk"), "--init-from",
               str(base / "best"), "--decoder-layers", "1", "--max-steps", "1"])
+
+    # The card says how the decoder grew and reproduces it; logs named by phase.
+    from seq2serve.model.train import release
+
+    shipped = tmp_path / "shipped"
+    release.release_checkpoint(out, shipped, "tiny")
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(evaluate(shipped, CORPUS, split="train", max_sentences=4)))
+    assert release.main(["card", str(shipped), "--report", str(report),
+                         "--log", f"1:{base / 'log.jsonl'}", "--log",
+                         f"2:{out / 'log.jsonl'}"]) == 0
+    card = (shipped / release.CARD_FILE).read_text(encoding="utf-8")
+    assert "with the decoder grown from 2 to 4 layers" in card
+    assert "--init-from runs/tiny/checkpoints/step-000000030" in card
+    assert card.count("--decoder-layers 4") == 1  # the second phase's command, not the first's
+    assert "during training from scratch" in card and "during the second phase" in card
 
 
 def test_vocabulary_grows_by_the_words_it_splits_most(trained: Path, tmp_path: Path,
