@@ -24,6 +24,7 @@ per-core and agreement tables.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,16 @@ def model_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--model {args.model}: no package at {package}")
     if not checkpoint.is_dir():
         problems.append(f"--model {args.model}: no checkpoint at {checkpoint}")
+    elif not problems:  # CTranslate2 runs the checkpoint, the engine the package
+        exported = json.loads((package / "manifest.json").read_text("utf-8"))["config"]
+        trained = json.loads((checkpoint / "config.json").read_text("utf-8"))["model"]
+        sizes = [(k, exported[k], trained[k]) for k in ("src_vocab_size", "tgt_vocab_size",
+                 "d_model", "encoder_layers", "decoder_layers") if exported[k] != trained[k]]
+        if sizes:
+            problems.append(f"--model {args.model}: the package at {package} is not an export "
+                            f"of the checkpoint at {checkpoint}: " + ", ".join(
+                                f"{k} {a} in the package, {b} in the checkpoint"
+                                for k, a, b in sizes))
     if args.data is None:
         problems.append("--model needs --data (the test sentences)")
     if args.package or args.quick:

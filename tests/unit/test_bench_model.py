@@ -4,6 +4,7 @@ checkpoint, on real sentences, at several thread counts."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,15 @@ def test_model_mode_needs_the_model_and_sentences(tmp_path: Path) -> None:
     assert harness.main(["--model", "nowhere", "--models-dir", str(tmp_path),
                          "--data", str(SENTENCES)]) == 2
     assert harness.main(["--model", "en-de", "--models-dir", str(ROOT / "models")]) == 2
+
+
+def test_model_mode_refuses_a_package_of_another_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copytree(ROOT / "models" / "en-de", tmp_path / "en-de")
+    shutil.copytree(ROOT / "models" / "checkpoints" / "summarize-en",
+                    tmp_path / "checkpoints" / "en-de")
+    assert harness.main(["--model", "en-de", "--models-dir", str(tmp_path),
+                         "--data", str(SENTENCES)]) == 2
+    error = capsys.readouterr().err
+    assert "is not an export of the checkpoint" in error and "src_vocab_size" not in error
