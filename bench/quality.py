@@ -68,12 +68,14 @@ def main() -> int:
         hyps, seconds = decode(package, sources, args.beam, args.threads, args.batch_size)
         scores, _ = score_with_signatures(corpus["task"], hyps, references)
         manifest = load_package(package).manifest
+        size = sum(f.stat().st_size for f in package.iterdir() if f.is_file())
         records.append({"package": str(package), "precision": manifest.precision,
                         "segments": len(sources), "beam": args.beam,
-                        "seconds": round(seconds, 2), **scores})
+                        "seconds": round(seconds, 2), **scores,
+                        "size_mib": round(size / 2**20, 1)})
         print(json.dumps(records[-1]), file=sys.stderr)
     names = [k for k in records[0] if k not in ("package", "precision", "segments", "beam",
-                                                "seconds")]
+                                                "seconds", "size_mib")]
     print("| package | precision | " + " | ".join(names) + " | seconds |")
     print("|---|---|" + "---:|" * (len(names) + 1))
     for r in records:

@@ -322,8 +322,10 @@ def model_card(checkpoint: str | os.PathLike[str],
     out = [
         f"# {name}: {langs} {title}",
         "",
-        f"A {params / 1e6:.2f}M-parameter encoder-decoder transformer trained from scratch "
-        f"on {domains}, shipped with seq2serve as "
+        f"A {params / 1e6:.2f}M-parameter encoder-decoder transformer trained "
+        + (f"in {len(chain) + 1} phases (from scratch, then each from the one before: "
+           "Model and training) " if base and not extended else "from scratch ")
+        + f"on {domains}, shipped with seq2serve as "
         f"`{rel}` (checkpoint, {meta['weights']['dtype']} weights) and exported as the "
         f"model package `models/{name}`.",
         "",
