@@ -57,4 +57,6 @@ def test_model_mode_refuses_a_package_of_another_checkpoint(
     assert harness.main(["--model", "en-de", "--models-dir", str(tmp_path),
                          "--data", str(SENTENCES)]) == 2
     error = capsys.readouterr().err
-    assert "is not an export of the checkpoint" in error and "src_vocab_size" not in error
+    assert "is not an export of the checkpoint" in error
+    assert "encoder_layers 6 in the package, 3 in the checkpoint" in error
+    assert "d_model" not in error  # only the sizes that differ
