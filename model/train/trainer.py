@@ -374,11 +374,13 @@ class Trainer:
         self.tokenizer_file = self.out / ckpt.TOKENIZER_FILE
         # A fine-tune keeps its checkpoint's tokenizer unless told otherwise: one
         # trained afresh would give the same ids to other pieces.
-        given = args.tokenizer or (
-            Path(args.init_from) / ckpt.read_meta(args.init_from)["tokenizer"]["file"]
-            if args.init_from is not None else None)
-        if not self.tokenizer_file.is_file() and given is not None:
-            shutil.copyfile(given, self.tokenizer_file)
+        # (Read only for a new run: a resumed run's start may be gone by now.)
+        if not self.tokenizer_file.is_file():
+            given = args.tokenizer or (
+                Path(args.init_from) / ckpt.read_meta(args.init_from)["tokenizer"]["file"]
+                if args.init_from is not None else None)
+            if given is not None:
+                shutil.copyfile(given, self.tokenizer_file)
         if not self.tokenizer_file.is_file():
             t0 = time.monotonic()
             train_tokenizer(
