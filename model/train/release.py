@@ -249,6 +249,8 @@ def model_card(checkpoint: str | os.PathLike[str],
     extended = (bool(base) and not grown
                 and base["model"]["src_vocab_size"] != cfg["src_vocab_size"])
     base_data = chain[0]["train_args"].get("data", data) if base else data
+    # Each phase's decoder depth, oldest first: `--decoder-layers` grew it where it changes.
+    depths = [phase["model"]["decoder_layers"] for phase in chain] + [cfg["decoder_layers"]]
     this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
     by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
     repeat = repeats.get("ddtp") or (corpus or {}).get("ddtp_repeat", 1)
@@ -293,11 +295,10 @@ def model_card(checkpoint: str | os.PathLike[str],
                                 f"{tokenizer} {ext['data']} runs/{name}-{k + 1}-vocab.model "
                                 f"--words {ext['words']}")
                 tokenizer = f"runs/{name}-{k + 1}-vocab.model"
-            layers = (chain[k]["model"] if k < len(chain) else cfg)["decoder_layers"]
             commands.append(_finetune_command(phase_args, phase_args.get("data", data), runs[k],
                                               init, tokenizer)
-                            + (f" --decoder-layers {layers}"
-                               if layers != previous["model"]["decoder_layers"] else "")
+                            + (f" --decoder-layers {depths[k]}"
+                               if depths[k] != depths[k - 1] else "")
                             + (f" --max-steps {chain[k]['step']}" if k < len(chain) else ""))
         run = runs[-1]
     else:
@@ -389,10 +390,8 @@ def model_card(checkpoint: str | os.PathLike[str],
             f"{'released ' if chain[k - 1].get('released') else ''}checkpoint at step "
             f"{chain[k - 1]['step']} on `{phase.get('data', data)}`"
             + (" with the grown vocabulary" if any(g[0] == k for g in grown) else "")
-            + (f" with the decoder grown from {chain[k - 1]['model']['decoder_layers']} to "
-               f"{layers} layers (the new ones on top, starting as the identity)"
-               if (layers := ([*chain, meta][k]["model"]["decoder_layers"]))
-               != chain[k - 1]["model"]["decoder_layers"] else "")
+            + (f" with the decoder grown from {depths[k - 1]} to {depths[k]} layers (the new "
+               "ones on top, starting as the identity)" if depths[k] != depths[k - 1] else "")
             + f", a fresh Adam with peak learning rate {phase.get('lr')} after "
             f"{phase.get('warmup')} warm-up steps"
             for k, phase in enumerate(
