@@ -90,6 +90,8 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
         extra["base"] = {"step": base_meta.get("step"), "elapsed_seconds": base_seconds,
                          "train_args": base_meta.get("train_args", {}),
                          "model": base_meta["model"], "released": "name" in base_meta}
+        if "train_repeat" in base_meta:
+            extra["base"]["train_repeat"] = base_meta["train_repeat"]
         if "vocabulary_extension" in base_meta:
             extra["base"]["vocabulary_extension"] = base_meta["vocabulary_extension"]
         record = Path(str(extra["train_args"].get("tokenizer", ""))).with_suffix(".json")
@@ -103,8 +105,49 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
             seconds += base_seconds
     if seconds is not None:
         extra["elapsed_seconds"] = round(seconds, 1)
+    if repeats := _train_repeat(extra.get("train_args", {}).get("data")):
+        extra["train_repeat"] = repeats
     save_checkpoint(dest, model, tokenizer.path, meta=extra, save_dtype=save_dtype)
     return read_meta(dest)
+
+
+def _train_repeat(data: str | None) -> dict[str, int] | None:
+    """How many times each corpus of a training mix appears in it (corpus folder ->
+    repeat), from the mix's corpus.json; None for a corpus that is not a mix. Kept in
+    each released phase's record, so that a card can rebuild the mix an earlier phase
+    trained on when today's `seq2serve data` writes another."""
+    corpus_file = Path(data) / "corpus.json" if data else None
+    if corpus_file is None or not corpus_file.is_file():
+        return None
+    corpus = json.loads(corpus_file.read_text(encoding="utf-8"))
+    parts = corpus.get("source", {}).get("mix") if isinstance(corpus.get("source"), dict) \
+        else None
+    if corpus.get("train_repeat"):
+        return {str(part): int(n) for part, n in corpus["train_repeat"].items()}
+    if parts:  # the DDTP + messages mix records DDTP's repeat alone
+        return {str(part): int(corpus.get("ddtp_repeat", 1)) if k == 0 else 1
+                for k, part in enumerate(parts)}
+    return None
+
+
+def _mix_commands(phases: list[tuple[str, dict[str, int] | None]],
+                  built: dict[str, int]) -> dict[int, str]:
+    """The `seq2serve data --corpora mix` command to run before each phase (by index)
+    whose DDTP + messages mix is not what the commands before it wrote. phases: each
+    phase's data folder and recorded repeats, oldest first; built: mix folder -> DDTP
+    repeat as the first `seq2serve data` wrote them. A phase with no record (released
+    before repeats were recorded) or on another kind of corpus gets none."""
+    commands: dict[int, str] = {}
+    for k, (data, repeats) in enumerate(phases):
+        ddtp = [n for part, n in (repeats or {}).items() if Path(part).parent.name == "ddtp"]
+        if len(repeats or {}) != 2 or not ddtp:
+            continue
+        folder = Path(data).parent.as_posix()
+        if built.get(folder) != ddtp[0]:
+            commands[k] = (f"seq2serve data --corpora mix --mixed-out {folder} "
+                           f"--ddtp-repeat {ddtp[0]}" + (" --force" if folder in built else ""))
+            built[folder] = ddtp[0]
+    return commands
 
 
 def _has_byte_fallback(checkpoint: Path) -> bool:
@@ -275,6 +318,16 @@ def model_card(checkpoint: str | os.PathLike[str],
         ]
         run = f"runs/{name}-ft"
     elif base:  # went on from the base run's checkpoint, maybe through earlier phases
+        # An earlier phase may have trained on a DDTP + messages mix that the first
+        # command no longer writes (another DDTP repeat, another folder).
+        mixes = _mix_commands(
+            [(c["train_args"].get("data", data), c.get("train_repeat")) for c in chain]
+            + [(data, {f"data/ddtp/{Path(data).name}": repeat,
+                       f"data/messages/{Path(data).name}": 1} if mixed and not everyday
+                else None)],
+            {"data/mixed": repeat if everyday else 1,
+             **({Path(data).parent.as_posix(): repeat} if mixed and not everyday else {})})
+        commands += [mixes[0]] if 0 in mixes else []
         commands.append(_train_command(chain[0]["train_args"], chain[0]["model"], base_data,
                                        f"runs/{name}", bytes_)
                         + f" --max-steps {chain[0]['step']}")
@@ -295,6 +348,7 @@ def model_card(checkpoint: str | os.PathLike[str],
                                 f"{tokenizer} {ext['data']} runs/{name}-{k + 1}-vocab.model "
                                 f"--words {ext['words']}")
                 tokenizer = f"runs/{name}-{k + 1}-vocab.model"
+            commands += [mixes[k]] if k in mixes else []
             commands.append(_finetune_command(phase_args, phase_args.get("data", data), runs[k],
                                               init, tokenizer)
                             + (f" --decoder-layers {depths[k]}"

@@ -754,6 +754,51 @@ def test_a_third_phase_from_the_released_second_keeps_the_whole_chain(
     assert f"step {third['step']} of the third phase" in card
     assert "third phase)" in card and "threads by phase" in card
 
+def test_card_rebuilds_the_mix_an_earlier_phase_trained_on(
+        trained: Path, tmp_path: Path) -> None:
+    """A phase on a DDTP + messages mix that the card's first `seq2serve data` does not
+    write (DDTP x4 in a folder of its own): its release records the mix's repeats, and
+    the card of a later phase rebuilds that mix just before that phase's command."""
+    from seq2serve.model.train import release
+    from seq2serve.server.cli.main import main
+
+    parts = {"data/ddtp/en-de": 4, "data/messages/en-de": 1}
+
+    def corpus(folder: str, record: dict) -> Path:
+        path = tmp_path / folder / "en-de"
+        shutil.copytree(CORPUS, path)
+        (path / "corpus.json").write_text(json.dumps(record), encoding="utf-8")
+        return path
+
+    ddtp4 = corpus("mixed-ddtp4", {"source": {"mix": list(parts)}, "ddtp_repeat": 4})
+    everyday_parts = {**parts, "data/everyday/en-de": 3}
+    everyday = corpus("mixed-everyday", {"source": {"mix": list(everyday_parts)},
+                                         "train_repeat": everyday_parts})
+
+    def phase(data: Path, out: Path, init: Path) -> None:
+        assert main(["train", *TINY, "--data", str(data), "--out", str(out), "--init-from",
+                     str(init), "--tokenizer", str(init / "tokenizer.model"),
+                     "--max-steps", "4", "--eval-every", "4", "--lr", "0.0005",
+                     "--warmup", "2"]) == 0
+
+    phase(ddtp4, tmp_path / "phase2", trained / "best")
+    second = release.release_checkpoint(tmp_path / "phase2", tmp_path / "shipped2", "tiny")
+    assert second["train_repeat"] == parts
+    phase(everyday, tmp_path / "phase3", tmp_path / "shipped2")
+    third = release.release_checkpoint(tmp_path / "phase3", tmp_path / "shipped3", "tiny")
+    assert third["base"]["train_repeat"] == parts and third["train_repeat"] == everyday_parts
+    report = evaluate(tmp_path / "shipped3", CORPUS, split="train", max_sentences=2)
+    card = release.model_card(tmp_path / "shipped3", report,
+                              corpus=json.loads((everyday / "corpus.json").read_text()))
+    lines = card.splitlines()
+    assert lines[1 + lines.index(f"seq2serve data --corpora mix --mixed-out "
+                                 f"{ddtp4.parent.as_posix()} --ddtp-repeat 4")].startswith(
+        f"seq2serve train --data {ddtp4.as_posix()} --out runs/tiny-2 ")
+    # The first phase trained on a corpus that is no mix; the last on the everyday mix,
+    # which the first command writes.
+    assert card.count("--corpora mix") == 1
+
+
 def test_averaged_checkpoints_ship_and_card_their_steps(trained: Path, tmp_path: Path) -> None:
     """`release average`: the mean of a run's last resume checkpoints, shipped like a
     best/ and carded with the steps it averaged and how to get them again."""
