@@ -111,42 +111,49 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
     return read_meta(dest)
 
 
-def _train_repeat(data: str | None) -> dict[str, int] | None:
+def _corpus_repeats(corpus: dict[str, Any] | None) -> dict[str, int]:
     """How many times each corpus of a training mix appears in it (corpus folder ->
-    repeat), from the mix's corpus.json; None for a corpus that is not a mix. Kept in
-    each released phase's record, so that a card can rebuild the mix an earlier phase
-    trained on when today's `seq2serve data` writes another."""
+    repeat), from the mix's corpus.json; empty for a corpus that is not a mix."""
+    source = (corpus or {}).get("source")
+    parts = source.get("mix") if isinstance(source, dict) else None
+    if not corpus or not parts:
+        return {}
+    if corpus.get("train_repeat"):
+        return {str(part): int(n) for part, n in corpus["train_repeat"].items()}
+    # The DDTP + messages mix records DDTP's repeat alone.
+    return {str(part): int(corpus.get("ddtp_repeat", 1)) if k == 0 else 1
+            for k, part in enumerate(parts)}
+
+
+def _train_repeat(data: str | None) -> dict[str, int] | None:
+    """`_corpus_repeats` of the corpus folder a run trained on, None when there is none.
+    Kept in each released phase's record, so that a card can rebuild the mix an earlier
+    phase trained on when today's `seq2serve data` writes another."""
     corpus_file = Path(data) / "corpus.json" if data else None
     if corpus_file is None or not corpus_file.is_file():
         return None
-    corpus = json.loads(corpus_file.read_text(encoding="utf-8"))
-    parts = corpus.get("source", {}).get("mix") if isinstance(corpus.get("source"), dict) \
-        else None
-    if corpus.get("train_repeat"):
-        return {str(part): int(n) for part, n in corpus["train_repeat"].items()}
-    if parts:  # the DDTP + messages mix records DDTP's repeat alone
-        return {str(part): int(corpus.get("ddtp_repeat", 1)) if k == 0 else 1
-                for k, part in enumerate(parts)}
-    return None
+    return _corpus_repeats(json.loads(corpus_file.read_text(encoding="utf-8"))) or None
 
 
-def _mix_commands(phases: list[tuple[str, dict[str, int] | None]],
+def _two_corpus_ddtp_repeat(repeats: dict[str, int] | None) -> int | None:
+    """DDTP's repeat in a DDTP + messages mix, None for any other corpus."""
+    ddtp = [n for part, n in (repeats or {}).items() if Path(part).parent.name == "ddtp"]
+    return ddtp[0] if ddtp and len(repeats or {}) == 2 else None
+
+
+def _mix_commands(phases: list[tuple[str, int | None]],
                   built: dict[str, int]) -> dict[int, str]:
     """The `seq2serve data --corpora mix` command to run before each phase (by index)
     whose DDTP + messages mix is not what the commands before it wrote. phases: each
-    phase's data folder and recorded repeats, oldest first; built: mix folder -> DDTP
-    repeat as the first `seq2serve data` wrote them. A phase with no record (released
-    before repeats were recorded) or on another kind of corpus gets none."""
+    phase's data folder and DDTP repeat (None: no recorded DDTP + messages mix), oldest
+    first; built: mix folder -> DDTP repeat as the first `seq2serve data` wrote them."""
     commands: dict[int, str] = {}
-    for k, (data, repeats) in enumerate(phases):
-        ddtp = [n for part, n in (repeats or {}).items() if Path(part).parent.name == "ddtp"]
-        if len(repeats or {}) != 2 or not ddtp:
-            continue
+    for k, (data, ddtp) in enumerate(phases):
         folder = Path(data).parent.as_posix()
-        if built.get(folder) != ddtp[0]:
+        if ddtp is not None and built.get(folder) != ddtp:
             commands[k] = (f"seq2serve data --corpora mix --mixed-out {folder} "
-                           f"--ddtp-repeat {ddtp[0]}" + (" --force" if folder in built else ""))
-            built[folder] = ddtp[0]
+                           f"--ddtp-repeat {ddtp}" + (" --force" if folder in built else ""))
+            built[folder] = ddtp
     return commands
 
 
@@ -274,10 +281,8 @@ def model_card(checkpoint: str | os.PathLike[str],
     base = meta.get("base")
     bytes_ = _has_byte_fallback(directory)  # the base run's too: the same or extended
     mixed = bool(corpus and "mix" in corpus.get("source", {}))
-    # The three-corpus mix (DDTP, messages, everyday) records every part's repeat;
-    # the two-corpus one only DDTP's.
-    repeats = {Path(part).parent.name: n
-               for part, n in ((corpus or {}).get("train_repeat") or {}).items()}
+    # Each part's repeat by corpus name (ddtp, messages, everyday); empty if no mix.
+    repeats = {Path(part).parent.name: n for part, n in _corpus_repeats(corpus).items()}
     everyday = "everyday" in repeats
     # Every earlier phase, oldest first (each a record of its released step, cumulative
     # time, arguments and model); `base` is the one this run went on from.
@@ -296,7 +301,7 @@ def model_card(checkpoint: str | os.PathLike[str],
     depths = [phase["model"]["decoder_layers"] for phase in chain] + [cfg["decoder_layers"]]
     this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
     by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
-    repeat = repeats.get("ddtp") or (corpus or {}).get("ddtp_repeat", 1)
+    repeat = repeats.get("ddtp", 1)
     commands = ([f"seq2serve data --corpora ddtp,messages,everyday --ddtp-repeat {repeat} "
                  "--everyday-repeat " + str(repeats["everyday"]) + "   # the three corpora "
                  "and their mix via apt-get"] if everyday else
@@ -321,10 +326,8 @@ def model_card(checkpoint: str | os.PathLike[str],
         # An earlier phase may have trained on a DDTP + messages mix that the first
         # command no longer writes (another DDTP repeat, another folder).
         mixes = _mix_commands(
-            [(c["train_args"].get("data", data), c.get("train_repeat")) for c in chain]
-            + [(data, {f"data/ddtp/{Path(data).name}": repeat,
-                       f"data/messages/{Path(data).name}": 1} if mixed and not everyday
-                else None)],
+            [(c["train_args"].get("data", data), _two_corpus_ddtp_repeat(c.get("train_repeat")))
+             for c in chain] + [(data, repeat if mixed and not everyday else None)],
             {"data/mixed": repeat if everyday else 1,
              **({Path(data).parent.as_posix(): repeat} if mixed and not everyday else {})})
         commands += [mixes[0]] if 0 in mixes else []
