@@ -344,9 +344,12 @@ def test_drain_goes_not_serving_refuses_new_calls_and_finishes_in_flight(
         time.sleep(0.01)
     assert running.call(status("seq2serve.v1.Translator")) == (
         health_pb2.HealthCheckResponse.NOT_SERVING)
-    # Then the listener closes. (A call sent in the moment between, on the open
-    # connection, may still be cancelled by gRPC's own shutdown, before any handler
-    # saw it: CANCELLED, not UNAVAILABLE. So wait until new connections are refused.)
+    # Then the listener closes and the open connection gets a GOAWAY. A call sent on
+    # that connection before the client has read the GOAWAY is cancelled by gRPC's
+    # own shutdown before any handler sees it: CANCELLED, not UNAVAILABLE
+    # (grpc/grpc#41785, open). So wait until new connections are refused and the
+    # client's channel has left READY (it has read the GOAWAY): a new call then
+    # tries a new connection, which is refused.
     host, port = running.target.rsplit(":", 1)
     while True:
         try:
@@ -355,6 +358,13 @@ def test_drain_goes_not_serving_refuses_new_calls_and_finishes_in_flight(
             break
         assert time.monotonic() < deadline, "the listener did not close"
         time.sleep(0.01)
+    states: list[grpc.ChannelConnectivity] = []
+    watch = states.append
+    channel.subscribe(watch, try_to_connect=False)
+    while not states or states[-1] == grpc.ChannelConnectivity.READY:
+        assert time.monotonic() < deadline, "the client did not see the GOAWAY"
+        time.sleep(0.01)
+    channel.unsubscribe(watch)
     with pytest.raises(grpc.RpcError) as err:  # a new call during the drain
         stub.Translate(pb.TranslateRequest(texts=["Hello"]), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
