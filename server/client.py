@@ -40,15 +40,18 @@ _FINISH_PREFIX = "FINISH_REASON_"
 # A replica that is draining (SIGTERM) or restarting answers UNAVAILABLE before it
 # runs anything, and every Translator method is a pure function of its request, so
 # gRPC may send the call again, through a balancer or a round-robin channel to
-# another replica. Only UNAVAILABLE: any other status is the answer. Health is
-# left out so a check reports what the server says, at once. A streamed call is
-# retried only until its first message has arrived (gRPC's rule).
+# another replica. CANCELLED too: a call that reaches a replica in the instant its
+# gRPC server shuts down, before the client has read the GOAWAY, is cancelled by
+# gRPC before any handler sees it (grpc/grpc#41785); a caller's own cancellation is
+# never retried (gRPC's rule). Any other status is the answer. Health is left out
+# so a check reports what the server says, at once. A streamed call is retried only
+# until its first message has arrived (gRPC's rule).
 RETRY_POLICY: dict[str, Any] = {
     "maxAttempts": 5,
     "initialBackoff": "0.05s",
     "maxBackoff": "1s",
     "backoffMultiplier": 2,
-    "retryableStatusCodes": ["UNAVAILABLE"],
+    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
 }
 # round_robin: a target that resolves to many addresses (a headless Kubernetes
 # Service, `ipv4:host1:port,host2:port`) gets calls spread over all of them; gRPC's
@@ -125,7 +128,7 @@ class ModelInfo:
 class Seq2ServeClient:
     """Calls a seq2serve server over one insecure channel; `timeout` (seconds)
     is each call's deadline, None for none. Translator calls that meet
-    UNAVAILABLE are retried (`RETRY_POLICY`) within that deadline."""
+    UNAVAILABLE or CANCELLED are retried (`RETRY_POLICY`) within that deadline."""
 
     def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = None) -> None:
         self.target = target

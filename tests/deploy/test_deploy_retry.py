@@ -1,6 +1,7 @@
 """The Python client's service config: a call that meets UNAVAILABLE (a draining
-or restarting replica) is sent again, any other status is final; a target with
-many addresses gets its calls spread round-robin."""
+or restarting replica) or CANCELLED (gRPC's own shutdown, grpc/grpc#41785) is sent
+again, any other status is final; a target with many addresses gets its calls
+spread round-robin."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def serve() -> Iterator:
         server.stop(None)
 
 
-def test_unavailable_is_retried_until_an_answer(serve) -> None:
-    flaky = Flaky(failures=RETRY_POLICY["maxAttempts"] - 1, code=grpc.StatusCode.UNAVAILABLE)
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED])
+def test_a_closing_replicas_codes_are_retried_until_an_answer(serve, code) -> None:
+    flaky = Flaky(failures=RETRY_POLICY["maxAttempts"] - 1, code=code)
     with Seq2ServeClient(serve(flaky), timeout=10) as client:
         [[hyp]] = client.translate(["hello"])
     assert hyp.text == "hello"
@@ -83,7 +85,7 @@ def test_service_config_names_the_real_service() -> None:
     [method] = config["methodConfig"]
     assert method["name"] == [{"service": pb.DESCRIPTOR.services_by_name["Translator"]
                                .full_name}]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
 
 
 def test_calls_spread_round_robin_over_a_multi_address_target(serve) -> None:
