@@ -55,13 +55,16 @@ RETRY_POLICY: dict[str, Any] = {
 }
 # round_robin: a target that resolves to many addresses (a headless Kubernetes
 # Service, `ipv4:host1:port,host2:port`) gets calls spread over all of them; gRPC's
-# default (pick_first) would send everything to the first.
+# default (pick_first) would send everything to the first. Retry throttling (gRPC's
+# token bucket, per channel): when most calls fail, as in an outage of the whole
+# fleet, retries stop until answers come back, so they do not multiply the load.
 SERVICE_CONFIG: dict[str, Any] = {
     "loadBalancingConfig": [{"round_robin": {}}],
     "methodConfig": [{
         "name": [{"service": pb.DESCRIPTOR.services_by_name["Translator"].full_name}],
         "retryPolicy": RETRY_POLICY,
     }],
+    "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
 }
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.enable_retries", 1),

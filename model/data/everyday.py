@@ -221,13 +221,14 @@ def lua_table_pairs(text: str) -> list[tuple[str, str]]:
 # for en-fr. Ding lists senses in no frequency order and an English word under many
 # German ones (`station`: Bahnhof, Sender, Kraftwerk, ...), so a term is kept only
 # where the corpus attests it (`resolve_lexicon`). Alternatives that are dated,
-# regional, figurative or vulgar are left out, as are terms with placeholders.
+# regional (Austrian, Swiss, ...; British and American ones are kept), figurative or
+# vulgar are left out, as are terms with placeholders.
 _LEXICON_DROP_TAG = re.compile(
     r"\[(?:poet|obs|veraltet|selten|altertümlich|archaic|dated|rare|vulg|pej|slang|fig|"
     r"übtr|Schw|Ös|Süddt|Norddt|Mitteldt|Westdt|Ostdt|BW|Bayr|Sächs|Lux|Sc|Austr|Ir|Can|"
     r"NZ|SAfr|Ind)\b", re.I)
 _LEXICON_PLACEHOLDER = re.compile(r"\b(?:sb|sth|jd|jdn|jdm|jds|etw)\.|…|\.\.\.")
-_LEXICON_ABBREVIATION = re.compile(r"\s*/[^/]*/")  # "Bahnhof {m} /Bhf./"
+_LEXICON_ABBREVIATION = re.compile(r"\s+/[^/\s]+/(?=\s|$)")  # "Bahnhof /Bhf./", not "he/she"
 LEXICON_MAX_WORDS = 3
 _TERM_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
 
@@ -235,7 +236,7 @@ _TERM_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
 def _lexicon_term(alternative: str) -> str | None:
     if _LEXICON_DROP_TAG.search(alternative):
         return None
-    term = " ".join(_WORD_NOTE.sub("", _LEXICON_ABBREVIATION.sub("", alternative)).split())
+    term = " ".join(_LEXICON_ABBREVIATION.sub("", _WORD_NOTE.sub("", alternative)).split())
     if (not term or _LEXICON_PLACEHOLDER.search(term) or re.search(r"[/;|\d]", term)
             or len(term.split()) > LEXICON_MAX_WORDS or not _TERM_WORD.search(term)
             or term.lower() in _FUNCTION_WORDS):
@@ -382,10 +383,11 @@ def build(members: Iterable[Member], langs: Iterable[str],
     Per package and language: clean every pair, drop exact repeats, keep at
     most `per_package` catalog pairs (lowest sha256, as the messages corpus
     does); stamp captions and dictionary examples are not capped. Ding's
-    headwords are resolved last, against the German training text read by
-    then (`resolve_lexicon`), and are training pairs. Held-out
+    headwords are resolved last, against the training pairs of the other
+    sources as read, before the cap (`resolve_lexicon`), and are training
+    pairs. Held-out
     packages of the messages corpus, and packages sharing their source, are
-    refused. A pair found in several packages or splits is
+    refused. A pair found in several packages, splits or kinds is
     kept once, in train if any occurrence is train, else valid, else test.
     """
     corpora = {lang: EverydayCorpus(lang) for lang in langs if lang in LANGS}
@@ -447,11 +449,14 @@ def build(members: Iterable[Member], langs: Iterable[str],
         for (kind, src, tgt), where in chosen[lang].items():
             split = next(s for s in SPLITS if s in where.values())
             owner = next(p for p, sp in sorted(where.items()) if sp == split)
-            if (src, tgt) in by_text:  # same text as another kind: keep the first
-                corpus.dropped["duplicate"] += 1
-                continue
+            earlier = by_text.get((src, tgt))
+            if earlier is not None:  # the same text as another kind: one copy, in the
+                corpus.dropped["duplicate"] += 1  # first of SPLITS that either is in
+                if SPLITS.index(split) >= SPLITS.index(earlier[0]):
+                    continue
+            else:
+                corpus.dropped["duplicate"] += len(where) - 1
             by_text[(src, tgt)] = (split, owner, kind)
-            corpus.dropped["duplicate"] += len(where) - 1
         for (src, tgt), (split, owner, kind) in by_text.items():
             corpus.splits[split].append((owner, kind, src, tgt))
             corpus.packages[owner] += 1

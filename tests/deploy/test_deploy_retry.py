@@ -69,6 +69,17 @@ def test_retries_stop_at_max_attempts(serve) -> None:
     assert flaky.calls == RETRY_POLICY["maxAttempts"]
 
 
+def test_retries_are_throttled_when_most_calls_fail(serve) -> None:
+    """gRPC's token bucket (maxTokens 10, each failure -1): the first call's five
+    failures leave 5 tokens, at which retries stop; the next call is tried once."""
+    flaky = Flaky(failures=100, code=grpc.StatusCode.UNAVAILABLE)
+    with Seq2ServeClient(serve(flaky), timeout=10) as client:
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                client.translate(["hello"])
+    assert flaky.calls == RETRY_POLICY["maxAttempts"] + 1
+
+
 @pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED,
                                   grpc.StatusCode.INTERNAL])
@@ -86,6 +97,7 @@ def test_service_config_names_the_real_service() -> None:
     assert method["name"] == [{"service": pb.DESCRIPTOR.services_by_name["Translator"]
                                .full_name}]
     assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    assert config["retryThrottling"] == {"maxTokens": 10, "tokenRatio": 0.1}
 
 
 def test_calls_spread_round_robin_over_a_multi_address_target(serve) -> None:

@@ -114,6 +114,7 @@ def test_dictionary_lexicon_reads_headword_variants() -> None:
         "station /Sta./ | railway stations\n"
         "Gestade {n} [poet.]; Ufer {n} :: shore; beach\n"
         "jdm. etw. geben :: to give sb. sth.\n"
+        "Abfallbehälter {m} :: waste/rubbish/garbage container; bin\n"
         "der; die; das :: the\n")
     lexicon = everyday.dictionary_lexicon(text)
     assert lexicon["dog"] == lexicon["cur"] == {"Hund", "Köter"}
@@ -123,6 +124,8 @@ def test_dictionary_lexicon_reads_headword_variants() -> None:
     assert lexicon["shore"] == lexicon["beach"] == {"Ufer"}  # a [poet.] alternative left out
     # placeholders and function words left out; so are whole sentences of 4+ words
     assert "to give sb. sth." not in lexicon and "the" not in lexicon
+    # `/` alternatives are no abbreviation: left out, not glued ("wastegarbage container")
+    assert lexicon["bin"] == {"Abfallbehälter"} and not any("container" in t for t in lexicon)
     assert "I love you!" in lexicon and "Where is the station?" not in lexicon
 
 
@@ -138,6 +141,20 @@ def test_resolve_lexicon_keeps_what_the_corpus_attests() -> None:
         # one candidate, both sides attested twice; several: the one the translations
         # of the term use most; `warrior`, `dragon` unattested; `Hund` never in German
         ("bridge", "Brücke"), ("soldier", "Soldat")]
+    # two candidates, both frequent: the one the term's translations use most, the
+    # first in sorted order on a tie
+    station = [("The station is closed.", "Der Bahnhof ist geschlossen."),
+               ("Go to the station.", "Geh zum Bahnhof."),
+               ("A radio station.", "Ein Sender."), ("The station hums.", "Der Sender summt."),
+               ("Station three.", "Bahnhof drei."),
+               ("The senders sleep.", "Die Sender schlafen."), ("Senders!", "Sender!"),
+               ("A shore, a beach.", "Ein Ufer, ein Strand."),
+               ("The beach, the shore.", "Der Strand, das Ufer.")]
+    # `Sender` is the commoner German word (4 to 3), `Bahnhof` the one that
+    # translates `station` most (3 to 2); `Strand` and `Ufer` tie
+    assert everyday.resolve_lexicon({"station": {"Sender", "Bahnhof"},
+                                     "beach": {"Ufer", "Strand"}}, station) == [
+        ("beach", "Strand"), ("station", "Bahnhof")]
 
 
 LUA = r"""locale = {
