@@ -3,14 +3,14 @@
 Program messages (`messages.py`) teach the models software language; this
 corpus brings sentences people say and write: game narratives and dialogue
 (the Wesnoth campaigns, Widelands, Freedink, Adonthell, and the modern-day
-Cataclysm: Dark Days Ahead and FreedroidRPG, Hedgewars' missions, ...), manuals
+Cataclysm: Dark Days Ahead and FreedroidRPG, ...), manuals
 translated through gettext, the short picture captions of Tux Paint's stamps,
-the example sentences and headwords of the Ding German-English dictionary and the
-headwords of FreeDict's English-French one. Which packages, and why, is
+the example sentences of the Ding German-English dictionary and the headwords
+of FreeDict's English-French one. Which packages, and why, is
 docs/data-card-everyday.md; the figures that chose them come from `measure`
 below.
 
-Five readers, one cleaning: every pair goes through `gettext.clean_pair`,
+Four readers, one cleaning: every pair goes through `gettext.clean_pair`,
 the messages corpus's rules. A catalog entry of several sentences is kept
 whole (kind `paragraph`) and, when both sides split into the same number of
 sentences (`ddtp.split_sentences`), as sentence pairs too (kind `sentence`).
@@ -57,11 +57,7 @@ DICTIONARY_PACKAGES = ("trans-de-en",)  # Ding: usr/share/trans/de-en, "de :: en
 # headwords: beach -> plage, tomorrow -> demain). German has Ding's examples, and
 # FreeDict's English-German (Ding's entries again, 460k headwords) adds rare senses first.
 WORD_LIST_PACKAGES = ("dict-freedict-eng-fra",)
-# Hedgewars keeps its mission and campaign texts (dialogue among them) out of gettext,
-# in Lua tables: Data/Locale/de.lua holds `["English"] = "Deutsch",` lines.
-LUA_TABLE_PACKAGES = ("hedgewars-data",)
-PACKAGES = (CATALOG_PACKAGES + LUA_TABLE_PACKAGES + STAMP_PACKAGES + DICTIONARY_PACKAGES
-            + WORD_LIST_PACKAGES)
+PACKAGES = CATALOG_PACKAGES + STAMP_PACKAGES + DICTIONARY_PACKAGES + WORD_LIST_PACKAGES
 
 # Catalog packages are split by binary package (each campaign is its own work).
 # Evaluation packages are named, not hashed: with ~30 packages a hash gives a
@@ -82,7 +78,6 @@ _PATH_LANG = re.compile(r"(?<![A-Za-z0-9])(de|fr)(?:_(?:DE|FR))?(?:\.UTF-8|\.utf
 STAMP_PATH = re.compile(r"(?:^|/)usr/share/tuxpaint/stamps/.+\.txt$")
 DICTIONARY_PATH = re.compile(r"(?:^|/)usr/share/trans/de-en$")
 WORD_LIST_PATH = re.compile(r"(?:^|/)usr/share/dictd/freedict-eng-(deu|fra)\.dict\.dz$")
-LUA_TABLE_PATH = re.compile(r"(?:^|/)usr/share/games/hedgewars/Data/Locale/(de|fr)\.lua$")
 _WORD_LIST_LANG = {"deu": "de", "fra": "fr"}
 
 Row = tuple[str, str, str, str]  # (package, kind, English, translation)
@@ -104,7 +99,7 @@ def catalog_lang(path: str) -> tuple[str, str] | None:
 def wanted(path: str) -> bool:
     """Whether a member of one of PACKAGES' .debs is read at all."""
     return bool(catalog_lang(path) or STAMP_PATH.search(path) or DICTIONARY_PATH.search(path)
-                or WORD_LIST_PATH.search(path) or LUA_TABLE_PATH.search(path))
+                or WORD_LIST_PATH.search(path))
 
 
 # --------------------------------------------------------------------------- readers
@@ -202,122 +197,6 @@ def word_list_pairs(text: str) -> list[tuple[str, str]]:
     return out
 
 
-_LUA_ENTRY = re.compile(r'^[ \t]*\["((?:[^"\\\n]|\\.)*)"\][ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"',
-                        re.M)
-_LUA_ESCAPE = re.compile(r"\\(.)")
-
-
-def lua_table_pairs(text: str) -> list[tuple[str, str]]:
-    """(English, translation) of a Hedgewars locale table: its `["English"] =
-    "translation",` lines (a commented-out `-- [...]` line is untranslated). `|` is
-    Hedgewars' line break: a space here."""
-    def unquote(s: str) -> str:
-        s = _LUA_ESCAPE.sub(lambda m: {"n": "\n", "t": "\t"}.get(m[1], m[1]), s)
-        return s.replace("|", " ")
-    return [(unquote(m[1]), unquote(m[2])) for m in _LUA_ENTRY.finditer(text)]
-
-
-# Ding's headwords as an en-de lexicon (kind `word`, training only), like FreeDict's
-# for en-fr. Ding lists senses in no frequency order and an English word under many
-# German ones (`station`: Bahnhof, Sender, Kraftwerk, ...), so a term is kept only
-# where the corpus attests it (`resolve_lexicon`). Alternatives that are dated,
-# regional (Austrian, Swiss, ...; British and American ones are kept), figurative or
-# vulgar are left out, as are terms with placeholders.
-_LEXICON_DROP_TAG = re.compile(
-    r"\[(?:poet|obs|veraltet|selten|altertümlich|archaic|dated|rare|vulg|pej|slang|fig|"
-    r"übtr|Schw|Ös|Süddt|Norddt|Mitteldt|Westdt|Ostdt|BW|Bayr|Sächs|Lux|Sc|Austr|Ir|Can|"
-    r"NZ|SAfr|Ind)\b", re.I)
-_LEXICON_PLACEHOLDER = re.compile(r"\b(?:sb|sth|jd|jdn|jdm|jds|etw)\.|…|\.\.\.")
-_LEXICON_ABBREVIATION = re.compile(r"\s+/[^/\s]+/(?=\s|$)")  # "Bahnhof /Bhf./", not "he/she"
-LEXICON_MAX_WORDS = 3
-_TERM_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
-
-
-def _lexicon_term(alternative: str) -> str | None:
-    if _LEXICON_DROP_TAG.search(alternative):
-        return None
-    term = " ".join(_LEXICON_ABBREVIATION.sub("", _WORD_NOTE.sub("", alternative)).split())
-    if (not term or _LEXICON_PLACEHOLDER.search(term) or re.search(r"[/;|\d]", term)
-            or len(term.split()) > LEXICON_MAX_WORDS or not _TERM_WORD.search(term)
-            or term.lower() in _FUNCTION_WORDS):
-        return None
-    return term
-
-
-def dictionary_lexicon(text: str) -> dict[str, set[str]]:
-    """English term -> its German candidates, from the headword variant (before
-    the first ` | `) of each Ding line: every English alternative (`;`) with every
-    German one, each of at most 3 words, notes and abbreviations removed."""
-    out: dict[str, set[str]] = {}
-    for line in text.split("\n"):
-        if line.startswith("#") or " :: " not in line:
-            continue
-        german, english = (side.split(" | ", 1)[0] for side in line.split(" :: ", 1))
-        candidates = {t for t in map(_lexicon_term, german.split("; ")) if t}
-        if not candidates:
-            continue
-        for alternative in english.split("; "):
-            term = _lexicon_term(alternative)
-            if term:
-                out.setdefault(term, set()).update(candidates)
-    return out
-
-
-def _term_words(text: str) -> tuple[str, ...]:
-    return tuple(w.lower() for w in _TERM_WORD.findall(text))
-
-
-def _contains(words: tuple[str, ...], term: tuple[str, ...]) -> bool:
-    n = len(term)
-    return any(words[i:i + n] == term for i in range(len(words) - n + 1))
-
-
-LEXICON_MIN_COUNT = 2
-
-
-def resolve_lexicon(candidates: dict[str, set[str]], pairs: Iterable[tuple[str, str]]
-                    ) -> list[tuple[str, str]]:
-    """(English term, German) pairs the corpus `pairs` attest. A term with one
-    candidate is kept when its words and the candidate's each occur at least
-    LEXICON_MIN_COUNT times on their side of the corpus; a term with several takes
-    the candidate that the German sides of the pairs whose English contains the term
-    contain most often (at least LEXICON_MIN_COUNT times; ties: the first in
-    sorted order), and is dropped when none does."""
-    english, german = [], []
-    postings: dict[str, list[int]] = {}
-    en_count: Counter[str] = Counter()
-    de_count: Counter[str] = Counter()
-    for i, (src, tgt) in enumerate(pairs):
-        en, de = _term_words(src), _term_words(tgt)
-        english.append(en)
-        german.append(de)
-        en_count.update(en)
-        de_count.update(de)
-        for word in set(en):
-            postings.setdefault(word, []).append(i)
-    out = []
-    for term in sorted(candidates):
-        words = _term_words(term)
-        if not words or min(en_count[w] for w in words) < LEXICON_MIN_COUNT:
-            continue
-        options = sorted((c, _term_words(c)) for c in candidates[term])
-        options = [(c, w) for c, w in options
-                   if w and min(de_count[x] for x in w) >= LEXICON_MIN_COUNT]
-        if len(options) == 1 and len(candidates[term]) == 1:
-            out.append((term, options[0][0]))
-            continue
-        rarest = min(words, key=lambda w: en_count[w])
-        rows = [i for i in postings.get(rarest, []) if _contains(english[i], words)]
-        best, best_n = None, LEXICON_MIN_COUNT - 1
-        for candidate, cwords in options:
-            n = sum(_contains(german[i], cwords) for i in rows)
-            if n > best_n:
-                best, best_n = candidate, n
-        if best is not None:
-            out.append((term, best))
-    return out
-
-
 # --------------------------------------------------------------------------- corpus
 
 
@@ -382,37 +261,16 @@ def build(members: Iterable[Member], langs: Iterable[str],
 
     Per package and language: clean every pair, drop exact repeats, keep at
     most `per_package` catalog pairs (lowest sha256, as the messages corpus
-    does); stamp captions and dictionary examples are not capped. Ding's
-    headwords are resolved last, against the training pairs of the other
-    sources as read, before the cap (`resolve_lexicon`), and are training
-    pairs. Held-out
+    does); stamp captions and dictionary examples are not capped. Held-out
     packages of the messages corpus, and packages sharing their source, are
-    refused. A pair found in several packages, splits or kinds is
+    refused. A pair found in several packages or splits is
     kept once, in train if any occurrence is train, else valid, else test.
     """
     corpora = {lang: EverydayCorpus(lang) for lang in langs if lang in LANGS}
     held_sources = set(messages.HELD_OUT_PACKAGES)
     raw: dict[tuple[str, str], dict[tuple[str, str], str]] = {}  # (pkg, lang) -> pair -> split
     uncapped: set[str] = set()  # stamp and dictionary packages: their entries are the point
-    words: set[tuple[str, str, tuple[str, str]]] = set()  # (pkg, lang, pair): kind `word`
-    lexicons: dict[tuple[str, str], dict[str, set[str]]] = {}  # (pkg, lang): Ding's headwords
-
-    def add(package: str, lang: str, pairs: list[tuple[str, str]], mode: str,
-            inherited: str) -> None:
-        corpus, kept = corpora[lang], raw.setdefault((package, lang), {})
-        for src, tgt in pairs:
-            result = clean_pair(src, tgt)
-            if isinstance(result, str):
-                corpus.dropped[result] += 1
-            elif result in kept:
-                corpus.dropped["duplicate"] += 1
-            else:
-                kept[result] = ("train" if mode == "word" else
-                                entry_split(result[0]) if mode == "entry" and inherited == "train"
-                                else inherited)
-                if mode == "word":
-                    words.add((package, lang, result))
-
+    words: set[str] = set()  # dictionary headwords: training only, kind `word`
     for package, source, path, data in members:
         if package in messages.HELD_OUT_PACKAGES or source in held_sources:
             for corpus in corpora.values():
@@ -420,18 +278,23 @@ def build(members: Iterable[Member], langs: Iterable[str],
             continue
         for lang, corpus in corpora.items():
             pairs, mode = _member_pairs(path, data, lang, corpus)
+            per_entry = mode == "entry"
             if mode != "catalog":
                 uncapped.add(package)
-            add(package, lang, pairs, mode, package_split(package, source))
-            if lang == "de" and DICTIONARY_PATH.search(path) \
-                    and package_split(package, source) == "train":
-                lexicons[(package, lang)] = dictionary_lexicon(
-                    data.decode("utf-8", errors="replace"))
-    for (package, lang), candidates in lexicons.items():  # attested by the training text
-        attest = [pair for (p, lg), kept in raw.items() if lg == lang
-                  for pair, split in kept.items()
-                  if split == "train" and (p, lg, pair) not in words]
-        add(package, lang, resolve_lexicon(candidates, attest), "word", "train")
+            if mode == "word":
+                words.add(package)
+            kept = raw.setdefault((package, lang), {})
+            for src, tgt in pairs:
+                result = clean_pair(src, tgt)
+                if isinstance(result, str):
+                    corpus.dropped[result] += 1
+                elif result in kept:
+                    corpus.dropped["duplicate"] += 1
+                else:
+                    inherited = package_split(package, source)
+                    kept[result] = ("train" if mode == "word" else
+                                    entry_split(result[0]) if per_entry and inherited == "train"
+                                    else inherited)
     chosen: dict[str, dict[tuple[str, str, str], dict[str, str]]] = {lang: {} for lang in corpora}
     for (package, lang), kept in sorted(raw.items()):
         ranked = sorted(kept, key=lambda p: hashlib.sha256(f"{p[0]}\t{p[1]}".encode()).digest())
@@ -439,7 +302,7 @@ def build(members: Iterable[Member], langs: Iterable[str],
         if len(ranked) > cap:
             corpora[lang].dropped["over the per-package cap"] += len(ranked) - cap
         for src, tgt in ranked[:cap]:
-            for kind, s, t in ([("word", src, tgt)] if (package, lang, (src, tgt)) in words
+            for kind, s, t in ([("word", src, tgt)] if package in words
                                else with_sentences(src, tgt)):
                 if s == t:
                     continue
@@ -449,14 +312,11 @@ def build(members: Iterable[Member], langs: Iterable[str],
         for (kind, src, tgt), where in chosen[lang].items():
             split = next(s for s in SPLITS if s in where.values())
             owner = next(p for p, sp in sorted(where.items()) if sp == split)
-            earlier = by_text.get((src, tgt))
-            if earlier is not None:  # the same text as another kind: one copy, in the
-                corpus.dropped["duplicate"] += 1  # first of SPLITS that either is in
-                if SPLITS.index(split) >= SPLITS.index(earlier[0]):
-                    continue
-            else:
-                corpus.dropped["duplicate"] += len(where) - 1
+            if (src, tgt) in by_text:  # same text as another kind: keep the first
+                corpus.dropped["duplicate"] += 1
+                continue
             by_text[(src, tgt)] = (split, owner, kind)
+            corpus.dropped["duplicate"] += len(where) - 1
         for (src, tgt), (split, owner, kind) in by_text.items():
             corpus.splits[split].append((owner, kind, src, tgt))
             corpus.packages[owner] += 1
@@ -485,11 +345,6 @@ def _member_pairs(path: str, data: bytes, lang: str, corpus: EverydayCorpus
             corpus.dropped[f"unreadable dictionary: {exc}"] += 1
             return [], "word"
         return word_list_pairs(text), "word"
-    lua_table = LUA_TABLE_PATH.search(path)
-    if lua_table:
-        if lua_table[1] != lang:
-            return [], "catalog"
-        return lua_table_pairs(data.decode("utf-8", errors="replace")), "catalog"
     found = catalog_lang(path)
     if found is None or found[0] != lang:
         return [], "catalog"

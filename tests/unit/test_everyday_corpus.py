@@ -1,5 +1,4 @@
-"""Everyday corpus: .po, catalog paths, Ding, Hedgewars and Tux Paint readers, the Ding
-lexicon, splits, mix, CLI."""
+"""Everyday corpus: .po, catalog paths, Ding and Tux Paint readers, splits, mix, CLI."""
 
 from __future__ import annotations
 
@@ -93,8 +92,6 @@ Hund {m}; Köter {m} :: dog; cur
 Das ist mir egal. :: I don't care. /IDC/
 Sie teilte den Kuchen. :: She divided the pie in half/into six pieces.
 Ja. :: Yes.
-Brücke {f} | Brücken {pl} :: bridge | bridges
-Soldat {m}; Krieger {m} | Soldaten {pl} :: soldier; warrior | soldiers
 """
 
 
@@ -106,71 +103,6 @@ def test_dictionary_pairs_keep_sentence_examples_only() -> None:
         ("She lives in Paris.", "Sie wohnt in Paris."),
         ("I don't care.", "Das ist mir egal."),
     ]
-
-
-def test_dictionary_lexicon_reads_headword_variants() -> None:
-    text = DING + (
-        "Bahnhof {m} /Bhf./ | Bahnhöfe {pl} :: railway station [Br.]; train station [Am.]; "
-        "station /Sta./ | railway stations\n"
-        "Gestade {n} [poet.]; Ufer {n} :: shore; beach\n"
-        "jdm. etw. geben :: to give sb. sth.\n"
-        "Abfallbehälter {m} :: waste/rubbish/garbage container; bin\n"
-        "der; die; das :: the\n")
-    lexicon = everyday.dictionary_lexicon(text)
-    assert lexicon["dog"] == lexicon["cur"] == {"Hund", "Köter"}
-    assert lexicon["bridge"] == {"Brücke"} and "bridges" not in lexicon  # headwords only
-    # notes and abbreviations removed, every alternative of each side
-    assert lexicon["train station"] == lexicon["station"] == {"Bahnhof"}
-    assert lexicon["shore"] == lexicon["beach"] == {"Ufer"}  # a [poet.] alternative left out
-    # placeholders and function words left out; so are whole sentences of 4+ words
-    assert "to give sb. sth." not in lexicon and "the" not in lexicon
-    # `/` alternatives are no abbreviation: left out, not glued ("wastegarbage container")
-    assert lexicon["bin"] == {"Abfallbehälter"} and not any("container" in t for t in lexicon)
-    assert "I love you!" in lexicon and "Where is the station?" not in lexicon
-
-
-def test_resolve_lexicon_keeps_what_the_corpus_attests() -> None:
-    candidates = {"bridge": {"Brücke"}, "soldier": {"Soldat", "Krieger"},
-                  "warrior": {"Soldat", "Krieger"}, "dragon": {"Drache"},
-                  "dog": {"Hund"}}
-    pairs = [("The soldier holds the bridge.", "Der Soldat hält die Brücke."),
-             ("A soldier and a bridge.", "Ein Soldat und eine Brücke."),
-             ("Soldiers!", "Krieger!"), ("A dog barks.", "Ein Köter bellt."),
-             ("The dog sleeps.", "Der Köter schläft.")]
-    assert everyday.resolve_lexicon(candidates, pairs) == [
-        # one candidate, both sides attested twice; several: the one the translations
-        # of the term use most; `warrior`, `dragon` unattested; `Hund` never in German
-        ("bridge", "Brücke"), ("soldier", "Soldat")]
-    # two candidates, both frequent: the one the term's translations use most, the
-    # first in sorted order on a tie
-    station = [("The station is closed.", "Der Bahnhof ist geschlossen."),
-               ("Go to the station.", "Geh zum Bahnhof."),
-               ("A radio station.", "Ein Sender."), ("The station hums.", "Der Sender summt."),
-               ("Station three.", "Bahnhof drei."),
-               ("The senders sleep.", "Die Sender schlafen."), ("Senders!", "Sender!"),
-               ("A shore, a beach.", "Ein Ufer, ein Strand."),
-               ("The beach, the shore.", "Der Strand, das Ufer.")]
-    # `Sender` is the commoner German word (4 to 3), `Bahnhof` the one that
-    # translates `station` most (3 to 2); `Strand` and `Ufer` tie
-    assert everyday.resolve_lexicon({"station": {"Sender", "Bahnhof"},
-                                     "beach": {"Ufer", "Strand"}}, station) == [
-        ("beach", "Strand"), ("station", "Bahnhof")]
-
-
-LUA = r"""locale = {
---      ["Untranslated line."] = "",
-    ["Welcome to the Fruit Planet!"]="Willkommen auf dem Obstplaneten!",
-    ["Say \"hello\"|to the hogs."] = "Sag „hallo“|zu den Igeln.", -- A_Space_Adventure
-    ["Multi-line"] = "Mehrzeilig
-    ",
-}
-"""
-
-
-def test_lua_table_pairs() -> None:
-    assert everyday.lua_table_pairs(LUA) == [
-        ("Welcome to the Fruit Planet!", "Willkommen auf dem Obstplaneten!"),
-        ('Say "hello" to the hogs.', "Sag „hallo“ zu den Igeln.")]
 
 
 FREEDICT = """00-database-info
@@ -279,8 +211,6 @@ def make_tree(root: Path) -> Path:
     put("coreutils", "usr/share/locale/de/LC_MESSAGES/coreutils.mo",
         mo_bytes([("Copy the file.", "Kopiere die Datei.")]))
     put("bash-doc", "usr/share/doc/bash/po/de.po", PO.encode(), "bash")
-    put("hedgewars-data", "usr/share/games/hedgewars/Data/Locale/de.lua", LUA.encode(),
-        "hedgewars")
     put("dict-freedict-eng-fra", "usr/share/dictd/freedict-eng-fra.dict.dz",
         gzip.compress(FREEDICT.encode()), "freedict")
     return root
@@ -297,8 +227,7 @@ def test_build_from_tree(tmp_path: Path) -> None:
     assert "Copy the file." not in texts and de.dropped["held-out package"] == 2
     # per-package cap on catalogs (5 campaign lines + Cancel: 5 kept), none on Ding
     assert de.dropped["over the per-package cap"] == 1
-    assert sum(r[0] == "trans-de-en" and r[1] != "word"
-               for split in de.splits.values() for r in split) == 5
+    assert sum(r[0] == "trans-de-en" for split in de.splits.values() for r in split) == 5
     # named test package; a pair shared with a train package stays in train
     assert rows[("Where is my brother?", "Wo ist mein Bruder?")][0] == "test"
     if ("Cancel", "Abbrechen") in rows:
@@ -320,14 +249,6 @@ def test_build_from_tree(tmp_path: Path) -> None:
     assert sorted(words) == sorted(("train", "word", src, tgt)
                                    for src, tgt in everyday.word_list_pairs(FREEDICT))
     assert not any(r[0] == "dict-freedict-eng-fra" for rows in de.splits.values() for r in rows)
-    # Ding's headwords where the training text attests them (the campaign's soldier
-    # and bridge), German only, training only
-    assert sorted((split, r[2], r[3]) for split, rows in de.splits.items() for r in rows
-                  if r[1] == "word") == [("train", "bridge", "Brücke"),
-                                         ("train", "soldier", "Soldat")]
-    # Hedgewars' Lua table: a catalog package (German only here)
-    assert rows[("Welcome to the Fruit Planet!", "Willkommen auf dem Obstplaneten!")][:2] == (
-        "train", "hedgewars-data")
 
 
 def _args(tmp_path: Path, **extra: object) -> list[str]:
