@@ -34,7 +34,7 @@ from pathlib import Path
 
 import lz4.frame
 
-from seq2serve.model.data import everyday_data, messages_data
+from seq2serve.model.data import everyday_data, general, messages_data
 from seq2serve.model.data.data_card import count_table, data_card
 from seq2serve.model.data.ddtp import (
     KINDS,
@@ -47,7 +47,7 @@ from seq2serve.model.data.ddtp import (
 )
 
 CORPORA = ("ddtp", "messages")
-OPTIONAL_CORPORA = ("everyday",)  # built only when named in --corpora
+OPTIONAL_CORPORA = ("everyday", "general")  # built only when named in --corpora
 SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 DEFAULT_LANGS = ("de", "fr")
 
@@ -293,9 +293,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "DDTP + messages training mix too), or mix alone: rewrite the mix "
                         "from the corpora already built; everyday builds the everyday corpus "
                         "(and the three-corpus mix when DDTP and messages are built), "
-                        "everyday-mix alone rewrites that mix")
+                        "everyday-mix alone rewrites that mix; general builds the general "
+                        "corpus from --general-from (after the other three: its train split "
+                        "leaves out their valid and test sentences) and the four-corpus mix, "
+                        "general-mix alone rewrites that mix")
     messages_data.configure(parser)
     everyday_data.configure(parser)
+    general.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,11 +315,13 @@ def run(args: argparse.Namespace) -> int:
         return _write_mix(args)
     if wanted == ["everyday-mix"]:
         return everyday_data.write_mix(args)
+    if wanted == ["general-mix"]:
+        return general.write_mix(args)
     if not wanted or set(wanted) - set(CORPORA + OPTIONAL_CORPORA):
         return _fail(f"--corpora must name some of {', '.join(CORPORA + OPTIONAL_CORPORA)}, "
                      f"or be mix or everyday-mix alone; got {args.corpora[:80]!r}")
     outputs = {"ddtp": [args.out], "messages": [args.messages_out],
-               "everyday": [args.everyday_out]}
+               "everyday": [args.everyday_out], "general": [args.general_out]}
     if set(CORPORA) <= set(wanted):
         outputs["messages"].append(args.mixed_out)
     for out in (o for c in wanted for o in outputs[c]):
@@ -328,8 +334,10 @@ def run(args: argparse.Namespace) -> int:
             return status
         if "ddtp" in wanted and (status := _write_mix(args)):
             return status
-    if "everyday" in wanted:
-        return everyday_data.run(args, langs, args.no_update)
+    if "everyday" in wanted and (status := everyday_data.run(args, langs, args.no_update)):
+        return status
+    if "general" in wanted:
+        return general.run(args, langs)
     return 0
 
 

@@ -31,7 +31,6 @@ from torch import Tensor
 
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.config import ModelConfig
-from seq2serve.model.data.ddtp import KINDS
 from seq2serve.model.tokenizer import MODEL_TYPES, Tokenizer, segmentation, train_tokenizer
 from seq2serve.model.train.batching import (
     BatchStream,
@@ -134,8 +133,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "copy-the-source baseline on --data --split instead of training; prints "
                     "a summary")
     sc.add_argument("--split", default="test")
-    sc.add_argument("--kind", choices=KINDS, help="only the segments of this kind "
-                    "(needs {split}.kind)")
+    sc.add_argument("--kind", help="only the segments of this kind (needs {split}.kind; "
+                    "each corpus names its own: synopsis, message, manythings, ...)")
     sc.add_argument("--beam", type=int, default=1, help="only 1 (greedy) for now")
     sc.add_argument("--score-max-sentences", type=int, help="the first N (after --kind)")
     sc.add_argument("--samples", type=int, default=10, help="sample outputs in the report, "

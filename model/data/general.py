@@ -1,0 +1,251 @@
+"""`seq2serve data --corpora general`: the general-domain corpus.
+
+Everyday sentences (Tatoeba, as ManyThings.org packages it and as Tatoeba's
+test-set union), news (WMT newstest) and descriptions of everyday scenes
+(Multi30k), read from a directory of line-aligned gzipped files
+`NAME.en-XX.en.gz` / `NAME.en-XX.XX.gz` (`--general-from`, by default
+`../shared/corpora/general` when it exists). The files are read where they
+are, never copied into the repository.
+
+Cleaning is the other corpora's where it applies: NFC and collapsed
+whitespace (`gettext.normalize_text`), then DDTP's rules for a sentence pair
+(`ddtp.reject_reason`: empty side, source equals target, over-long, length
+ratio), then exact-pair dedupe. Splits go by English sentence, so every
+translation of one English sentence lands in one split, and the train split
+drops every pair whose English or target side is in another corpus's valid or
+test split (or in the hand-written everyday test set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seq2serve.model.data import everyday, everyday_data, messages_data
+from seq2serve.model.data.ddtp import reject_reason
+from seq2serve.model.data.gettext import NORMALIZATION, normalize_text
+
+SPLITS = ("test", "valid", "train")
+TEST_PERCENT, VALID_PERCENT = 1, 1  # by English sentence; ~2.4k pairs each for en-de
+DEFAULT_DIR = Path("../shared/corpora/general")
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str  # file stem, and the pairs' kind
+    what: str
+    license: str
+    commercial_use: bool
+
+
+SOURCES = (
+    Source("manythings", "short everyday sentences: Tatoeba pairs as packaged by ManyThings.org",
+           "CC-BY 2.0 FR (tatoeba.org; attribution: www.manythings.org/anki and tatoeba.org)",
+           True),
+    Source("tatoeba", "short everyday sentences (Tatoeba test sets v2020-07-28, v2021-03-30, "
+           "v2021-08-07, their union, a reserved slice removed)",
+           "CC-BY 2.0 FR (tatoeba.org)", True),
+    Source("newstest", "news (WMT newstest; en-de 2008-2018, en-fr 2008-2014, newssyscomb2009)",
+           "WMT test sets, distributed for research and evaluation", False),
+    Source("multi30k", "descriptions of everyday scenes (Multi30k task 1, English captions from "
+           "Flickr30k)", "Multi30k terms (non-commercial research)", False),
+)
+KINDS = tuple(s.name for s in SOURCES)
+
+Row = tuple[str, str, str]  # (kind, source, target)
+
+
+@dataclass
+class GeneralCorpus:
+    lang: str
+    splits: dict[str, list[Row]] = field(default_factory=lambda: {s: [] for s in SPLITS})
+    dropped: Counter[str] = field(default_factory=Counter)
+    read: Counter[str] = field(default_factory=Counter)  # pairs read per source
+
+    @property
+    def name(self) -> str:
+        return f"en-{self.lang}"
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return {s: dict(sorted(Counter(k for k, _, _ in rows).items()))
+                for s, rows in self.splits.items()}
+
+
+def english_split(english: str) -> str:
+    """Deterministic split by English sentence: test, valid or train."""
+    bucket = int(hashlib.sha256(english.encode("utf-8")).hexdigest(), 16) % 100
+    if bucket < TEST_PERCENT:
+        return "test"
+    return "valid" if bucket < TEST_PERCENT + VALID_PERCENT else "train"
+
+
+def read_pairs(directory: Path, source: str, lang: str) -> Iterator[tuple[str, str]]:
+    """The aligned raw pairs of `source` for en-`lang`; unequal line counts fail."""
+    stem = directory / f"{source}.en-{lang}"
+    with gzip.open(f"{stem}.en.gz", "rt", encoding="utf-8", newline="\n") as en, \
+            gzip.open(f"{stem}.{lang}.gz", "rt", encoding="utf-8", newline="\n") as other:
+        for src, tgt in zip(en, other, strict=True):
+            yield src.rstrip("\n"), tgt.rstrip("\n")
+
+
+def available(directory: Path, lang: str) -> list[str]:
+    return [s.name for s in SOURCES
+            if (directory / f"{s.name}.en-{lang}.en.gz").is_file()
+            and (directory / f"{s.name}.en-{lang}.{lang}.gz").is_file()]
+
+
+def build(directory: Path, lang: str, held_out: set[str]) -> GeneralCorpus:
+    """One pair's corpus. `held_out`: sentences (either side) of other corpora's
+    valid and test splits and the hand-written set, never trained on."""
+    corpus = GeneralCorpus(lang)
+    seen: set[tuple[str, str]] = set()
+    by_split: dict[str, list[Row]] = {s: [] for s in SPLITS}
+    for source in available(directory, lang):
+        for raw_src, raw_tgt in read_pairs(directory, source, lang):
+            corpus.read[source] += 1
+            src, tgt = normalize_text(raw_src), normalize_text(raw_tgt)
+            reason = reject_reason("sentence", src, tgt)
+            if reason is None and (src, tgt) in seen:
+                reason = "duplicate"
+            if reason is not None:
+                corpus.dropped[reason] += 1
+                continue
+            seen.add((src, tgt))
+            split = english_split(src)
+            if split == "train" and (src in held_out or tgt in held_out):
+                corpus.dropped["in another corpus's valid/test split"] += 1
+                continue
+            by_split[split].append((source, src, tgt))
+    corpus.splits = by_split
+    return corpus
+
+
+def held_out_sentences(corpora: Iterable[Path], lang: str) -> set[str]:
+    """Both sides of every valid/test pair of the built corpora, and the
+    hand-written everyday test set's English."""
+    held: set[str] = set()
+    for folder in corpora:
+        for split in ("valid", "test"):
+            if (folder / f"{split}.src").is_file():
+                for _, src, tgt in messages_data._read_rows(folder, split):
+                    held.update((src, tgt))
+    if lang in everyday.LANGS:
+        held.update(src for src, _ in everyday.handwritten(lang))
+    return held
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "general corpus (Tatoeba, WMT newstest, Multi30k from a local directory; "
+        "see docs/data-card-general.md)")
+    group.add_argument("--general-from", type=Path, default=DEFAULT_DIR, metavar="DIR",
+                       help="directory of NAME.en-XX.{en,XX}.gz files, read in place "
+                       "(default: %(default)s)")
+    group.add_argument("--general-out", type=Path, default=Path("data/general"),
+                       help="output directory (default: %(default)s)")
+    group.add_argument("--general-mix-out", type=Path, default=Path("data/mixed-general"),
+                       help="DDTP + messages + everyday + general training mix, written with "
+                       "the general corpus when the other three are built, or alone with "
+                       "--corpora general-mix (default: %(default)s)")
+    group.add_argument("--general-repeat", type=int, default=3,
+                       help="the general corpus's training pairs appear this many times in "
+                       "the mix (default: %(default)s)")
+
+
+def run(args: argparse.Namespace, langs: list[str]) -> int:
+    directory: Path = args.general_from
+    if not directory.is_dir():
+        return _fail(f"--general-from {directory} is not a directory")
+    missing = [lang for lang in langs if not available(directory, lang)]
+    if missing:
+        return _fail(f"{directory} has no NAME.en-XX files for {', '.join(missing)}")
+    out: Path = args.general_out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        return _fail(f"{out} exists and is not empty; use --force to replace it")
+    others = [args.out, args.messages_out, args.everyday_out]
+    unbuilt = [str(d) for d in others if not d.is_dir()]
+    if unbuilt:
+        return _fail(f"build {', '.join(unbuilt)} first: the general train split leaves out "
+                     "every sentence of the other corpora's valid and test splits")
+    corpora = [build(directory, lang, held_out_sentences(
+        (d / f"en-{lang}" for d in others), lang)) for lang in langs]
+    messages_data.write_atomically(out, args.force, lambda tmp: write(tmp, corpora, directory))
+    for corpus in corpora:
+        counts = {s: len(rows) for s, rows in corpus.splits.items()}
+        print(f"general {corpus.name}: {counts}")
+    print(f"wrote {out}")
+    return write_mix(args)
+
+
+def write_mix(args: argparse.Namespace) -> int:
+    """`--general-mix-out/en-<lang>`: DDTP x --ddtp-repeat, messages x1, everyday x
+    --everyday-repeat, general x --general-repeat in train; valid and test each
+    corpus's own, concatenated (DDTP's first, as the trainer validates on the
+    first pairs)."""
+    for name in ("ddtp_repeat", "everyday_repeat", "general_repeat"):
+        if getattr(args, name) < 1:
+            return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    parts = [(args.out, args.ddtp_repeat), (args.messages_out, 1),
+             (args.everyday_out, args.everyday_repeat), (args.general_out, args.general_repeat)]
+    for built, _ in parts:
+        if not built.is_dir():
+            return _fail(f"{built} is not a built corpus; run seq2serve data first")
+    names = sorted(p.name for p in args.general_out.iterdir()
+                   if all((d / p.name / "corpus.json").is_file() for d, _ in parts))
+    if not names:
+        return _fail("DDTP, messages, everyday and general share no language pair")
+
+    def fill(tmp: Path) -> None:
+        for name in names:
+            lang = name.split("-", 1)[1]
+            held = {src for src, _ in everyday.handwritten(lang)} if lang in everyday.LANGS \
+                else set()
+            everyday_data.write_mix_pair(tmp / name, [(d / name, r) for d, r in parts], held)
+
+    try:
+        messages_data.write_atomically(args.general_mix_out, args.force, fill)
+    except FileExistsError as exc:
+        return _fail(str(exc))
+    print(f"wrote {args.general_mix_out} ({', '.join(names)}: DDTP x{args.ddtp_repeat} + "
+          f"messages + everyday x{args.everyday_repeat} + general x{args.general_repeat})")
+    return 0
+
+
+def write(directory: Path, corpora: list[GeneralCorpus], source_dir: Path) -> None:
+    for corpus in corpora:
+        folder = directory / corpus.name
+        folder.mkdir(parents=True)
+        for split, rows in corpus.splits.items():
+            for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
+                (folder / f"{split}.{ext}").write_text("".join(f"{r[col]}\n" for r in rows),
+                                                       encoding="utf-8", newline="\n")
+        info = {
+            "task": "translate", "src_lang": "en", "tgt_lang": corpus.lang,
+            "counts": corpus.counts(), "read": dict(corpus.read),
+            "dropped": dict(sorted(corpus.dropped.items())),
+            "normalization": NORMALIZATION,
+            "split_rule": f"int(sha256(English)) % 100: 0-{TEST_PERCENT - 1} test, then "
+                          f"{VALID_PERCENT} valid; train without any sentence of another "
+                          "corpus's valid/test split",
+            "source": {"name": "general-domain parallel text", "directory": str(source_dir),
+                       "files": {s.name: {"license": s.license, "what": s.what,
+                                          "commercial_use": s.commercial_use}
+                                 for s in SOURCES if s.name in corpus.read}},
+        }
+        (folder / "corpus.json").write_text(json.dumps(info, indent=2, ensure_ascii=False)
+                                            + "\n", encoding="utf-8")
+
+
+def _fail(message: str) -> int:
+    print(f"seq2serve data: error: {message}", file=sys.stderr)
+    return 1

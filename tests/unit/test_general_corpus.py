@@ -1,0 +1,123 @@
+"""General corpus: reading the shared gz files, cleaning, splits by English, held-out
+sentences of the other corpora, the four-corpus mix."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from seq2serve.model.data import corpus, general
+
+
+def _gz(path: Path, lines: list[str]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8", newline="\n") as f:
+        f.write("".join(f"{line}\n" for line in lines))
+
+
+def _source(directory: Path, name: str, lang: str, pairs: list[tuple[str, str]]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    _gz(directory / f"{name}.en-{lang}.en.gz", [s for s, _ in pairs])
+    _gz(directory / f"{name}.en-{lang}.{lang}.gz", [t for _, t in pairs])
+
+
+def _english_in(split: str, start: int = 0) -> str:
+    """An English sentence that the split rule puts in `split`."""
+    return next(f"Sentence number {i}." for i in range(start, 10_000)
+                if general.english_split(f"Sentence number {i}.") == split)
+
+
+def test_split_rule_shares() -> None:
+    splits = [general.english_split(f"Line {i}.") for i in range(20_000)]
+    assert 0.007 < splits.count("test") / len(splits) < 0.013
+    assert 0.007 < splits.count("valid") / len(splits) < 0.013
+
+
+def test_build_cleans_dedupes_and_splits_by_english(tmp_path: Path) -> None:
+    test_en = _english_in("test")
+    _source(tmp_path, "manythings", "de", [
+        ("I  am hungry.", "Ich habe Hunger."),       # whitespace collapsed
+        ("I am hungry.", "Ich habe Hunger."),        # then a duplicate
+        ("Cafe\u0301.", "Cafe\u0301."),               # NFC, then source equals target
+        ("", "Leer."),                                # empty side
+        (test_en, "Erste Übersetzung."),
+        (test_en, "Zweite Übersetzung."),             # same English: same split
+        ("Where is the station?", "Wo ist der Bahnhof?"),  # held out elsewhere
+    ])
+    _source(tmp_path, "newstest", "de", [("The market fell.", "Der Markt fiel.")])
+    held = {"Wo ist der Bahnhof?"}
+    built = general.build(tmp_path, "de", held)
+    rows = {(s, t): (split, k) for split, r in built.splits.items() for k, s, t in r}
+    assert rows[("I am hungry.", "Ich habe Hunger.")] == ("train", "manythings")
+    assert rows[("The market fell.", "Der Markt fiel.")][1] == "newstest"
+    assert rows[(test_en, "Erste Übersetzung.")][0] == "test"
+    assert rows[(test_en, "Zweite Übersetzung.")][0] == "test"
+    assert not any(s == "Where is the station?" and split == "train"
+                   for (s, _), (split, _) in rows.items())
+    assert built.dropped == {"duplicate": 1, "source equals target": 1, "empty side": 1,
+                             "in another corpus's valid/test split": int(
+                                 general.english_split("Where is the station?") == "train")}
+    assert built.read == {"manythings": 7, "newstest": 1}
+
+
+def test_unaligned_files_fail(tmp_path: Path) -> None:
+    _gz(tmp_path / "tatoeba.en-fr.en.gz", ["One.", "Two."])
+    _gz(tmp_path / "tatoeba.en-fr.fr.gz", ["Un."])
+    with pytest.raises(ValueError):
+        general.build(tmp_path, "fr", set())
+
+
+def _write_corpus(folder: Path, splits: dict[str, list[tuple[str, str, str]]]) -> None:
+    folder.mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        rows = splits.get(split, [])
+        for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
+            (folder / f"{split}.{ext}").write_text("".join(f"{r[col]}\n" for r in rows))
+    (folder / "corpus.json").write_text(json.dumps({"task": "translate", "src_lang": "en",
+                                                    "tgt_lang": "de"}))
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    corpus.configure(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_needs_the_other_corpora_then_writes_corpus_and_mix(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    train_en = _english_in("train")
+    _source(shared, "manythings", "de", [(train_en, "Ein Satz."),
+                                         ("A tool.", "Ein Werkzeug."),
+                                         ("Test me.", "Teste mich.")])
+    args = ["--general-from", str(shared), "--general-out", str(tmp_path / "general"),
+            "--out", str(tmp_path / "ddtp"), "--messages-out", str(tmp_path / "messages"),
+            "--everyday-out", str(tmp_path / "everyday"),
+            "--general-mix-out", str(tmp_path / "mix"), "--langs", "de",
+            "--corpora", "general", "--ddtp-repeat", "2", "--everyday-repeat", "1",
+            "--general-repeat", "3"]
+    assert corpus.run(_parse(args)) == 1  # the other corpora are not built
+    _write_corpus(tmp_path / "ddtp" / "en-de", {
+        "train": [("sentence", "A tool.", "Ein Werkzeug.")],
+        "test": [("sentence", "Test me.", "Teste mich bitte.")]})
+    _write_corpus(tmp_path / "messages" / "en-de", {"train": [("message", "Open", "Öffnen")]})
+    _write_corpus(tmp_path / "everyday" / "en-de", {"train": [("sentence", "Hi.", "Hallo.")]})
+    assert corpus.run(_parse(args)) == 0
+    out = tmp_path / "general" / "en-de"
+    info = json.loads((out / "corpus.json").read_text())
+    assert info["source"]["files"]["manythings"]["license"].startswith("CC-BY 2.0 FR")
+    train = (out / "train.src").read_text().split("\n")[:-1]
+    assert "Test me." not in train  # another corpus's test sentence
+    mix = tmp_path / "mix" / "en-de"
+    pairs = list(zip((mix / "train.src").read_text().split("\n")[:-1],
+                     (mix / "train.tgt").read_text().split("\n")[:-1], strict=True))
+    assert pairs.count((train_en, "Ein Satz.")) == 3
+    assert pairs.count(("A tool.", "Ein Werkzeug.")) == 2 + 3 * ("A tool." in train)
+    assert pairs.count(("Hi.", "Hallo.")) == 1
+    # the mix alone, from the corpora already built
+    assert corpus.run(_parse([*args[:-8], "--corpora", "general-mix", "--force",
+                              "--general-repeat", "1"])) == 0
+    pairs = (mix / "train.src").read_text().split("\n")
+    assert pairs.count(train_en) == 1
