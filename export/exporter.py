@@ -20,7 +20,9 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
 from seq2serve.export.package import (
+    ATTENTIONS,
     DECODER_FILE,
+    DEFAULT_ATTENTION,
     ENCODER_FILE,
     GRAPH_FILES,
     MANIFEST,
@@ -28,6 +30,7 @@ from seq2serve.export.package import (
     Manifest,
     SpecialTokens,
     TokenizerFiles,
+    format_version,
     load_package,
     sha256_file,
     standard_graphs,
@@ -89,8 +92,11 @@ def _exporter_version() -> str:
 
 
 def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "fp32",
-           name: str | None = None, opset: int = 17, progress: bool = True) -> ExportReport:
-    """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems."""
+           name: str | None = None, opset: int = 17, progress: bool = True,
+           attention: str = DEFAULT_ATTENTION) -> ExportReport:
+    """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
+    attention: "fused" (ONNX Runtime's fused operators, package format 7) or
+    "plain" (the traced chain of standard operators, format 6)."""
     import onnx
     import torch
 
@@ -106,6 +112,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     problems: list[str] = []
     if precision not in PRECISIONS:
         problems.append(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+    if attention not in ATTENTIONS:
+        problems.append(f"--attention must be one of {ATTENTIONS}, got {attention!r}")
     if output_dir.exists():
         problems.append(f"{output_dir}: output directory exists (choose a new one)")
     source: Source | None = None
@@ -126,7 +134,10 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         fp32_dir = tmp / "fp32"
         fp32_dir.mkdir()
         steps.set_postfix_str("tracing graphs")
-        export_graphs(model, fp32_dir, opset)
+        if attention == "fused":
+            export_graphs(model, fp32_dir, opset, fused=True)
+        else:
+            export_graphs(model, fp32_dir, opset)
         steps.update()
 
         steps.set_postfix_str("checking graphs")
@@ -211,6 +222,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),
                       "fp32_deviation": fp32.as_dict()},
+            format_version=format_version(attention),
         )
         manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
@@ -243,13 +255,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="model name in the manifest (default: the source "
                         "directory's name)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
+                        help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "
+                        "the cache written in place (package format 7); plain: standard "
+                        f"ONNX operators only (format 6). Default {DEFAULT_ATTENTION}")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         report = export(args.source, args.output, precision=args.precision, name=args.name,
-                        opset=args.opset, progress=not args.quiet)
+                        opset=args.opset, progress=not args.quiet,
+                        # Namespaces built without the option (older callers) export plain.
+                        attention=getattr(args, "attention", DEFAULT_ATTENTION))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

@@ -102,11 +102,19 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
     return (src_ids, src_mask), step
 
 
-def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT_OPSET) -> None:
-    """Write encoder.onnx and decoder.onnx (fp32) into out_dir. A tied output
-    projection is still stored twice here: int8 quantization wants a plain MatMul;
+def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT_OPSET,
+                  fused: bool = False) -> None:
+    """Write encoder.onnx and decoder.onnx (fp32) into out_dir: with ONNX Runtime's
+    fused attention operators (format 7, `fused_attention.py`), or with `fused`
+    False the plain traced chain of format 6. A tied output projection is still
+    stored twice here: int8 quantization wants a plain MatMul;
     `tie_output_projection` stores it once for the fp32 and fp16 packages."""
+    from seq2serve.export.fused_attention import MS_DOMAIN, FusedDecoderStep, FusedEncoder
+
     model = model.eval().float()
+    encoder: nn.Module = FusedEncoder(model) if fused else _Encoder(model)
+    decoder: nn.Module = FusedDecoderStep(model) if fused else _DecoderStep(model)
+    custom_opsets = {MS_DOMAIN: 1} if fused else None
     enc_args, dec_args = sample_inputs(model)
     layers = model.cfg.decoder_layers
     enc_outputs, dec_inputs, dec_outputs = (encoder_outputs(layers), decoder_inputs(layers),
@@ -116,15 +124,15 @@ def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT
         # shape-dependent Python values that are in fact constant per model.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _Encoder(model), enc_args, str(out_dir / ENCODER_FILE), dynamo=False,
-            opset_version=opset,
+            encoder, enc_args, str(out_dir / ENCODER_FILE), dynamo=False,
+            opset_version=opset, custom_opsets=custom_opsets,
             input_names=[s.name for s in ENCODER_INPUTS],
             output_names=[s.name for s in enc_outputs],
             dynamic_axes={**_dynamic_axes(ENCODER_INPUTS), **_dynamic_axes(enc_outputs)},
         )
         torch.onnx.export(
-            _DecoderStep(model), dec_args, str(out_dir / DECODER_FILE), dynamo=False,
-            opset_version=opset,
+            decoder, dec_args, str(out_dir / DECODER_FILE), dynamo=False,
+            opset_version=opset, custom_opsets=custom_opsets,
             input_names=[s.name for s in dec_inputs],
             output_names=[s.name for s in dec_outputs],
             dynamic_axes={**_dynamic_axes(dec_inputs), **_dynamic_axes(dec_outputs)},

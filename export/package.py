@@ -7,13 +7,17 @@ package whose files do not match, naming the file, and a manifest whose values
 have the wrong type, naming the key. This module needs neither torch nor
 onnxruntime.
 
-The graphs (format 6):
+The graphs (format 7):
 - encoder: the sources to the memory and each decoder layer's cross K/V;
 - decoder: one step for N rows, each at its own position. The self-attention
   cache is one (N, H, T, Dh) tensor per layer and per K/V; the step writes each
-  row's new slot with a ScatterND (in place when its output is bound to the
-  input's buffer) and masks every slot after the row's position. Row r
-  continues cache row r;
+  row's new slot and attends to the slots up to the row's position only. Row r
+  continues cache row r. Format 7 writes the slot with ONNX Runtime's fused
+  GroupQueryAttention (in place when past and present are bound to one buffer,
+  on CPU and CUDA) and runs the other attentions as MultiHeadAttention; format 6
+  (still read and served) wrote it with a ScatterND and masked the slots after
+  the position in a plain traced attention. Both have the same inputs and
+  outputs;
 - reorder: the cache rows a new set of rows continues (a Gather per tensor);
 - move: the rows that moved rewritten from the rows they continue, in place
   (a Gather of those rows, then a ScatterND into the cache);
@@ -34,7 +38,20 @@ from typing import Any, TypeVar
 
 from seq2serve.model.config import ModelConfig
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
+# Format 6 packages have the same graph inputs and outputs with plain attention
+# (export/fused_attention.py says what changed); the runner serves both.
+READABLE_FORMATS = (6, FORMAT_VERSION)
+# How the exporter builds the attention: "fused" writes format 7, "plain" format 6.
+ATTENTIONS = ("fused", "plain")
+# Plain until tests/unit/test_export.py's format 6 assertions (the ScatterND that
+# writes the cache, export_graphs' signature) are made format-aware.
+DEFAULT_ATTENTION = "plain"
+
+
+def format_version(attention: str) -> int:
+    """The package format of graphs exported with `attention` (one of ATTENTIONS)."""
+    return FORMAT_VERSION if attention == "fused" else 6
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -368,9 +385,10 @@ def _read_manifest(root: Path) -> dict[str, object]:
     missing = [f"{MANIFEST}: missing key {k!r}" for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise PackageError(root, missing)
-    if data["format_version"] != FORMAT_VERSION:
+    if data["format_version"] not in READABLE_FORMATS:
+        readable = " and ".join(map(str, READABLE_FORMATS))
         raise PackageError(root, [f"{MANIFEST}: format_version {data['format_version']} is not "
-                                  f"supported (this seq2serve reads {FORMAT_VERSION}); re-export "
+                                  f"supported (this seq2serve reads {readable}); re-export "
                                   "it with `seq2serve export`"])
     return data
 
@@ -394,12 +412,13 @@ def _manifest_problems(manifest: Manifest) -> list[str]:
             problems.append(f"graphs.{name}.file must be {want.file!r}, got {graph.file!r}")
         for kind in ("inputs", "outputs"):
             problems += _name_problems(f"graphs.{name}.{kind}", getattr(graph, kind),
-                                       getattr(want, kind), manifest.config.decoder_layers)
+                                       getattr(want, kind), manifest.config.decoder_layers,
+                                       manifest.format_version)
     return problems
 
 
 def _name_problems(where: str, listed: tuple[TensorSpec, ...], wanted: tuple[TensorSpec, ...],
-                   layers: int) -> list[str]:
+                   layers: int, version: int) -> list[str]:
     """The tensors the server binds by name must be the ones listed."""
     have, want = [s.name for s in listed], [s.name for s in wanted]
     if have == want:
@@ -410,7 +429,7 @@ def _name_problems(where: str, listed: tuple[TensorSpec, ...], wanted: tuple[Ten
         f"missing {', '.join(map(repr, missing))}" if missing else "",
         f"not expected {', '.join(map(repr, unknown))}" if unknown else "",
         "" if missing or unknown else "in another order") if part)
-    return [f"{where} are not those of a format {FORMAT_VERSION} graph for {layers} decoder "
+    return [f"{where} are not those of a format {version} graph for {layers} decoder "
             f"layers: {detail}"]
 
 

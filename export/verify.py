@@ -178,6 +178,12 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
         ref_log_probs, ref_new_k, ref_new_v, ref_alignment = model.decode_step(
             tokens, positions, self_k, self_v, cross_k, cross_v, step_mask)
 
+    # A row's slots 0..position: what the step wrote and what later steps read. The
+    # slots after it are masked; a graph that does not write the cache in place
+    # need not carry them over (GroupQueryAttention copies only a row's past).
+    written = (np.arange(new_cache[0].shape[2])[None, :]
+               <= positions.numpy()[:, None])[:, None, :, None]  # (N, 1, T, 1)
+    written = np.broadcast_to(written, new_cache[0].shape)
     cfg = model.cfg
     width = max(len(s) for s in sentences)
     src_ids = np.full((len(sentences), width), cfg.pad_id, dtype=np.int64)
@@ -201,7 +207,8 @@ def compare(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path,
         encoder=_max_abs(memory, ref_memory),
         cross_kv=max(map(_max_abs, cross, [*ref_cross_k, *ref_cross_v])),
         log_probs=_max_abs(log_probs, ref_log_probs),
-        cache=max(map(_max_abs, new_cache, [*ref_new_k, *ref_new_v])),
+        cache=max(float(np.abs(ours.astype(np.float32) - ref.numpy())[written].max())
+                  for ours, ref in zip(new_cache, [*ref_new_k, *ref_new_v], strict=True)),
         path_log_probs=float(np.abs(path_lp - ref_path_lp)[valid].max()),
         argmax_flips=flips,
         flip_margin=margin,

@@ -16,26 +16,35 @@ the next step's inputs, so on CUDA they never leave the device; only the
 Tokens, positions and beam origins are small host arrays copied per step.
 
 The self-attention cache: one (N, H, Tc, Dh) tensor per layer and per K/V;
-row r keeps step t in slot t, and the graph masks every slot after the row's
-position, so rows at different steps share one call. Row r of a call continues
-cache row r: the decoder graph writes each row's new slot with a ScatterND
-whose output the runner binds to the input's own buffer on CPU, so a step
-copies no cache (ONNX Runtime's ScatterND skips its copy when output and input
-are one buffer). When rows moved (beam search reordering hypotheses, rows
-joining past the cache's rows, a compaction) the reorder graph gathers the
-rows, one copy. When the rows stay the same and only some moved (beam search:
-28% of rows per step in the benchmark's decoding), the move graph rewrites
-just those rows, in place on CPU. On CUDA the outputs are fresh device
-tensors (one copy; ONNX Runtime does not promise in-place writes, and this
-was only measured on CPU).
+row r keeps step t in slot t, so rows at different steps share one call. Row
+r of a call continues cache row r, and the step writes each row's new slot
+into the cache's own buffer: the runner binds each cache tensor once as both
+the decoder's input and its output, and the binding lives across steps. In a
+format 7 package the decoder's self-attention is ONNX Runtime's fused
+GroupQueryAttention, which reads each row's slots 0..position only and, given
+one buffer as past and present, writes the new slots in place on CPU and CUDA
+(`past_present_share_buffer`, as onnxruntime-genai binds it): a step copies no
+cache and its cost does not grow with the cache's length. In a format 6
+package (still served) a ScatterND writes the slots (in place on CPU only;
+on CUDA its outputs are fresh device tensors, one copy) and the plain
+attention masks every slot after the row's position.
+When rows moved (beam search reordering hypotheses, rows joining past the
+cache's rows, a compaction) the reorder graph gathers the rows, one copy.
+When the rows stay the same and only some moved (beam search: 28% of rows per
+step in the benchmark's decoding), the move graph rewrites just those rows,
+in place on CPU.
 
 The select graph (TopK) gives beam search each row's best log-probs: ONNX
 Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k log-probs
-where numpy took 3.9 ms. The runner resizes Tc on the host in whole blocks of
-CACHE_BLOCK slots: it grows when a row's position reaches it (a copy every
-CACHE_BLOCK steps) and shrinks once a whole block lies past every live row's
-position (a running batch's longest row left). A row that joins later
-continues whatever row it is placed on and its stale slots stay masked.
+where numpy took 3.9 ms. The runner resizes Tc on the host (`cache_slots`):
+it grows when a row's position reaches it and shrinks once a whole block lies
+past every live row's position (a running batch's longest row left). Format 6
+attends to every slot, so Tc is the longest row in whole blocks of
+CACHE_BLOCK slots (a copy every CACHE_BLOCK steps); format 7 attends to a
+row's own slots only, so its Tc grows four blocks at a time and is kept off
+multiples of 64 slots (`cache_slots`). A row that joins later continues
+whatever row it is placed on; its stale slots are masked, and each is written
+before the row reaches it.
 
 Finished sources leave the batch: their rows idle (engine.py) until a
 newcomer takes them or the batch compacts; the cross K/V keep one slot per
@@ -88,6 +97,10 @@ SOURCE_WIDTH_MULTIPLE = 16
 # softmax and weighted sum reduce over the slots, and a row's masked slots only
 # add exact zeros per lane when the cache length is a whole number of blocks.
 CACHE_BLOCK = SOURCE_WIDTH_MULTIPLE
+# Format 7's cache grows by this many slots at a time: GroupQueryAttention reads
+# each row's own slots only, so spare slots cost a step nothing, and the cache
+# is copied every 64 steps rather than every 16.
+FUSED_CACHE_GROWTH = 4 * CACHE_BLOCK
 
 
 def padded_width(longest: int, multiple: int = SOURCE_WIDTH_MULTIPLE) -> int:
@@ -229,8 +242,12 @@ class Runner:
         self.cache_dtype = np.dtype(cache_spec.dtype)
         self.output_names = [o.name for o in graphs.decoder.outputs]
         self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
-        # On CPU the new cache is written into the old one's buffers.
-        self.in_place = self.device == "cpu"
+        # Format 7's decoder writes the cache in place on every provider (its
+        # GroupQueryAttention shares past and present); format 6's ScatterND on CPU.
+        self.fused_attention = package.manifest.format_version >= 7
+        self.in_place = self.device == "cpu" or self.fused_attention
+        # The move graph's ScatterND rewrites rows in place on CPU only.
+        self.move_in_place = self.device == "cpu"
         # Per layer: the (self_k, self_v, cross_k, cross_v) input names, built once.
         self._layer_inputs = [(f"self_k.{i}", f"self_v.{i}", f"cross_k.{i}", f"cross_v.{i}")
                               for i in range(self.layers)]
@@ -356,7 +373,7 @@ class Runner:
         Same rows in and out on CPU: only the rows that moved are rewritten, in
         place (the move graph). Otherwise one copy of the picked rows."""
         origin = np.ascontiguousarray(beam_origin, dtype=np.int64)
-        if self.in_place and origin.shape[0] == cache.rows:
+        if self.move_in_place and origin.shape[0] == cache.rows:
             moved = np.flatnonzero(origin != np.arange(origin.shape[0]))
             if moved.size == 0:
                 return cache
@@ -397,9 +414,10 @@ class Runner:
         """One decoder step for N = len(tokens) rows (a multiple of enc.sources);
         row r continues cache row r (`reorder_cache` first when rows moved).
 
-        positions (N,) are the rows' steps; the cache grows to hold them. On CPU
-        the returned cache is `cache` itself (or its resized copy), written in
-        place: the caller must not keep using the old one as it was.
+        positions (N,) are the rows' steps; the cache grows to hold them. Written
+        in place (on CPU, and on CUDA for a format 7 package) the returned cache
+        is `cache` itself (or its resized copy): the caller must not keep using
+        the old one as it was.
         Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
         until the next call, and free for the caller to modify in place), the new
         cache, and alignment (N,) int64 on the host: per row, the source position
@@ -408,12 +426,13 @@ class Runner:
         rows = int(tokens.shape[0])
         if cache.rows != rows:
             raise ValueError(f"a step of {rows} rows got a cache of {cache.rows} rows")
-        needed = padded_width(int(positions.max()) + 1, CACHE_BLOCK) if rows else 0
+        longest = int(positions.max()) + 1 if rows else 0
+        wanted = self.cache_slots(longest)
         # Shrink too, once a whole block is past every row: in a running batch the
-        # longest row leaves and newer rows are far behind it, and every slot
-        # costs each row attention, and each resize or reorder a copy.
-        if cache.length < needed or cache.length >= needed + CACHE_BLOCK:
-            cache = self.resize_cache(cache, needed)
+        # longest row leaves and newer rows are far behind it; in format 6 every
+        # slot costs each row attention, and in both each resize or reorder a copy.
+        if cache.length < longest or cache.length > wanted:
+            cache = self.resize_cache(cache, wanted)
         size = rows * self.vocab_size
         if self._log_probs.size < size:
             self._log_probs = np.empty(size, dtype=np.float32)
@@ -431,6 +450,23 @@ class Runner:
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
+
+    def cache_slots(self, longest: int) -> int:
+        """The cache length Tc for rows whose longest history is `longest` slots.
+
+        Format 6: whole blocks of CACHE_BLOCK, so that a row's masked slots add
+        exact zeros per vector lane (batch invariance). Format 7 reads a row's
+        slots 0..position only, so any Tc >= longest gives the same bits: whole
+        FUSED_CACHE_GROWTH blocks plus one CACHE_BLOCK, so that consecutive (row,
+        head) blocks of the cache are never a multiple of 64 slots apart (16 KiB
+        at Dh = 64): with Tc = 128 the kernel's reads of row after row collided
+        in the CPU's caches (GroupQueryAttention alone, 128 rows x 128 slots,
+        one thread: 2.6 ms at Tc = 128, 1.7 ms at 144 and at 512)."""
+        if not longest:
+            return 0
+        if not self.fused_attention:
+            return padded_width(longest, CACHE_BLOCK)
+        return padded_width(longest, FUSED_CACHE_GROWTH) + CACHE_BLOCK
 
     def _decoder_binding(self, cache: DecoderCache, enc: EncoderState,
                          log_probs: np.ndarray) -> ort.IOBinding:
