@@ -1,14 +1,18 @@
-"""`seq2serve data`: translation and summarization corpora from Debian.
+"""`seq2serve data`: build the registered corpora and their mixes.
 
-From the English and translated Translation-<lang> indexes of Debian's DDTP
-(parsed and paired by `ddtp.py`) we build, under `--out`:
+Each source (`registry.py`: DDTP, program messages, everyday, general) is a
+module with `configure(parser)` and `run(args, langs)` that reads, cleans,
+splits and writes one corpus folder per language pair with its data card.
+This module is the CLI over the registry: which sources to build, in which
+order, and the mixes of them (`mix.py`):
 
-- `en-<lang>/`: synopsis, paragraph and sentence pairs (translate task);
-- `summarize-en/`: long description -> synopsis (summarize task);
-- `DATA_CARD.md` (`data_card.py`).
-
-The program-messages corpus (gettext catalogs of Debian packages) and the
-DDTP + messages training mix are `messages_data.py`'s, run from here.
+- the weighted mix (`--corpora weighted-mix`, and after building the general
+  corpus): parts and weights in corpus.json, valid/test written, training
+  pairs repeated when the trainer reads them;
+- the written mixes of older releases, kept so that their cards' commands
+  still rebuild them: `mix` (DDTP + messages, written when both are built),
+  `everyday-mix` (+ everyday, written with the everyday corpus), `general-mix`
+  (+ general).
 
 Only the standard library and `lz4` are used, so this runs on a bare machine
 before torch is installed.
@@ -17,254 +21,51 @@ before torch is installed.
 from __future__ import annotations
 
 import argparse
-import bz2
-import gzip
-import hashlib
-import json
-import lzma
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
-from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import lz4.frame
+from seq2serve.model.data import mix, registry
 
-from seq2serve.model.data import everyday_data, general, messages_data
-from seq2serve.model.data.data_card import count_table, data_card
-from seq2serve.model.data.ddtp import (
-    KINDS,
-    Description,
-    Pair,
-    align,
-    parse_index,
-    reject_reason,
-    summary_pair,
+# Re-exported: DDTP's build lived here before the registry.
+from seq2serve.model.data.ddtp_data import (  # noqa: F401
+    Corpus,
+    IndexFile,
+    build,
+    find_indexes,
+    read_index,
+    release_info,
+    split_of,
 )
+from seq2serve.model.data.messages_data import write_atomically
 
-CORPORA = ("ddtp", "messages")
-OPTIONAL_CORPORA = ("everyday", "general")  # built only when named in --corpora
-SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 DEFAULT_LANGS = ("de", "fr")
-
-# apt's documented way to fetch extra description languages; `#clear` drops the
-# system default ("environment" -> only the locale's language).
-APT_LANGUAGES_CONF = '#clear Acquire::Languages;\nAcquire::Languages {{ {langs} }};\n'
-
-_INDEX_NAME = re.compile(
-    r"Translation-(?P<lang>[a-z]{2,3}(?:_[A-Z]{2})?)(?P<ext>\.lz4|\.gz|\.xz|\.bz2)?$"
-)
+WEIGHTED = "weighted-mix"
 
 
-# --------------------------------------------------------------------------- corpora
+@dataclass(frozen=True)
+class WrittenMix:
+    """A mix written out with repeated copies (the older releases' data/mixed*)."""
+
+    name: str  # its --corpora word
+    sources: tuple[str, ...]
+    out_flag: str
+    handwritten: bool  # train leaves out the hand-written set's English
+    legacy_record: bool  # corpus.json records DDTP's repeat alone (`ddtp_repeat`)
 
 
-def split_of(md5: str) -> str:
-    """Deterministic split by description: ~2% test, ~2% valid, ~96% train."""
-    bucket = int(hashlib.sha256(md5.encode("ascii")).hexdigest(), 16) % 100
-    return "test" if bucket < 2 else "valid" if bucket < 4 else "train"
-
-
-@dataclass
-class Corpus:
-    name: str  # output folder: "en-de", "summarize-en"
-    task: str  # "translate" | "summarize"
-    src_lang: str
-    tgt_lang: str
-    splits: dict[str, list[Pair]] = field(default_factory=lambda: {s: [] for s in SPLITS})
-    dropped: Counter[str] = field(default_factory=Counter)
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        counts = {s: Counter(k for k, _, _ in self.splits[s]) for s in SPLITS}
-        return {s: {k: c[k] for k in KINDS if c[k]} for s, c in counts.items()}
-
-    def source_overlap(self) -> dict[str, int]:
-        """Test/valid pairs whose source also occurs in train (with another target):
-        exact-pair dedupe cannot remove these, so the data card reports them."""
-        train = {src for _, src, _ in self.splits["train"]}
-        return {s: sum(src in train for _, src, _ in self.splits[s]) for s in ("test", "valid")}
-
-
-def _assemble(corpus: Corpus, candidates: Iterable[tuple[str, Pair]]) -> Corpus:
-    """Filter, split and dedupe (md5, pair) candidates into `corpus`.
-
-    An identical (source, target) pair is kept once: in the highest-priority
-    split it occurs in (test > valid > train), so evaluation never sees a pair
-    that training saw. Kinds do not matter for identity.
-    """
-    by_split: dict[str, list[Pair]] = {s: [] for s in SPLITS}
-    for md5, (kind, src, tgt) in candidates:
-        reason = reject_reason(kind, src, tgt)
-        if reason:
-            corpus.dropped[reason] += 1
-        else:
-            by_split[split_of(md5)].append((kind, src, tgt))
-    seen: set[tuple[str, str]] = set()
-    for split in SPLITS:
-        for kind, src, tgt in by_split[split]:
-            if (src, tgt) in seen:
-                corpus.dropped["duplicate"] += 1
-                continue
-            seen.add((src, tgt))
-            corpus.splits[split].append((kind, src, tgt))
-    return corpus
-
-
-def build(english: dict[str, Description], translations: dict[str, dict[str, Description]]
-          ) -> list[Corpus]:
-    """All corpora: one en-<lang> per translation index, then summarize-en.
-
-    Descriptions are visited in md5 order so the output does not depend on
-    file order and is not clustered alphabetically by package name.
-    """
-    corpora: list[Corpus] = []
-    for lang, other in translations.items():
-        candidates = (
-            (md5, pair)
-            for md5 in sorted(other.keys() & english.keys())
-            for pair in align(english[md5], other[md5])
-        )
-        corpora.append(_assemble(Corpus(f"en-{lang}", "translate", "en", lang), candidates))
-    summaries = ((md5, summary_pair(english[md5])) for md5 in sorted(english))
-    corpora.append(_assemble(Corpus("summarize-en", "summarize", "en", "en"), summaries))
-    return corpora
-
-
-# --------------------------------------------------------------------------- sources
-
-
-@dataclass
-class IndexFile:
-    path: Path
-    lang: str
-    sha256: str
-    release: dict[str, str]  # Origin/Suite/Codename/Version/Date from apt's InRelease, if found
-
-    def describe(self) -> dict[str, object]:
-        return {"file": self.path.name, "lang": self.lang, "sha256": self.sha256, **self.release}
-
-
-def find_indexes(directory: Path, langs: Iterable[str]) -> dict[str, list[Path]]:
-    """Translation index files in `directory`, by language; one file per stem
-    (apt may keep both `X` and `X.lz4`, which hold the same records)."""
-    wanted = set(langs)
-    found: dict[str, dict[str, Path]] = {lang: {} for lang in wanted}
-    for path in sorted(directory.iterdir()):
-        match = _INDEX_NAME.search(path.name)
-        if match and path.is_file() and match["lang"] in wanted:
-            stem = path.name[: match.start("ext")] if match["ext"] else path.name
-            found[match["lang"]].setdefault(stem, path)
-    return {lang: sorted(files.values()) for lang, files in found.items()}
-
-
-def read_index(path: Path) -> str:
-    data = path.read_bytes()
-    suffix = path.suffix
-    if suffix == ".lz4":
-        data = lz4.frame.decompress(data)
-    elif suffix == ".gz":
-        data = gzip.decompress(data)
-    elif suffix == ".xz":
-        data = lzma.decompress(data)
-    elif suffix == ".bz2":
-        data = bz2.decompress(data)
-    return data.decode("utf-8", errors="replace")
-
-
-def release_info(index: Path) -> dict[str, str]:
-    """Release fields for an apt lists file `..._dists_<suite>_<comp>_i18n_Translation-xx`,
-    read from the sibling `..._dists_<suite>_InRelease` (or `_Release`)."""
-    prefix, sep, _ = index.name.partition("_i18n_")
-    if not sep or "_" not in prefix:
-        return {}
-    base = prefix.rsplit("_", 1)[0]
-    for name in (f"{base}_InRelease", f"{base}_Release"):
-        release = index.with_name(name)
-        if release.is_file():
-            text = release.read_text("utf-8", errors="replace")
-            fields = {}
-            for line in text.split("\n"):
-                if line[:1].isspace() or ":" not in line:
-                    continue
-                key, _, value = line.partition(":")
-                if key in ("Origin", "Suite", "Codename", "Version", "Date"):
-                    fields[key.lower()] = value.strip()
-            return fields
-    return {}
-
-
-def apt_lists_dir(config: Path | None = None) -> Path:
-    """apt's lists directory, as apt itself resolves it."""
-    cmd = ["apt-config", *(["-c", str(config)] if config else []), "shell", "D",
-           "Dir::State::lists/d"]
-    try:
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return Path("/var/lib/apt/lists")
-    for token in shlex.split(out):
-        if token.startswith("D="):
-            return Path(token[2:])
-    return Path("/var/lib/apt/lists")
-
-
-def apt_update(langs: Iterable[str]) -> Path:
-    """Run `apt-get -c CONF update` fetching the given description languages;
-    return the lists directory. Needs root, as apt-get update always does."""
-    quoted = " ".join(f'"{lang}";' for lang in ["en", *langs])
-    with tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="seq2serve-apt-") as conf:
-        conf.write(APT_LANGUAGES_CONF.format(langs=quoted))
-        conf.flush()
-        _log(f"running apt-get -c {conf.name} update")
-        subprocess.run(["apt-get", "-c", conf.name, "update"], check=True,
-                       stdout=sys.stderr)
-        return apt_lists_dir(Path(conf.name))
-
-
-# --------------------------------------------------------------------------- output
-
-
-def write_corpus(corpus: Corpus, directory: Path, sources: list[dict[str, object]]) -> None:
-    directory.mkdir(parents=True)
-    for split, pairs in corpus.splits.items():
-        for ext, column in (("kind", 0), ("src", 1), ("tgt", 2)):
-            lines = "".join(f"{pair[column]}\n" for pair in pairs)
-            (directory / f"{split}.{ext}").write_text(lines, encoding="utf-8", newline="\n")
-    meta = {
-        "task": corpus.task,
-        "src_lang": corpus.src_lang,
-        "tgt_lang": corpus.tgt_lang,
-        "counts": corpus.counts(),
-        "dropped": dict(sorted(corpus.dropped.items())),
-        "split_rule": "int(sha256(Description-md5)) % 100: 0-1 test, 2-3 valid, else train",
-        "source": {"name": "Debian DDTP package-description translations",
-                   "indexes": sources},
-    }
-    (directory / "corpus.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
-                                           encoding="utf-8")
-
-
-
-
-def write_output(out: Path, corpora: list[Corpus], indexes: list[IndexFile], force: bool) -> None:
-    """Write everything into a temp dir beside `out`, then move it into place,
-    so an interrupted run never leaves a half-written corpus under `out`."""
-    def fill(tmp: Path) -> None:
-        sources = [f.describe() for f in indexes]
-        for corpus in corpora:
-            write_corpus(corpus, tmp / corpus.name, sources)
-        (tmp / "DATA_CARD.md").write_text(data_card(corpora, indexes), encoding="utf-8")
-
-    messages_data.write_atomically(out, force, fill)
-
-
-# --------------------------------------------------------------------------- CLI
+WRITTEN_MIXES = {m.name: m for m in (
+    WrittenMix("mix", ("ddtp", "messages"), "mixed_out", False, True),
+    WrittenMix("everyday-mix", ("ddtp", "messages", "everyday"), "everyday_mix_out", True,
+               False),
+    WrittenMix("general-mix", ("ddtp", "messages", "everyday", "general"), "general_mix_out",
+               True, False),
+)}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    names = ", ".join(registry.SOURCES)
     parser.epilog = (
         "By default this runs `apt-get -c CONF update` (needs root) with CONF setting "
         "Acquire::Languages to en plus --langs, then reads the Translation-* indexes from "
@@ -273,7 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "state under --deb-cache fetches the Contents indexes and the chosen .debs "
         "(bounded by --max-packages/--max-download-mb, resumable)."
     )
-    parser.add_argument("--out", type=Path, default=Path("data/ddtp"),
+    parser.add_argument("--out", type=Path, default=Path(registry.get("ddtp").default_out),
                         help="output directory, one folder per corpus plus DATA_CARD.md "
                         "(default: %(default)s)")
     parser.add_argument("--langs", default=",".join(DEFAULT_LANGS),
@@ -287,19 +88,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="read apt's lists directory without running apt-get update first")
     parser.add_argument("--force", action="store_true",
                         help="replace non-empty output directories")
-    parser.add_argument("--corpora", default=",".join(CORPORA),
-                        help="which corpora to build, comma-separated from "
-                        f"{', '.join(CORPORA)} (default: %(default)s; with both, the "
-                        "DDTP + messages training mix too), or mix alone: rewrite the mix "
-                        "from the corpora already built; everyday builds the everyday corpus "
-                        "(and the three-corpus mix when DDTP and messages are built), "
-                        "everyday-mix alone rewrites that mix; general builds the general "
-                        "corpus from --general-from (after the other three: its train split "
-                        "leaves out their valid and test sentences) and the four-corpus mix, "
-                        "general-mix alone rewrites that mix")
-    messages_data.configure(parser)
-    everyday_data.configure(parser)
-    general.configure(parser)
+    default = ",".join(s.name for s in registry.SOURCES.values() if s.default)
+    parser.add_argument("--corpora", default=default,
+                        help=f"which corpora to build, comma-separated from {names} "
+                        "(default: %(default)s), built in that order; general needs the "
+                        "other three built (its train split leaves out their valid and test "
+                        f"sentences) and writes the weighted mix of all four. {WEIGHTED} "
+                        "alone writes the weighted mix of the built --mix-of corpora to "
+                        "--mix-out. The written mixes of older releases: ddtp with messages "
+                        "writes --mixed-out, everyday with them --everyday-mix-out; mix, "
+                        "everyday-mix or general-mix alone rewrites that mix from the corpora "
+                        "already built")
+    group = parser.add_argument_group(
+        "weighted mix (the parts and their weights in corpus.json; the trainer repeats "
+        "each part's training pairs by its weight, the --*-repeat flags)")
+    group.add_argument("--mix-of", default=",".join(registry.SOURCES),
+                       help="the corpora of the weighted mix (default: %(default)s)")
+    group.add_argument("--mix-out", type=Path, default=Path("data/mix"),
+                       help="the weighted mix's directory (default: %(default)s)")
+    for src in registry.SOURCES.values():
+        src.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,92 +119,102 @@ def run(args: argparse.Namespace) -> int:
     wanted = [c.strip() for c in args.corpora.split(",") if c.strip()]
     if args.ddtp_repeat < 1:
         return _fail(f"--ddtp-repeat must be >= 1, got {args.ddtp_repeat}")
-    if wanted == ["mix"]:
-        return _write_mix(args)
-    if wanted == ["everyday-mix"]:
-        return everyday_data.write_mix(args)
-    if wanted == ["general-mix"]:
-        return general.write_mix(args)
-    if not wanted or set(wanted) - set(CORPORA + OPTIONAL_CORPORA):
-        return _fail(f"--corpora must name some of {', '.join(CORPORA + OPTIONAL_CORPORA)}, "
-                     f"or be mix or everyday-mix alone; got {args.corpora[:80]!r}")
-    outputs = {"ddtp": [args.out], "messages": [args.messages_out],
-               "everyday": [args.everyday_out], "general": [args.general_out]}
-    if set(CORPORA) <= set(wanted):
-        outputs["messages"].append(args.mixed_out)
-    for out in (o for c in wanted for o in outputs[c]):
+    if len(wanted) == 1 and wanted[0] in WRITTEN_MIXES:
+        return write_copies(args, WRITTEN_MIXES[wanted[0]])
+    if wanted == [WEIGHTED]:
+        return write_weighted(args, [c.strip() for c in args.mix_of.split(",") if c.strip()])
+    if not wanted or set(wanted) - set(registry.SOURCES):
+        return _fail(f"--corpora must name some of {', '.join(registry.SOURCES)}, or be "
+                     f"{WEIGHTED} or one of {', '.join(WRITTEN_MIXES)} alone; "
+                     f"got {args.corpora[:80]!r}")
+    sources = [s for s in registry.SOURCES.values() if s.name in wanted]  # registry order
+    outputs = [getattr(args, s.out_flag) for s in sources]
+    if {"ddtp", "messages"} <= set(wanted):
+        outputs.append(args.mixed_out)
+    for out in outputs:
         if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
             return _fail(f"{out} exists and is not empty; use --force to replace it")
-    if "ddtp" in wanted and (status := run_ddtp(args, langs)):
-        return status
-    if "messages" in wanted:
-        if status := messages_data.run(args, langs, args.no_update):
+    for source in sources:
+        if status := source.builder()(args, langs):
             return status
-        if "ddtp" in wanted and (status := _write_mix(args)):
+        if source.name == "messages" and "ddtp" in wanted and (
+                status := write_copies(args, WRITTEN_MIXES["mix"])):
             return status
-    if "everyday" in wanted and (status := everyday_data.run(args, langs, args.no_update)):
-        return status
-    if "general" in wanted:
-        return general.run(args, langs)
+        if source.name == "everyday" and all(
+                getattr(args, registry.get(s).out_flag).is_dir() for s in ("ddtp", "messages")
+        ) and (status := write_copies(args, WRITTEN_MIXES["everyday-mix"])):
+            return status
+        if source.name == "general" and (status := write_weighted(args, list(registry.SOURCES))):
+            return status
     return 0
 
 
-def _write_mix(args: argparse.Namespace) -> int:
-    for built in (args.out, args.messages_out):
+def _parts(args: argparse.Namespace, names: list[str]
+           ) -> tuple[list[tuple[registry.Source, Path, int]], list[str]] | str:
+    """(source, output directory, weight) of each named corpus and the language
+    pairs all of them hold, or what is wrong."""
+    unknown = [n for n in names if n not in registry.SOURCES]
+    if unknown or not names:
+        return f"no corpus source {unknown or names}; known: {', '.join(registry.SOURCES)}"
+    parts = [(s, getattr(args, s.out_flag), getattr(args, s.weight_flag))
+             for s in map(registry.get, names)]
+    for source, built, weight in parts:
+        if weight < 1:
+            return f"--{source.weight_flag.replace('_', '-')} must be >= 1, got {weight}"
         if not built.is_dir():
-            return _fail(f"{built} is not a built corpus; run seq2serve data first")
+            return f"{built} is not a built corpus; run seq2serve data first"
+    pairs = sorted(p.name for p in parts[-1][1].iterdir()
+                   if all((d / p.name / "corpus.json").is_file() for _, d, _ in parts))
+    if not pairs:
+        return f"{', '.join(names)} share no language pair"
+    return parts, pairs
+
+
+def write_copies(args: argparse.Namespace, written: WrittenMix) -> int:
+    """A written mix of older releases, as they wrote it."""
+    found = _parts(args, list(written.sources))
+    if isinstance(found, str):
+        return _fail(found)
+    parts, pairs = found
+    if written.legacy_record and any(w != 1 for s, _, w in parts if s.name != "ddtp"):
+        return _fail(f"--corpora {written.name} weights DDTP alone (--ddtp-repeat)")
+    out: Path = getattr(args, written.out_flag)
+
+    def fill(tmp: Path) -> None:
+        for name in pairs:
+            folders = [(d / name, w) for _, d, w in parts]
+            record = {"ddtp_repeat": folders[0][1]} if written.legacy_record else None
+            held = mix.handwritten_sources(name.split("-", 1)[1]) if written.handwritten \
+                else set()
+            mix.write_copies(tmp / name, folders, held, record)
+
     try:
-        names = messages_data.write_mixed(args.out, args.messages_out, args.mixed_out,
-                                          args.force, ddtp_repeat=args.ddtp_repeat)
+        write_atomically(out, args.force, fill)
     except FileExistsError as exc:
         return _fail(str(exc))
-    if not names:
-        return _fail(f"{args.out} and {args.messages_out} share no language pair")
-    print(f"wrote {args.mixed_out} ({', '.join(names)}: DDTP x{args.ddtp_repeat} + messages)")
+    print(f"wrote {out} ({', '.join(pairs)}: "
+          + " + ".join(f"{s.label} x{w}" for s, _, w in parts) + ")")
     return 0
 
 
-def run_ddtp(args: argparse.Namespace, langs: list[str]) -> int:
-    out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        return _fail(f"{out} exists and is not empty; use --force to replace it")
+def write_weighted(args: argparse.Namespace, names: list[str]) -> int:
+    """The weighted mix of the named built corpora at --mix-out."""
+    found = _parts(args, names)
+    if isinstance(found, str):
+        return _fail(found)
+    parts, pairs = found
+
+    def fill(tmp: Path) -> None:
+        for name in pairs:
+            mix.write_weighted(tmp / name, [(s.name, d / name, w) for s, d, w in parts],
+                               mix.handwritten_sources(name.split("-", 1)[1]))
 
     try:
-        if args.from_dir:
-            directory = args.from_dir
-        elif args.no_update:
-            directory = apt_lists_dir()
-        else:
-            directory = apt_update(langs)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        return _fail(f"apt-get update failed ({exc}); use --no-update or --from-dir")
-    if not directory.is_dir():
-        return _fail(f"{directory} is not a directory")
-    found = find_indexes(directory, ["en", *langs])
-    missing = [lang for lang, files in found.items() if not files]
-    if missing:
-        return _fail(f"no Translation-{{{','.join(sorted(missing))}}} index in {directory}")
-
-    indexes: list[IndexFile] = []
-    parsed: dict[str, dict[str, Description]] = {}
-    for lang in ["en", *langs]:
-        merged = parsed.setdefault(lang, {})
-        for path in found[lang]:
-            text = read_index(path)
-            records = parse_index(text)
-            _log(f"{path.name}: {len(records)} descriptions")
-            merged.update(records)
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            indexes.append(IndexFile(path, lang, digest, release_info(path)))
-
-    english = parsed.pop("en")
-    corpora = build(english, parsed)
-    try:
-        write_output(out, corpora, indexes, args.force)
+        write_atomically(args.mix_out, args.force, fill)
     except FileExistsError as exc:
         return _fail(str(exc))
-    print(count_table(corpora))
-    print(f"wrote {out}")
+    print(f"wrote {args.mix_out} ({', '.join(pairs)}: "
+          + " + ".join(f"{s.label} x{w}" for s, _, w in parts) + ", weighted when read)")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""`seq2serve data --corpora everyday`: fetch, build and write the everyday corpus,
-and the three-corpus training mix (DDTP + program messages + everyday).
+"""`seq2serve data --corpora everyday`: fetch, build and write the everyday corpus
+(its written three-corpus mix is `corpus.py`'s).
 
 Output (`--everyday-out`, default data/everyday): one folder per pair with
 `{train,valid,test}.src/.tgt/.kind/.pkg` (`.kind` is `sentence`,
@@ -46,7 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        "instead of apt (offline, tests)")
 
 
-def run(args: argparse.Namespace, langs: list[str], no_update: bool) -> int:
+def run(args: argparse.Namespace, langs: list[str],
+        no_update: bool | None = None) -> int:
+    no_update = args.no_update if no_update is None else no_update
     unknown = [lang for lang in langs if lang not in everyday.LANGS]
     if unknown:
         return _fail(f"the everyday corpus exists for {', '.join(everyday.LANGS)} only, "
@@ -77,8 +79,6 @@ def run(args: argparse.Namespace, langs: list[str], no_update: bool) -> int:
         counts = {s: len(rows) for s, rows in corpus.splits.items()}
         print(f"everyday {corpus.name}: {counts} from {len(corpus.packages)} packages")
     print(f"wrote {out} ({len(taken)} packages, {downloaded / MB:.1f} MiB of .debs)")
-    if args.out.is_dir() and args.messages_out.is_dir():
-        return write_mix(args)
     return 0
 
 
@@ -195,73 +195,6 @@ def write_handwritten(folder: Path, lang: str) -> None:
             "counts": {"test": {"sentence": len(pairs)}},
             "source": {"name": "hand-written everyday sentences",
                        "file": "model/data/testsets/everyday.tsv"}}
-    (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-
-
-# --------------------------------------------------------------------------- mix
-
-
-def write_mix(args: argparse.Namespace) -> int:
-    """`--everyday-mix-out/en-<lang>`: DDTP x --ddtp-repeat + messages + everyday x
-    --everyday-repeat in train; valid and test are the three corpora's own,
-    concatenated; train holds no pair of any valid or test split and no
-    English sentence of the hand-written test set."""
-    if args.everyday_repeat < 1:
-        return _fail(f"--everyday-repeat must be >= 1, got {args.everyday_repeat}")
-    parts = [(args.out, args.ddtp_repeat), (args.messages_out, 1),
-             (args.everyday_out, args.everyday_repeat)]
-    for built, _ in parts:
-        if not built.is_dir():
-            return _fail(f"{built} is not a built corpus; run seq2serve data first")
-    names = sorted(p.name for p in args.everyday_out.iterdir()
-                   if (p / "corpus.json").is_file()
-                   and all((d / p.name / "corpus.json").is_file() for d, _ in parts))
-    if not names:
-        return _fail("DDTP, messages and everyday share no language pair")
-
-    def fill(tmp: Path) -> None:
-        for name in names:
-            lang = name.split("-", 1)[1]
-            held = {src for src, _ in everyday.handwritten(lang)} if lang in everyday.LANGS \
-                else set()
-            write_mix_pair(tmp / name, [(d / name, r) for d, r in parts], held)
-
-    try:
-        messages_data.write_atomically(args.everyday_mix_out, args.force, fill)
-    except FileExistsError as exc:
-        return _fail(str(exc))
-    print(f"wrote {args.everyday_mix_out} ({', '.join(names)}: DDTP x{args.ddtp_repeat} + "
-          f"messages + everyday x{args.everyday_repeat})")
-    return 0
-
-
-def write_mix_pair(folder: Path, parts: list[tuple[Path, int]],
-                   held_sources: set[str] | frozenset[str] = frozenset()) -> None:
-    """One pair's mix from (corpus folder, train repeat) parts; train also
-    drops every pair whose English is in `held_sources` (the hand-written
-    everyday test set, so that no sentence of it is seen in training)."""
-    folder.mkdir(parents=True)
-    rows: dict[str, list[tuple[str, str, str]]] = {}
-    for split in ("test", "valid", "train"):
-        rows[split] = [row for corpus, repeat in parts
-                       for row in messages_data._read_rows(corpus, split)
-                       * (repeat if split == "train" else 1)]
-    held = {(s, t) for split in ("test", "valid") for _, s, t in rows[split]}
-    rows["train"] = [r for r in rows["train"]
-                     if (r[1], r[2]) not in held and r[1] not in held_sources]
-    counts: dict[str, dict[str, int]] = {}
-    for split, split_rows in rows.items():
-        for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
-            (folder / f"{split}.{ext}").write_text("".join(f"{r[col]}\n" for r in split_rows),
-                                                   encoding="utf-8", newline="\n")
-        counts[split] = {}
-        for kind, _, _ in split_rows:
-            counts[split][kind] = counts[split].get(kind, 0) + 1
-    info = json.loads((parts[0][0] / "corpus.json").read_text("utf-8"))
-    info.update(counts=counts, source={"mix": [str(c) for c, _ in parts]},
-                split_rule="each corpus's own; train without any valid/test pair",
-                train_repeat={str(c): r for c, r in parts})
-    info.pop("dropped", None)
     (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 

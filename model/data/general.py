@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seq2serve.model.data import everyday, everyday_data, messages_data
+from seq2serve.model.data import everyday, messages_data, mix
 from seq2serve.model.data.ddtp import reject_reason
 from seq2serve.model.data.gettext import NORMALIZATION, normalize_text
 
@@ -134,7 +134,7 @@ def held_out_sentences(corpora: Iterable[Path], lang: str) -> set[str]:
     for folder in corpora:
         for split in ("valid", "test"):
             if (folder / f"{split}.src").is_file():
-                for _, src, tgt in messages_data._read_rows(folder, split):
+                for _, src, tgt in mix.read_rows(folder, split):
                     held.update((src, tgt))
     if lang in everyday.LANGS:
         held.update(src for src, _ in everyday.handwritten(lang))
@@ -154,12 +154,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--general-out", type=Path, default=Path("data/general"),
                        help="output directory (default: %(default)s)")
     group.add_argument("--general-mix-out", type=Path, default=Path("data/mixed-general"),
-                       help="DDTP + messages + everyday + general training mix, written with "
-                       "the general corpus when the other three are built, or alone with "
-                       "--corpora general-mix (default: %(default)s)")
+                       help="the written DDTP + messages + everyday + general mix, rewritten "
+                       "by --corpora general-mix (building the general corpus writes the "
+                       "weighted mix, --mix-out) (default: %(default)s)")
     group.add_argument("--general-repeat", type=int, default=3,
-                       help="the general corpus's training pairs appear this many times in "
-                       "the mix (default: %(default)s)")
+                       help="the general corpus's weight in a mix: its training pairs appear "
+                       "this many times (default: %(default)s)")
 
 
 def run(args: argparse.Namespace, langs: list[str]) -> int:
@@ -184,40 +184,6 @@ def run(args: argparse.Namespace, langs: list[str]) -> int:
         counts = {s: len(rows) for s, rows in corpus.splits.items()}
         print(f"general {corpus.name}: {counts}")
     print(f"wrote {out}")
-    return write_mix(args)
-
-
-def write_mix(args: argparse.Namespace) -> int:
-    """`--general-mix-out/en-<lang>`: DDTP x --ddtp-repeat, messages x1, everyday x
-    --everyday-repeat, general x --general-repeat in train; valid and test each
-    corpus's own, concatenated (DDTP's first, as the trainer validates on the
-    first pairs)."""
-    for name in ("ddtp_repeat", "everyday_repeat", "general_repeat"):
-        if getattr(args, name) < 1:
-            return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    parts = [(args.out, args.ddtp_repeat), (args.messages_out, 1),
-             (args.everyday_out, args.everyday_repeat), (args.general_out, args.general_repeat)]
-    for built, _ in parts:
-        if not built.is_dir():
-            return _fail(f"{built} is not a built corpus; run seq2serve data first")
-    names = sorted(p.name for p in args.general_out.iterdir()
-                   if all((d / p.name / "corpus.json").is_file() for d, _ in parts))
-    if not names:
-        return _fail("DDTP, messages, everyday and general share no language pair")
-
-    def fill(tmp: Path) -> None:
-        for name in names:
-            lang = name.split("-", 1)[1]
-            held = {src for src, _ in everyday.handwritten(lang)} if lang in everyday.LANGS \
-                else set()
-            everyday_data.write_mix_pair(tmp / name, [(d / name, r) for d, r in parts], held)
-
-    try:
-        messages_data.write_atomically(args.general_mix_out, args.force, fill)
-    except FileExistsError as exc:
-        return _fail(str(exc))
-    print(f"wrote {args.general_mix_out} ({', '.join(names)}: DDTP x{args.ddtp_repeat} + "
-          f"messages + everyday x{args.everyday_repeat} + general x{args.general_repeat})")
     return 0
 
 

@@ -4,7 +4,7 @@ Output (`--messages-out`, default data/messages): one folder per pair
 (`en-de/`, `en-fr/`) with `{train,valid,test}.src/.tgt/.kind/.pkg`
 (`.kind` is always `message`, `.pkg` the source package of the pair) and
 `corpus.json`, plus `packages.json` and `DATA_CARD.md`. With DDTP built too,
-`--mixed-out` (default data/mixed) holds the training mix of both.
+`--mixed-out` (default data/mixed) holds the written mix of both (`corpus.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from seq2serve.model.data import debian_debs, messages
+from seq2serve.model.data import debian_debs, messages, mix
 from seq2serve.model.data.debian_debs import LANGS, Deb
 from seq2serve.model.data.gettext import NORMALIZATION
 from seq2serve.model.data.messages import MessageCorpus, Selection
@@ -42,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ddtp-repeat", type=int, default=1,
                        help="DDTP's training pairs appear this many times in the mix, to "
                        "weight the smaller corpus up (default: %(default)s)")
+    group.add_argument("--messages-repeat", type=int, default=1,
+                       help="the messages corpus's weight in a mix (default: %(default)s)")
     group.add_argument("--deb-cache", type=Path, default=Path("data/debs"),
                        help="downloaded .debs and the private apt state; kept, so a rerun "
                        "resumes (default: %(default)s)")
@@ -59,7 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        "(packages unpacked with dpkg-deb -x) instead of apt (offline, tests)")
 
 
-def run(args: argparse.Namespace, langs: list[str], no_update: bool) -> int:
+def run(args: argparse.Namespace, langs: list[str],
+        no_update: bool | None = None) -> int:
+    no_update = args.no_update if no_update is None else no_update
     unknown = [lang for lang in langs if lang not in LANGS]
     if unknown:
         return _fail(f"program messages exist for {', '.join(LANGS)} only, not {unknown}")
@@ -166,14 +170,10 @@ def write(directory: Path, corpora: list[MessageCorpus], selection: Selection,
 
 def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool,
                 ddtp_repeat: int = 1) -> list[str]:
-    """`out/en-<lang>`: DDTP + messages, for training on both domains at once.
-
-    valid and test are the two corpora's own (score each corpus on its own
-    folder to compare with earlier models); train drops any pair that is in
-    either corpus's valid or test, so training never sees an evaluation pair.
-    DDTP's train pairs are written `ddtp_repeat` times (DDTP is the smaller
-    corpus: 44k pairs against 230k messages for en-de).
-    """
+    """`out/en-<lang>`: the written DDTP + messages mix of older releases (`seq2serve
+    data --corpora mix` writes it through `corpus.write_copies`): valid and test the
+    two corpora's own, train without any of their pairs, DDTP's train pairs
+    `ddtp_repeat` times."""
     if ddtp_repeat < 1:
         raise ValueError(f"ddtp_repeat must be >= 1, got {ddtp_repeat}")
     names = sorted(p.name for p in messages_dir.iterdir()
@@ -181,41 +181,15 @@ def write_mixed(ddtp_dir: Path, messages_dir: Path, out: Path, force: bool,
 
     def fill(tmp: Path) -> None:
         for name in names:
-            folder = tmp / name
-            folder.mkdir(parents=True)
-            rows: dict[str, list[tuple[str, str, str]]] = {}
-            for split in ("test", "valid", "train"):
-                repeat = ddtp_repeat if split == "train" else 1
-                rows[split] = [*(_read_rows(ddtp_dir / name, split) * repeat),
-                               *_read_rows(messages_dir / name, split)]
-            held = {(s, t) for split in ("test", "valid") for _, s, t in rows[split]}
-            rows["train"] = [r for r in rows["train"] if (r[1], r[2]) not in held]
-            counts: dict[str, dict[str, int]] = {}
-            for split, split_rows in rows.items():
-                for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
-                    (folder / f"{split}.{ext}").write_text(
-                        "".join(f"{r[col]}\n" for r in split_rows), encoding="utf-8",
-                        newline="\n")
-                counts[split] = {}
-                for kind, _, _ in split_rows:
-                    counts[split][kind] = counts[split].get(kind, 0) + 1
-            info = json.loads((ddtp_dir / name / "corpus.json").read_text("utf-8"))
-            info.update(counts=counts, source={"mix": [str(ddtp_dir / name),
-                                                       str(messages_dir / name)]},
-                        split_rule="each corpus's own; train without any valid/test pair",
-                        ddtp_repeat=ddtp_repeat)
-            info.pop("dropped", None)
-            (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n",
-                                                encoding="utf-8")
+            mix.write_copies(tmp / name, [(ddtp_dir / name, ddtp_repeat),
+                                          (messages_dir / name, 1)],
+                             record={"ddtp_repeat": ddtp_repeat})
 
     write_atomically(out, force, fill)
     return names
 
 
-def _read_rows(corpus: Path, split: str) -> list[tuple[str, str, str]]:
-    read = [(corpus / f"{split}.{ext}").read_text("utf-8").split("\n")[:-1]
-            for ext in ("kind", "src", "tgt")]
-    return list(zip(*read, strict=True))
+_read_rows = mix.read_rows  # the older name
 
 
 def write_atomically(out: Path, force: bool, fill: Callable[[Path], None]) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.model.checkpoint import load_checkpoint, read_meta, save_checkpoint
+from seq2serve.model.data import mix
 from seq2serve.model.tokenizer import (
     Tokenizer,
     extend_vocabulary,
@@ -593,9 +594,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "extend-vocab":
         tokenizer = Tokenizer(args.tokenizer)
-        split = [args.data / "train.src", args.data / "train.tgt"]
-        unknown = unknown_characters(tokenizer, split)
-        words = frequent_split_words(tokenizer, split, args.words) if args.words > 0 else {}
+        with mix.train_text(args.data, args.out.parent) as split:  # a weighted mix's too
+            unknown = unknown_characters(tokenizer, split)
+            words = frequent_split_words(tokenizer, split, args.words) if args.words > 0 else {}
         extended = extend_vocabulary(args.tokenizer, args.out, unknown, words)
         # Beside the model, for `release checkpoint` (the card's commands) to find.
         record = {"tokenizer": str(args.tokenizer), "data": str(args.data),

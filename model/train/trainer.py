@@ -31,6 +31,7 @@ from torch import Tensor
 
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.data import mix, registry
 from seq2serve.model.tokenizer import MODEL_TYPES, Tokenizer, segmentation, train_tokenizer
 from seq2serve.model.train.batching import (
     BatchStream,
@@ -38,6 +39,7 @@ from seq2serve.model.train.batching import (
     collate,
     length_batches,
     read_split,
+    tokenize_mix,
     tokenize_split,
 )
 from seq2serve.model.train.evaluate import (
@@ -54,7 +56,8 @@ from seq2serve.model.transformer import Seq2SeqTransformer
 
 def configure(parser: argparse.ArgumentParser) -> None:
     io = parser.add_argument_group("data and run")
-    io.add_argument("--data", help="corpus directory ({split}.src/.tgt, corpus.json) "
+    io.add_argument("--data", help="corpus directory ({split}.src/.tgt, corpus.json), or a "
+                    "weighted mix (`seq2serve data`: parts and weights in corpus.json) "
                     f"(default: {DATA_ROOT}/SRC-TGT from --src/--tgt, or "
                     f"{DATA_ROOT}/summarize-SRC for --task summarize)")
     io.add_argument("--src", help="source language; checked against the corpus's corpus.json")
@@ -133,8 +136,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "copy-the-source baseline on --data --split instead of training; prints "
                     "a summary")
     sc.add_argument("--split", default="test")
-    sc.add_argument("--kind", help="only the segments of this kind (needs {split}.kind; "
-                    "each corpus names its own: synopsis, message, manythings, ...)")
+    sc.add_argument("--kind", choices=registry.all_kinds(), metavar="KIND",
+                    help="only the segments of this kind (needs {split}.kind): any kind of "
+                    "a registered corpus source, " + ", ".join(registry.all_kinds()))
     sc.add_argument("--beam", type=int, default=1, help="only 1 (greedy) for now")
     sc.add_argument("--score-max-sentences", type=int, help="the first N (after --kind)")
     sc.add_argument("--samples", type=int, default=10, help="sample outputs in the report, "
@@ -380,27 +384,34 @@ class Trainer:
                 if args.init_from is not None else None)
             if given is not None:
                 shutil.copyfile(given, self.tokenizer_file)
+        weighted = mix.is_weighted(self.data_dir)
         if not self.tokenizer_file.is_file():
             t0 = time.monotonic()
-            train_tokenizer(
-                [self.data_dir / "train.src", self.data_dir / "train.tgt"],
-                self.tokenizer_file, vocab_size=args.vocab_size, model_type=args.spm_type,
-                character_coverage=args.character_coverage, byte_fallback=args.byte_fallback,
-                input_sentence_size=args.spm_sentences, seed=args.seed,
-                num_threads=args.threads)
+            with mix.train_text(self.data_dir, self.out) as files:
+                train_tokenizer(
+                    files, self.tokenizer_file, vocab_size=args.vocab_size,
+                    model_type=args.spm_type, character_coverage=args.character_coverage,
+                    byte_fallback=args.byte_fallback, input_sentence_size=args.spm_sentences,
+                    seed=args.seed, num_threads=args.threads)
             self.log(f"trained {args.spm_type} tokenizer in {time.monotonic() - t0:.1f}s")
         self.tokenizer = Tokenizer(self.tokenizer_file)
         t0 = time.monotonic()
         cache = self.out / "cache"
-        self.train_data = tokenize_split(self.data_dir, "train", self.tokenizer, cache,
-                                         args.max_src_len, args.max_tgt_len,
-                                         threads=args.threads)
+        if weighted:
+            self.train_data = tokenize_mix(self.data_dir, self.tokenizer, cache,
+                                           args.max_src_len, args.max_tgt_len,
+                                           threads=args.threads)
+        else:
+            self.train_data = tokenize_split(self.data_dir, "train", self.tokenizer, cache,
+                                             args.max_src_len, args.max_tgt_len,
+                                             threads=args.threads)
         self.valid_data = tokenize_split(self.data_dir, "valid", self.tokenizer, cache,
                                          args.max_src_len, args.max_tgt_len,
                                          limit=args.eval_max_sentences, threads=args.threads)
         self.valid_src, self.valid_ref = read_split(self.data_dir, "valid",
                                                     args.eval_max_sentences)
-        self.log(f"{len(self.train_data)} training pairs (after length filtering), "
+        self.log(f"{self.train_data.epoch_size} training pairs (after length filtering"
+                 + (f"; {len(self.train_data)} before weighting" if weighted else "") + "), "
                  f"{len(self.valid_src)} validation "
                  f"pairs, vocab {self.tokenizer.vocab_size} "
                  f"({time.monotonic() - t0:.1f}s to load/tokenize)")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from seq2serve.model.data import corpus, general
+from seq2serve.model.data import corpus, general, mix
 
 
 def _gz(path: Path, lines: list[str]) -> None:
@@ -95,7 +96,8 @@ def test_cli_needs_the_other_corpora_then_writes_corpus_and_mix(tmp_path: Path) 
     args = ["--general-from", str(shared), "--general-out", str(tmp_path / "general"),
             "--out", str(tmp_path / "ddtp"), "--messages-out", str(tmp_path / "messages"),
             "--everyday-out", str(tmp_path / "everyday"),
-            "--general-mix-out", str(tmp_path / "mix"), "--langs", "de",
+            "--general-mix-out", str(tmp_path / "mix"), "--mix-out", str(tmp_path / "weighted"),
+            "--langs", "de",
             "--corpora", "general", "--ddtp-repeat", "2", "--everyday-repeat", "1",
             "--general-repeat", "3"]
     assert corpus.run(_parse(args)) == 1  # the other corpora are not built
@@ -110,14 +112,26 @@ def test_cli_needs_the_other_corpora_then_writes_corpus_and_mix(tmp_path: Path) 
     assert info["source"]["files"]["manythings"]["license"].startswith("CC-BY 2.0 FR")
     train = (out / "train.src").read_text().split("\n")[:-1]
     assert "Test me." not in train  # another corpus's test sentence
-    mix = tmp_path / "mix" / "en-de"
-    pairs = list(zip((mix / "train.src").read_text().split("\n")[:-1],
-                     (mix / "train.tgt").read_text().split("\n")[:-1], strict=True))
+    # the weighted mix: parts and weights, its training pairs repeated when read
+    weighted = tmp_path / "weighted" / "en-de"
+    assert not (weighted / "train.src").exists()
+    assert [p["weight"] for p in json.loads((weighted / "corpus.json").read_text())["parts"]] \
+        == [2, 1, 1, 3]
+    pairs = [(s, t) for _, s, t in mix.train_rows(weighted)]
     assert pairs.count((train_en, "Ein Satz.")) == 3
     assert pairs.count(("A tool.", "Ein Werkzeug.")) == 2 + 3 * ("A tool." in train)
     assert pairs.count(("Hi.", "Hallo.")) == 1
-    # the mix alone, from the corpora already built
+    assert ("Test me.", "Teste mich bitte.") in list(zip(
+        (weighted / "test.src").read_text().split("\n"),
+        (weighted / "test.tgt").read_text().split("\n"), strict=True))
+    # the written mix of older releases, from the corpora already built: the same pairs
+    assert corpus.run(_parse([*args[:-8], "--corpora", "general-mix", "--ddtp-repeat", "2",
+                              "--everyday-repeat", "1"])) == 0
+    written = tmp_path / "mix" / "en-de"
+    assert Counter(zip((written / "train.src").read_text().split("\n")[:-1],
+                       (written / "train.tgt").read_text().split("\n")[:-1],
+                       strict=True)) == Counter(pairs)
     assert corpus.run(_parse([*args[:-8], "--corpora", "general-mix", "--force",
                               "--general-repeat", "1"])) == 0
-    pairs = (mix / "train.src").read_text().split("\n")
+    pairs = (written / "train.src").read_text().split("\n")
     assert pairs.count(train_en) == 1
