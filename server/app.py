@@ -220,7 +220,7 @@ class Server:
 
     def _http_listener(self) -> HttpListener:
         config = self.config
-        keys = read_api_keys(config.api_keys) if config.api_keys is not None else ()
+        keys = read_api_keys(config.api_keys) if config.api_keys is not None else None
         access = Access(keys, require_key=config.require_api_key,
                         per_minute=config.rate_limit,
                         trusted_proxies=config.trusted_networks())

@@ -93,13 +93,15 @@ class ServerConfig:
         "MIB"))
     api_keys: Path | None = field(default=None, metadata=_meta(
         "HTTP API keys, one per line (# comments); a request with a key not in the file "
-        "gets 403", "FILE"))
+        "gets 403; without this file a request's key is ignored, as LibreTranslate does",
+        "FILE"))
     glossary_dir: Path | None = field(default=None, metadata=_meta(
         "named glossaries a request chooses with its glossary field: NAME.tsv (source<TAB>"
         "target per line; a source alone is never translated), NAME.SRC-TGT.tsv for one "
         "language pair, or NAME.tbx (TBX)", "DIR"))
     require_api_key: bool = field(default=False, metadata=_meta(
-        "HTTP requests without a valid key get 403 (needs --api-keys)"))
+        "HTTP requests without a key get 400, as LibreTranslate answers them (needs "
+        "--api-keys)"))
     rate_limit: int = field(default=0, metadata=_meta(
         "HTTP requests per minute per API key, or per client address without one (a list "
         "of texts costs its length; moving window); 0 = unlimited", "N"))

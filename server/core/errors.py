@@ -63,6 +63,26 @@ class Cancelled(ServiceError):
         super().__init__(ErrorKind.CANCELLED, message)
 
 
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` stops being valid Unicode, or None: a surrogate code point
+    (U+D800..U+DFFF) standing alone. JSON's `\\ud800` escape and a few decoders let
+    one into a Python string; nothing can encode it, so it would fail deep in
+    segmentation, tokenization or the answer's encoding as an internal error."""
+    try:
+        text.encode("utf-8")  # in C, and a copy at most: cheap beside a translation
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def check_unicode(name: str, text: str) -> None:
+    """Refuse `text`, naming the field `name`, unless it is valid Unicode."""
+    at = lone_surrogate(text)
+    if at is not None:
+        raise InvalidArgument(f"{name} must be valid Unicode, got a lone surrogate "
+                              f"U+{ord(text[at]):04X} at character {at}")
+
+
 def echo(value: object, limit: int = ECHO_CHARS) -> str:
     """A client's value for an error message: repr'd, cut to `limit` characters."""
     text = value if isinstance(value, str) else str(value)

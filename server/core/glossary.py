@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seq2serve.server.core.errors import InvalidArgument, echo
+from seq2serve.server.core.errors import InvalidArgument, echo, lone_surrogate
 from seq2serve.server.core.placeholders import Terms
 
 SUFFIXES = (".tsv", ".tbx")
@@ -181,6 +181,9 @@ def term_problem(source: str, target: str) -> str | None:
             return f"a term's {what} must be at most {MAX_TERM_CHARS} characters, got {len(text)}"
         if "\n" in text or "\t" in text:
             return f"a term's {what} must be one line without tabs, got {text[:40]!r}"
+        if (at := lone_surrogate(text)) is not None:  # masked in, written back out
+            return (f"a term's {what} must be valid Unicode, got a lone surrogate at "
+                    f"character {at}")
     return None
 
 

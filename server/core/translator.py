@@ -25,6 +25,7 @@ from seq2serve.server.core.errors import (
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
+    check_unicode,
 )
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
@@ -203,6 +204,7 @@ class Translator:
             if len(text) > self.max_text_chars:
                 raise InvalidArgument(f"texts[{i}] must be at most {self.max_text_chars} "
                                       f"characters, got {len(text)}")
+            check_unicode(f"texts[{i}]", text)
         return tuple(texts)
 
     def _prepare(self, job: _Job, text: str) -> tuple[Masked, Plan]:

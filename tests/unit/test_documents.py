@@ -271,6 +271,59 @@ def test_txt_and_html_as_before() -> None:
         read_document("x.txt", b"\xff\xfe", "de")
 
 
+PO_UTF8 = b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+XLIFF = (b'<?xml version="1.0" encoding="UTF-8"?><xliff version="1.2" '
+         b'xmlns="urn:oasis:names:tc:xliff:document:1.2"><file source-language="en" '
+         b'target-language="de" datatype="plaintext" original="x"><body><trans-unit id="1">'
+         b'<source>%s</source></trans-unit></body></file></xliff>')
+SURROGATE_UTF8 = b"\xed\xa0\x80"  # U+D800 as UTF-8 would spell it: not UTF-8
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("a.txt", b"Open " + SURROGATE_UTF8 + b" it\n", "a.txt is not UTF-8 text (byte 5)"),
+    ("a.srt", b"1\n00:00:01,000 --> 00:00:02,000\nOpen " + SURROGATE_UTF8 + b"\n\n",
+     "a.srt is not UTF-8 text"),
+    ("a.html", b"<p>Open \xff</p>", "a.html is not UTF-8 text (byte 8)"),
+    # translate-toolkit reads such bytes as Latin-1 whatever the header says.
+    ("a.po", PO_UTF8 + b'msgid "Open ' + SURROGATE_UTF8 + b'"\nmsgstr ""\n',
+     "a.po is not UTF-8 text"),
+    ("a.xliff", XLIFF % (b"Open " + SURROGATE_UTF8), "a.xliff is not a readable XLIFF file"),
+    ("a.xliff", XLIFF % b"Open &#xD800;", "a.xliff is not a readable XLIFF file"),
+])
+def test_a_file_that_is_not_unicode_is_refused_naming_it(name: str, data: bytes,
+                                                         message: str) -> None:
+    with pytest.raises(DocumentError) as error:
+        read_document(name, data, "de")
+    assert message in error.value.message
+
+
+def test_html_character_references_to_surrogates_read_as_html_says() -> None:
+    """HTML's rule: a reference to a surrogate is U+FFFD, never a lone surrogate."""
+    document = read_document("a.html", b"<p>Open &#xD800; it</p>", "de")
+    assert list(document.texts) == ["Open \ufffd it"]
+
+
+def test_a_catalog_without_a_charset_is_still_read_as_latin_1() -> None:
+    """translate-toolkit's fallback for catalogs that declare nothing stays."""
+    document = read_document("a.po", b'msgid "Gr\xf6\xdfe"\nmsgstr ""\n', "de")
+    assert list(document.texts) == ["Größe"]
+
+
+def test_any_format_yielding_a_lone_surrogate_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No format reads one today; read_document guarantees it for any format."""
+    import seq2serve.server.core.documents as documents
+
+    class Escaping(documents.TextDocument):
+        @property
+        def texts(self) -> list[str]:
+            return ["fine", "a \udfff b"]
+
+    monkeypatch.setattr(documents, "TextDocument", Escaping)
+    with pytest.raises(DocumentError, match=r"^a\.txt is not valid Unicode: text 1 has a lone "
+                                            r"surrogate at character 2$"):
+        read_document("a.txt", b"fine\n", "de")
+
+
 # -- queueing --------------------------------------------------------------------------
 
 

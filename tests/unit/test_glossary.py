@@ -84,6 +84,8 @@ def test_request_terms_merge_and_win(directory: Path) -> None:
     ("", [("", "x")], [], "terms[0]: a term's source is empty"),
     ("", [], ["ok", "two\nlines"], "do_not_translate[1]"),
     ("", [], ["x" * 201], "do_not_translate[0]: a term's source must be at most 200"),
+    ("", [("disk", "Daten\udc00")], [], "terms[0]: a term's target must be valid Unicode"),
+    ("", [], ["ok", "\ud800"], "do_not_translate[1]: a term's source must be valid Unicode"),
 ])
 def test_request_terms_name_the_field(directory: Path, name: str,
                                       pairs: list[tuple[str, str]], keep: list[str],

@@ -9,6 +9,7 @@ import pytest
 from seq2serve.server.api.http.access import (
     Access,
     AccessDenied,
+    KeyRequired,
     RateLimited,
     read_api_keys,
 )
@@ -28,8 +29,34 @@ def test_a_wrong_key_is_refused_and_a_missing_one_only_when_required() -> None:
     with pytest.raises(AccessDenied, match="Invalid API key"):
         open_door.admit("10.0.0.1", None, "k2")
     locked = Access(keys=["k1"], require_key=True)
-    with pytest.raises(AccessDenied, match="get an API key"):
+    with pytest.raises(KeyRequired, match="get an API key"):
         locked.admit("10.0.0.1", None, None)
+
+
+@pytest.mark.parametrize("key", [None, "", "k1", "any-key", "an old key"])
+def test_without_keys_any_key_is_ignored(key: str | None) -> None:
+    """LibreTranslate's access_check looks at a key only when its key database is on
+    (--api-keys): clients that always send one must work on a server without keys."""
+    door = Access()
+    assert door.uses_keys is False and door.require_key is False
+    assert door.admit("10.0.0.1", None, key).key is None
+
+
+def test_an_empty_keys_file_refuses_every_key_and_admits_none() -> None:
+    """Keys are on with the file, even an empty one (LibreTranslate's empty database)."""
+    door = Access(keys=[])
+    assert door.uses_keys
+    assert door.admit("10.0.0.1", None, None).key is None
+    with pytest.raises(AccessDenied, match="Invalid API key"):
+        door.admit("10.0.0.1", None, "k1")
+
+
+def test_without_keys_the_budget_is_the_address_s_whatever_key_is_sent() -> None:
+    door = Access(per_minute=2)
+    door.admit("10.0.0.1", None, "k1")
+    door.admit("10.0.0.1", None, "k2")
+    with pytest.raises(RateLimited):  # a made-up key is no way around the limit
+        door.admit("10.0.0.1", None, "k3")
 
 
 def test_the_limit_is_per_client_and_a_list_costs_its_length() -> None:

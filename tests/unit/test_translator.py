@@ -189,6 +189,22 @@ def test_errors_carry_their_kind(translator: Translator,
         assert kind_of(translator.translate(request(), Call())) == kind
 
 
+def test_a_text_that_is_not_unicode_is_invalid_naming_it(translator: Translator) -> None:
+    """A lone surrogate (JSON's \\ud800 reaches a str that way) failed in segmentation as
+    an internal error; every way into the core now refuses it as the client's input."""
+    texts = ("Open the file.", "a \ud800 b")
+    calls = {"translate": translator.translate(TranslateRequest(texts, model=MODEL), Call()),
+             "summarize": translator.summarize(SummarizeRequest(texts), Call()),
+             "stream": collect_later(translator, TranslateRequest(texts[1:], model=MODEL))}
+    for name, work in calls.items():
+        with pytest.raises(ServiceError) as err:
+            run(work)
+        assert err.value.kind == ErrorKind.INVALID_ARGUMENT, name
+        index = 0 if name == "stream" else 1
+        assert err.value.message == (f"texts[{index}] must be valid Unicode, got a lone "
+                                     "surrogate U+D800 at character 2"), name
+
+
 async def collect_later(translator: Translator, request: TranslateRequest) -> None:
     async for _ in translator.stream(request, Call()):
         pass

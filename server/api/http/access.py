@@ -1,11 +1,12 @@
 """Who may call, and how often: API keys and per-client rate limits.
 
 Keys come from a file (one per line, `#` comments), are compared in constant
-time and never logged. Limits use a moving window (the `limits` library, as
-LibreTranslate's Flask-Limiter does): one budget per valid key, else one per
-client address; a list request costs its length. The client address is the
-peer's, or the last untrusted hop of X-Forwarded-For when the peer is a trusted
-proxy.
+time and never logged; without the file a request's key is ignored, as
+LibreTranslate ignores keys without its key database. Limits use a moving
+window (the `limits` library, as LibreTranslate's Flask-Limiter does): one
+budget per valid key, else one per client address; a list request costs its
+length. The client address is the peer's, or the last untrusted hop of
+X-Forwarded-For when the peer is a trusted proxy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from seq2serve.server.config import Network
 
 
 class AccessDenied(Exception):
-    """403: a wrong key, or none where one is required."""
+    """403: a key that is not one of the server's."""
+
+
+class KeyRequired(Exception):
+    """400: no key where one is required (LibreTranslate's status for it, not 403)."""
 
 
 class RateLimited(Exception):
@@ -47,10 +52,15 @@ class Caller:
 
 
 class Access:
-    def __init__(self, keys: Sequence[str] = (), require_key: bool = False,
+    """Keys in LibreTranslate's three modes (its `access_check`): off (`keys` None, no
+    --api-keys), where a request's key is never looked at; on, where a key that is not
+    one of `keys` is refused and a request without one is let in; required, where a
+    request without one is refused too."""
+
+    def __init__(self, keys: Sequence[str] | None = None, require_key: bool = False,
                  per_minute: int = 0, trusted_proxies: Sequence[Network] = ()) -> None:
-        self._keys = tuple(key.encode() for key in keys)
-        self.require_key = require_key
+        self._keys = None if keys is None else tuple(key.encode() for key in keys)
+        self.require_key = require_key and self._keys is not None
         self.trusted_proxies = tuple(trusted_proxies)
         self.limit: RateLimitItem | None = (RateLimitItemPerMinute(per_minute)
                                             if per_minute > 0 else None)
@@ -58,29 +68,41 @@ class Access:
 
     @property
     def uses_keys(self) -> bool:
-        return bool(self._keys)
+        """Keys are on (an empty file too: then every key is refused, as with
+        LibreTranslate's empty key database)."""
+        return self._keys is not None
 
     def valid_key(self, key: str) -> bool:
         given = key.encode()
         found = False
-        for known in self._keys:  # every key is compared: the time says nothing
+        for known in self._keys or ():  # every key is compared: the time says nothing
             found |= hmac.compare_digest(given, known)
         return found
 
     def admit(self, peer: str, forwarded_for: str | None, key: str | None,
               cost: int = 1) -> Caller:
-        """The caller of one request, or AccessDenied / RateLimited."""
-        if key:
-            if not self.valid_key(key):
-                raise AccessDenied("Invalid API key")
-        elif self.require_key:
-            raise AccessDenied("Please contact the server operator to get an API key")
-        caller = Caller(address=self.client_address(peer, forwarded_for), key=key or None)
+        """The caller of one request, or AccessDenied / KeyRequired / RateLimited."""
+        caller = Caller(address=self.client_address(peer, forwarded_for),
+                        key=self.checked_key(key))
         if self.limit is not None:
             bucket = f"key:{caller.key}" if caller.key else f"ip:{caller.address}"
             if not self._limiter.hit(self.limit, bucket, cost=max(1, cost)):
                 raise RateLimited(f"Slowdown: {self.limit}")
         return caller
+
+    def checked_key(self, key: str | None) -> str | None:
+        """The request's valid key, or None where it has none that counts."""
+        if not self.uses_keys:
+            # Clients that always send a key (some refuse to run without one) and
+            # settings that keep an old one must work on a server without keys.
+            return None
+        if key:
+            if not self.valid_key(key):
+                raise AccessDenied("Invalid API key")
+            return key
+        if self.require_key:
+            raise KeyRequired("Please contact the server operator to get an API key")
+        return None
 
     def client_address(self, peer: str, forwarded_for: str | None) -> str:
         if not forwarded_for or not self._trusted(peer):

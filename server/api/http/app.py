@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from seq2serve.server.api.http.access import Access, AccessDenied, RateLimited
+from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
 from seq2serve.server.api.http.body import BodyLimit
 from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
@@ -82,6 +82,8 @@ def error_response(error: BaseException) -> JSONResponse:
         return JSONResponse({"error": str(error)}, status_code=400)
     if isinstance(error, AccessDenied):
         return JSONResponse({"error": str(error)}, status_code=403)
+    if isinstance(error, KeyRequired):
+        return JSONResponse({"error": str(error)}, status_code=400)
     if isinstance(error, RateLimited):
         return JSONResponse({"error": str(error)}, status_code=429)
     log.error("unhandled error in an HTTP request", exc_info=error)

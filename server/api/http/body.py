@@ -1,17 +1,18 @@
-"""Request bodies as LibreTranslate reads them: JSON, or form fields (urlencoded
-or multipart), under a size limit, with LibreTranslate's error messages."""
+"""Request fields as LibreTranslate reads them: a JSON body, or form fields
+(urlencoded or multipart) together with the query string; bodies under a size
+limit; LibreTranslate's error messages."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seq2serve.server.core.errors import InvalidArgument
+from seq2serve.server.core.errors import InvalidArgument, check_unicode
 
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -121,37 +122,89 @@ class Fields:
 
 
 async def read_fields(request: Request) -> Fields:
+    """The fields as LibreTranslate reads them: a JSON body alone (its `request.is_json`
+    branch), else the query string and the form together (Flask's `request.values`), the
+    query string's value winning a name both carry, as Werkzeug's lookup does."""
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind == "application/json" or kind.endswith("+json"):
-        raw = await request.body()
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise invalid("Invalid JSON format") from None
-        if not isinstance(data, dict):
-            raise invalid("Invalid JSON format")
-        return Fields(values=data, files={}, is_json=True)
-    if kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        try:
-            form = await request.form(max_files=1, max_fields=100)
-        except (UnicodeDecodeError, ValueError, KeyError) as error:
-            raise invalid(f"Invalid form data: {str(error)[:64]}") from None
-        values: dict[str, JsonValue] = {}
-        files: dict[str, UploadFile] = {}
-        for name, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                files[name] = value
-            elif name in values:  # a repeated field is a list, as `q=a&q=b`
-                previous = values[name]
-                values[name] = [*previous, value] if isinstance(previous, list) else \
-                    [previous, value]
-            else:
-                values[name] = value
-        return Fields(values=values, files=files, is_json=False)
-    if kind == "":
-        return Fields(values=dict(request.query_params), files={}, is_json=False)
-    raise invalid(f"Invalid request: content type {kind[:64]!r} is not supported; send JSON or "
-                  "form fields")
+        fields = Fields(values=await _json_values(request), files={}, is_json=True)
+    elif kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        values, files = await _form_values(request)
+        fields = Fields(values={**values, **_repeated(request.query_params.multi_items())},
+                        files=files, is_json=False)
+    elif kind == "":
+        fields = Fields(values=_repeated(request.query_params.multi_items()), files={},
+                        is_json=False)
+    else:
+        raise invalid(f"Invalid request: content type {kind[:64]!r} is not supported; send "
+                      "JSON or form fields")
+    check_fields_unicode(fields)
+    return fields
+
+
+async def _json_values(request: Request) -> dict[str, JsonValue]:
+    raw = await request.body()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise invalid("Invalid JSON format") from None
+    if not isinstance(data, dict):
+        raise invalid("Invalid JSON format")
+    return data
+
+
+async def _form_values(request: Request) -> tuple[dict[str, JsonValue], dict[str, UploadFile]]:
+    try:
+        form = await request.form(max_files=1, max_fields=100)
+    except (UnicodeDecodeError, ValueError, KeyError) as error:
+        raise invalid(f"Invalid form data: {str(error)[:64]}") from None
+    files = {name: value for name, value in form.multi_items()
+             if isinstance(value, UploadFile)}
+    return _repeated((name, value) for name, value in form.multi_items()
+                     if isinstance(value, str)), files
+
+
+def _repeated(items: Iterable[tuple[str, str]]) -> dict[str, JsonValue]:
+    """Name -> value; a repeated name is a list, as `q=a&q=b`."""
+    values: dict[str, JsonValue] = {}
+    for name, value in items:
+        previous = values.get(name)
+        if previous is None:
+            values[name] = value
+        else:
+            values[name] = [*previous, value] if isinstance(previous, list) else \
+                [previous, value]
+    return values
+
+
+def check_fields_unicode(fields: Fields) -> None:
+    """Refuse a field that is not valid Unicode, naming it (`q[2]`, `terms["disk"]`).
+
+    JSON's `\\ud800` escape decodes to a lone surrogate, and so does a multipart part in a
+    charset such as `unicode_escape`; such a text would fail as an internal error where it
+    is first encoded (segmentation, the answer, an error message that echoes it). Walked
+    with a stack, not recursion: JSON nests as deep as its parser allowed."""
+    stack: list[tuple[str, JsonValue]] = [(_bounded(name), value)
+                                          for name, value in fields.values.items()]
+    for name in (*fields.values, *fields.files):
+        check_unicode("a field name", name)
+    for name, upload in fields.files.items():
+        check_unicode(f"{_bounded(name)} (its file name)", upload.filename or "")
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            check_unicode(path, value)
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                check_unicode(f"a key of {path}", key)
+                stack.append((f"{path}[{json.dumps(_bounded(key))}]", item))
+
+
+def _bounded(name: str, limit: int = 32) -> str:
+    """A client-chosen name as an error message may echo it."""
+    return name if len(name) <= limit else f"{name[:limit]}..."
 
 
 class BodyLimit:

@@ -10,6 +10,7 @@ A list `q` is one core request: its texts batch with every other request's
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -346,10 +347,22 @@ class LibreTranslateApi:
     # -- access ----------------------------------------------------------------------
 
     def _admit(self, request: Request, fields: Fields, cost: int) -> None:
-        key = fields.text("api_key") or request.headers.get("authorization", "").removeprefix(
+        key = _api_key(fields) or request.headers.get("authorization", "").removeprefix(
             "Bearer ").strip() or None
         peer = request.client.host if request.client is not None else ""
         self.access.admit(peer, request.headers.get("x-forwarded-for"), key, cost)
+
+
+def _api_key(fields: Fields) -> str | None:
+    """`api_key` as LibreTranslate takes it: any value, never a type error (a server
+    without keys ignores it, whatever it is); a false one (absent, "", 0) is no key, as
+    its `if ak`; another non-string is compared as its JSON text (`123`)."""
+    value = fields.values.get("api_key")
+    if isinstance(value, list) and not fields.is_json and value:
+        value = value[0]  # a repeated field: Werkzeug's `values.get` takes the first
+    if not value:
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _required(fields: Fields, name: str) -> str:

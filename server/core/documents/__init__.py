@@ -19,6 +19,7 @@ from seq2serve.server.core.documents.gettext import GettextDocument
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
+from seq2serve.server.core.errors import lone_surrogate
 
 __all__ = ["SUFFIXES", "Document", "DocumentError", "Tally", "media_type", "read_document"]
 
@@ -31,6 +32,17 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False) 
     `overwrite` retranslates entries that are translated already (formats with entries
     that can be: .po, .xliff)."""
     base = PurePath(name).name
+    document = _read(base, data, target, overwrite)
+    # A format's own escapes or declared charset (a catalog in `unicode_escape`) can
+    # still yield a lone surrogate, which no translation could encode.
+    for i, text in enumerate(document.texts):
+        if (at := lone_surrogate(text)) is not None:
+            raise DocumentError(f"{base[:64]} is not valid Unicode: text {i} has a lone "
+                                f"surrogate at character {at}")
+    return document
+
+
+def _read(base: str, data: bytes, target: str, overwrite: bool) -> Document:
     suffix = PurePath(base).suffix.lower()
     if suffix in (".po", ".pot"):
         return GettextDocument(base, data, target, overwrite)

@@ -21,6 +21,7 @@ the filled entries need) is byte for byte as it was.
 
 from __future__ import annotations
 
+import codecs
 import gettext
 import re
 import time
@@ -36,10 +37,12 @@ from seq2serve.server.core.documents.base import (
     Document,
     DocumentError,
     check_target,
+    decode_utf8,
     same_edges,
 )
 
 MEDIA_TYPE = "text/x-gettext-translation"
+_CHARSET = re.compile(r"charset=\s*([^\s;]+)", re.IGNORECASE)
 _PLURAL_FORMS = re.compile(r"^\s*nplurals\s*=\s*(\d+)\s*;\s*plural\s*=\s*(.+?);?\s*$")
 
 
@@ -87,6 +90,10 @@ class GettextDocument(Document):
             self.store = pypo.pofile(data)
         except Exception as e:  # the parser's errors have no common type
             raise DocumentError(f"{name} is not a readable gettext catalog: {e}") from None
+        if _declares_utf8(self.store):
+            # translate-toolkit reads bytes that are not UTF-8 as Latin-1 whatever the
+            # header says, and would write that mojibake back as a translation.
+            decode_utf8(data, name)
         if not template:
             check_target(str(self.store.parseheader().get("Language", "")),  # type: ignore[no-untyped-call]
                          target, name)
@@ -171,6 +178,16 @@ class GettextDocument(Document):
         header = self.store.header()  # type: ignore[no-untyped-call]
         if header is not None:
             header.markfuzzy(False)  # its fields are filled now
+
+
+def _declares_utf8(store: pypo.pofile) -> bool:
+    """Whether the header names UTF-8 as the charset (not left out, not `CHARSET`)."""
+    content_type = str(store.parseheader().get("Content-Type", ""))  # type: ignore[no-untyped-call]
+    match = _CHARSET.search(content_type)
+    try:
+        return match is not None and codecs.lookup(match.group(1)).name == "utf-8"
+    except LookupError:  # translate-toolkit has refused an unknown charset already
+        return False
 
 
 def _strings(value: str) -> list[str]:
