@@ -116,13 +116,13 @@ def run(args: argparse.Namespace) -> int:
            or lang == "en"]
     if bad or not langs:
         return _fail(f"--langs must be language codes other than en, got {args.langs!r}")
-    wanted = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    wanted = _names(args.corpora)
     if args.ddtp_repeat < 1:
         return _fail(f"--ddtp-repeat must be >= 1, got {args.ddtp_repeat}")
     if len(wanted) == 1 and wanted[0] in WRITTEN_MIXES:
         return write_copies(args, WRITTEN_MIXES[wanted[0]])
     if wanted == [WEIGHTED]:
-        return write_weighted(args, [c.strip() for c in args.mix_of.split(",") if c.strip()])
+        return write_weighted(args, _names(args.mix_of))
     if not wanted or set(wanted) - set(registry.SOURCES):
         return _fail(f"--corpora must name some of {', '.join(registry.SOURCES)}, or be "
                      f"{WEIGHTED} or one of {', '.join(WRITTEN_MIXES)} alone; "
@@ -144,9 +144,13 @@ def run(args: argparse.Namespace) -> int:
                 getattr(args, registry.get(s).out_flag).is_dir() for s in ("ddtp", "messages")
         ) and (status := write_copies(args, WRITTEN_MIXES["everyday-mix"])):
             return status
-        if source.name == "general" and (status := write_weighted(args, list(registry.SOURCES))):
+        if source.name == "general" and (status := write_weighted(args, _names(args.mix_of))):
             return status
     return 0
+
+
+def _names(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
 
 
 def _parts(args: argparse.Namespace, names: list[str]

@@ -30,6 +30,7 @@ class Source:
     split_rule: str  # what decides a pair's split (the corpus.json's own text is exact)
     domain: str  # model-card prose: what the text is
     card: str  # its data card, from the repository root
+    card_phrase: str  # how a model card's Data names it, {link} its data card's link
     licence: str  # model-card prose: the terms
     module: str  # under seq2serve.model.data: configure(parser), run(args, langs) -> int
     out_flag: str  # the argparse dest of its output directory
@@ -89,6 +90,7 @@ register(Source(
                "2-3 valid, else train",
     domain="Debian package descriptions (DDTP)",
     card="docs/data-card.md",
+    card_phrase="DDTP (Debian bookworm's translation indexes, {link})",
     licence="Debian package descriptions and their DDTP translations: no single licence",
     module="ddtp_data", out_flag="out", default_out="data/ddtp", weight_flag="ddtp_repeat",
     default=True))
@@ -97,7 +99,7 @@ register(Source(
     split_rule="by source package: int(sha256(source package)) % 100, 0-2 test, "
                "3-5 valid, else train",
     domain="program messages (the gettext catalogs of Debian packages)",
-    card="docs/data-card-messages.md",
+    card="docs/data-card-messages.md", card_phrase="program messages ({link})",
     licence="each catalog under its package's licence",
     module="messages_data", out_flag="messages_out", default_out="data/messages",
     weight_flag="messages_repeat", default=True))
@@ -106,7 +108,7 @@ register(Source(
     split_rule="catalogs by binary package (named test/valid packages and the messages "
                "corpus's test/valid source packages); entries by sha256(English)",
     domain="everyday text (game dialogue and narratives, manuals, dictionary examples)",
-    card="docs/data-card-everyday.md",
+    card="docs/data-card-everyday.md", card_phrase="everyday text ({link})",
     licence="each package's licence",
     module="everyday_data", out_flag="everyday_out", default_out="data/everyday",
     weight_flag="everyday_repeat"))
@@ -117,6 +119,7 @@ register(Source(
     domain="general text (Tatoeba's everyday sentences, WMT news, Multi30k's scene "
            "descriptions)",
     card="docs/data-card-general.md",
+    card_phrase="general text: Tatoeba, WMT newstest, Multi30k ({link})",
     licence="Tatoeba CC-BY 2.0 FR; WMT newstest and Multi30k for research only "
             "(no commercial use)",
     module="general", out_flag="general_out", default_out="data/general",

@@ -67,8 +67,8 @@ def toy_source(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
     monkeypatch.setattr(registry, "SOURCES", dict(registry.SOURCES))
     registry.register(registry.Source(
         name="toy", label="toy text", kinds=("toy",), split_rule="none", domain="toys",
-        card="docs/data-card-toy.md", licence="CC0", module="toy", out_flag="toy_out",
-        default_out="data/toy", weight_flag="toy_repeat"))
+        card="docs/data-card-toy.md", card_phrase="toys ({link})", licence="CC0",
+        module="toy", out_flag="toy_out", default_out="data/toy", weight_flag="toy_repeat"))
     return calls
 
 
