@@ -93,7 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"which corpora to build, comma-separated from {names} "
                         "(default: %(default)s), built in that order; general needs the "
                         "other three built (its train split leaves out their valid and test "
-                        f"sentences) and writes the weighted mix of all four. {WEIGHTED} "
+                        f"sentences) and writes the weighted mix (--mix-of, --mix-out). {WEIGHTED} "
                         "alone writes the weighted mix of the built --mix-of corpora to "
                         "--mix-out. The written mixes of older releases: ddtp with messages "
                         "writes --mixed-out, everyday with them --everyday-mix-out; mix, "

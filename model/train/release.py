@@ -12,7 +12,7 @@ a cheap gain over any one of them), which `checkpoint` then ships like a best/.
 `checkpoint` copies `RUN/best` (or a checkpoint directory) with fp16 weights (half
 the size, and the model is trained and served in fp32: the loader casts back) and
 records in its config.json how long training took to reach it. `card` writes MODEL_CARD.md
-beside the checkpoint from what was measured: the checkpoint's config, the
+(`card.py`) beside the checkpoint from what was measured: the checkpoint's config, the
 test-split report of `seq2serve train --score` (scores, copy baseline,
 samples) and optionally the package-quality records of
 `python -m seq2serve.bench.quality`.
