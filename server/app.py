@@ -171,7 +171,8 @@ class Server:
         self.translator = Translator(self.registry,
                                      max_texts_per_request=config.max_texts_per_request,
                                      max_text_chars=config.max_text_chars, cache=cache,
-                                     glossaries=Glossaries.load(config.glossary_dir))
+                                     glossaries=Glossaries.load(config.glossary_dir),
+                                     metrics=self.metrics)
         self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.proto_api, self.metrics), self.grpc)

@@ -110,6 +110,11 @@ class Metrics:
             f"({', '.join(r.value for r in DropReason)})", ["model", "reason"], registry=r)
         self.engine_errors = Counter(
             f"{NAMESPACE}_engine_errors", "engine calls that raised", ["model"], registry=r)
+        self.routes = Counter(
+            f"{NAMESPACE}_translate_routes", "translation requests by the route that serves "
+            "them (direct: one model; chained: two through English; same_language: the "
+            "text back unchanged) and its models (a chain's joined by '+')",
+            ["route", "models"], registry=r)
         self.model_info = Gauge(
             f"{NAMESPACE}_model_info", "served models (always 1)",
             ["model", "precision", "provider", "task"], registry=r)
@@ -141,6 +146,12 @@ class Metrics:
         if model:
             tracker.bind(model)
         return tracker
+
+    def count_route(self, route: str, models: str) -> None:
+        """A translation request of any front door, by route ("direct", "chained",
+        "same_language") and the models serving it: served names only, never a
+        client's."""
+        self.routes.labels(route, models or UNRESOLVED).inc()
 
     def count_undecodable(self, method: str, error: BaseException) -> None:
         """A call whose request could not be decoded (its handler never ran)."""

@@ -17,6 +17,7 @@ from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.requests import (
     ModelInfo,
+    RouteInfo,
     StreamChunk,
     SummarizeRequest,
     SummarizeResult,
@@ -119,7 +120,7 @@ def translation_to_pb(joined: Sequence[Joined], options: pb.DecodingOptions) -> 
 
 def translate_response_to_pb(result: TranslateResult,
                              options: pb.DecodingOptions) -> pb.TranslateResponse:
-    return pb.TranslateResponse(model=result.model, translations=[
+    return pb.TranslateResponse(model=result.model, models=result.models, translations=[
         translation_to_pb(t.hypotheses, options) for t in result.translations])
 
 
@@ -129,7 +130,7 @@ def chunk_to_pb(chunk: StreamChunk, options: pb.DecodingOptions) -> pb.Translate
         return pb.TranslateChunk(text_delta=chunk.text_delta)
     return pb.TranslateChunk(text_delta=chunk.text_delta, final=True,
                              translation=translation_to_pb(chunk.translation.hypotheses,
-                                                           options))
+                                                           options), models=chunk.models)
 
 
 def summarize_response_to_pb(result: SummarizeResult,
@@ -139,8 +140,11 @@ def summarize_response_to_pb(result: SummarizeResult,
                    truncated=s.truncated) for s in result.summaries])
 
 
-def list_models_to_pb(models: Sequence[ModelInfo]) -> pb.ListModelsResponse:
-    return pb.ListModelsResponse(models=[model_info_to_pb(m) for m in models])
+def list_models_to_pb(models: Sequence[ModelInfo],
+                      routes: Sequence[RouteInfo] = ()) -> pb.ListModelsResponse:
+    return pb.ListModelsResponse(models=[model_info_to_pb(m) for m in models], routes=[
+        pb.Route(source_language=r.source_language, target_language=r.target_language,
+                 models=r.models) for r in routes])
 
 
 def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:

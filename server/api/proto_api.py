@@ -48,7 +48,8 @@ class ProtoApi:
                 yield self.within_limit(convert.chunk_to_pb(chunk, request.options))
 
     def list_models(self) -> pb.ListModelsResponse:
-        return convert.list_models_to_pb(self.translator.list_models())
+        return convert.list_models_to_pb(self.translator.list_models(),
+                                         self.translator.list_routes())
 
     def within_limit(self, message: M) -> M:
         """Refuse an answer gRPC would refuse to send, with a message saying why."""

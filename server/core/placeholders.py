@@ -286,7 +286,17 @@ def restore(masked: Masked, output: str) -> Restored:
     return Restored(expanded, repaired)
 
 
-def repair(masked: Masked, output: str) -> tuple[str, bool]:
+def carry(masked: Masked, output: str) -> tuple[str, bool]:
+    """A chain's first output, still masked, as its second model reads it: every
+    sentinel exactly once (the repair rule), not yet expanded, the spaces `mask`
+    put beside tags kept; and whether a repair was needed. The placeholders are
+    protected once, before the first model, and put back after the last."""
+    if not masked.spans:
+        return output, False
+    return repair(masked, output, glue=False)
+
+
+def repair(masked: Masked, output: str, *, glue: bool = True) -> tuple[str, bool]:
     """`output` holding each sentinel of `masked` exactly once, tag pairs in order."""
     spans = masked.spans
     count = len(spans)
@@ -331,7 +341,7 @@ def repair(masked: Masked, output: str) -> tuple[str, bool]:
                 repaired = True
     text = "".join(sentinel(p) if isinstance(p, int) else p for p in pieces)
     text = re.sub(f" ?{_GONE}+", "", text)  # with the space before it
-    return _glue(text, masked), repaired
+    return (_glue(text, masked) if glue else text), repaired
 
 
 def _insert(pieces: list[str | int], index: int, masked: Masked) -> None:

@@ -92,6 +92,38 @@ class ModelHandle:
         return self.engine.runner.provider
 
 
+# The language every chain goes through: each shipped model reads or writes it.
+PIVOT = "en"
+
+
+@dataclass(frozen=True)
+class Route:
+    """The models that serve a language pair, in order: one (direct), two (a chain
+    through PIVOT), or none (source and target the same language: the text itself)."""
+
+    source_language: str
+    target_language: str
+    models: tuple[ModelHandle, ...]
+
+    @property
+    def chained(self) -> bool:
+        return len(self.models) > 1
+
+    @property
+    def kind(self) -> str:
+        """The metrics' route label: "direct", "chained" or "same_language"."""
+        return {0: "same_language", 1: "direct"}.get(len(self.models), "chained")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.models)
+
+    @property
+    def name(self) -> str:
+        """The model's name; a chain's names joined by "+"; "" for the text itself."""
+        return "+".join(self.names)
+
+
 IGNORED_DIRS = frozenset({"lost+found"})  # what mkfs leaves at a volume's root
 
 
@@ -217,6 +249,16 @@ class ModelRegistry:
 
     def pick(self, task: str, name: str, source_language: str = "",
              target_language: str = "") -> ModelHandle:
+        """The one model that serves `task` (by name, else by language pair)."""
+        route = self.route(task, name, source_language, target_language, chains=False)
+        return route.models[-1]
+
+    def route(self, task: str, name: str, source_language: str = "",
+              target_language: str = "", *, chains: bool = True) -> Route:
+        """How a request is served: the model it names; else the one model of its
+        pair (a direct model always wins); else, for translation, a chain of two
+        through English (de->fr = de->en, en->fr); else source and target the same
+        served language (`Route.models` empty: the text comes back unchanged)."""
         if not self.ready:
             raise Unavailable("models are still loading; retry shortly")
         if name:
@@ -227,21 +269,69 @@ class ModelRegistry:
             if handle.manifest.task != task:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
                                       f"{task}")
-            return handle
-        candidates = [h for h in self._handles.values() if h.manifest.task == task
-                      and (not source_language or h.manifest.source_language == source_language)
-                      and (not target_language or h.manifest.target_language == target_language)]
+            return Route(handle.manifest.source_language, handle.manifest.target_language,
+                         (handle,))
+        candidates = self._direct(task, source_language, target_language)
         if len(candidates) == 1:
-            return candidates[0]
-        served = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
+            handle = candidates[0]
+            return Route(handle.manifest.source_language, handle.manifest.target_language,
+                         (handle,))
+        if len(candidates) > 1:
+            raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
+                                  f"(set model, or source_language and target_language); "
+                                  f"available: {self._served()}")
+        if chains and task == "translate" and source_language and target_language:
+            if source_language == target_language and source_language in self.languages():
+                return Route(source_language, target_language, ())
+            chain = self._chain(source_language, target_language)
+            if chain is not None:
+                return chain
+        raise NotFound(f"no {task} model for source_language={echo(source_language)} "
+                       f"target_language={echo(target_language)}; available: "
+                       f"{self._served(chains=chains and task == 'translate') or 'none'}")
+
+    def _direct(self, task: str, source: str, target: str) -> list[ModelHandle]:
+        return [h for h in self._handles.values() if h.manifest.task == task
+                and (not source or h.manifest.source_language == source)
+                and (not target or h.manifest.target_language == target)]
+
+    def _chain(self, source: str, target: str) -> Route | None:
+        """source -> PIVOT -> target with one model for each leg, or None. Never a
+        model chained with itself, and never through a pivot that is an end."""
+        if PIVOT in (source, target) or source == target:
+            return None
+        first = self._direct("translate", source, PIVOT)
+        second = self._direct("translate", PIVOT, target)
+        if len(first) != 1 or len(second) != 1 or first[0] is second[0]:
+            return None
+        return Route(source, target, (first[0], second[0]))
+
+    def languages(self) -> set[str]:
+        """Every language a translation model reads or writes."""
+        return {code for h in self._handles.values() if h.manifest.task == "translate"
+                for code in (h.manifest.source_language, h.manifest.target_language)}
+
+    def routes(self) -> list[Route]:
+        """Every translation pair served, direct or chained through English, sorted
+        by pair (a pair with several direct models lists each)."""
+        out = [Route(h.manifest.source_language, h.manifest.target_language, (h,))
+               for h in self._handles.values() if h.manifest.task == "translate"]
+        direct = {(r.source_language, r.target_language) for r in out}
+        languages = sorted(self.languages())
+        for source in languages:
+            for target in languages:
+                if (source, target) not in direct and (chain := self._chain(source, target)):
+                    out.append(chain)
+        return sorted(out, key=lambda r: (r.source_language, r.target_language, r.name))
+
+    def _served(self, chains: bool = False) -> str:
+        models = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
                            f"{h.manifest.target_language})" for h in self._handles.values())
-        if not candidates:
-            raise NotFound(f"no {task} model for source_language={echo(source_language)} "
-                           f"target_language={echo(target_language)}; available: "
-                           f"{served or 'none'}")
-        raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
-                              f"(set model, or source_language and target_language); "
-                              f"available: {served}")
+        chained = [r for r in self.routes() if r.chained] if chains else []
+        if not chained:
+            return models
+        return (f"{models}; through {PIVOT}: "
+                + ", ".join(f"{r.source_language}->{r.target_language}" for r in chained))
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop every model's workers, all at once, within `timeout` for the whole

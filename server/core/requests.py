@@ -75,8 +75,13 @@ class Translation:
 
 @dataclass(frozen=True)
 class TranslateResult:
-    model: str  # the model that served the request
+    # The model that served the request; a chain's models joined by "+"
+    # ("de-en+en-fr"); "" when source and target are the same language.
+    model: str
     translations: tuple[Translation, ...]  # one per text, in request order
+    # The models that served it, in order: one, two for a chain through English,
+    # none for a text given back unchanged (source and target the same language).
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,25 @@ class StreamChunk:
 
     text_delta: str
     translation: Translation | None = None
+    models: tuple[str, ...] = ()  # on the final chunk: as TranslateResult.models
 
     @property
     def final(self) -> bool:
         return self.translation is not None
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """A served translation pair and the models that serve it, in order: one
+    (a direct model) or two (a chain through English)."""
+
+    source_language: str
+    target_language: str
+    models: tuple[str, ...]
+
+    @property
+    def chained(self) -> bool:
+        return len(self.models) > 1
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,13 @@
 One work item per sentence-sized piece goes to the model's scheduler; a request
 awaits every piece and reassembles the answer in input order (the pure parts of
 that in pieces.py). All of a request's pieces enter the queue together, so the
-texts of one request batch with each other and with everyone else's. Refusals
+texts of one request batch with each other and with everyone else's.
+
+A pair with no model of its own is served through English (registry.Route): the
+text is masked once, translated by the first model as any request is (its own
+work items, batching with other traffic), its best joined, planned again and
+queued for the second model, whose n-best is the answer; then unmasked. One Call
+covers both legs, so a deadline or a cancel ends either. Refusals
 raise core.errors.ServiceError (or options.InvalidOptions); the scheduler's
 exceptions become ServiceErrors here.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,13 +36,14 @@ from seq2serve.server.core.errors import (
 )
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
-from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
-from seq2serve.server.core.registry import ModelHandle, ModelRegistry
+from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
+from seq2serve.server.core.registry import PIVOT, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
     Call,
     ModelInfo,
     ModelLimits,
     OptionValue,
+    RouteInfo,
     StreamChunk,
     SummarizeRequest,
     SummarizeResult,
@@ -46,9 +54,10 @@ from seq2serve.server.core.requests import (
 )
 from seq2serve.server.engine.options import DecodingOptions, ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
+from seq2serve.server.metrics import Metrics
 
 # The core's whole surface: the Translator and the values it takes and returns.
-__all__ = ["Call", "ModelInfo", "ModelLimits", "StreamChunk", "SummarizeRequest",
+__all__ = ["Call", "ModelInfo", "ModelLimits", "RouteInfo", "StreamChunk", "SummarizeRequest",
            "SummarizeResult", "Summary", "TranslateRequest", "TranslateResult", "Translation",
            "Translator"]
 
@@ -57,15 +66,45 @@ _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
 
 
 @dataclass(frozen=True)
+class _Leg:
+    """A chain's first model and the options it runs with."""
+
+    handle: ModelHandle
+    options: ResolvedOptions
+
+
+@dataclass(frozen=True)
 class _Job:
     """A request past admission: its model, its checked texts, its resolved options."""
 
-    handle: ModelHandle
+    handle: ModelHandle  # the model that writes the answer (a chain's second)
     texts: tuple[str, ...]
     options: ResolvedOptions
     count: int  # hypotheses per text
     protect: bool = False  # placeholders masked (translate only)
     terms: Terms = Terms()  # glossary terms masked and substituted
+    first: _Leg | None = None  # a chain's first leg: source -> PIVOT
+
+    @property
+    def reader(self) -> ModelHandle:
+        """The model that reads the request's texts."""
+        return self.handle if self.first is None else self.first.handle
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.handle.name,) if self.first is None else (self.first.handle.name,
+                                                                self.handle.name)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A text on its way to the last model: masked once, planned for that model;
+    for a chain, what its first leg's best added (score, a placeholder repair)."""
+
+    masked: Masked
+    plan: Plan
+    head_score: float | None = 0.0
+    head_repaired: bool = False
 
 
 class Translator:
@@ -73,8 +112,9 @@ class Translator:
 
     def __init__(self, registry: ModelRegistry, *, max_texts_per_request: int,
                  max_text_chars: int, cache: ResponseCache[Translation] | None = None,
-                 glossaries: Glossaries | None = None) -> None:
+                 glossaries: Glossaries | None = None, metrics: Metrics | None = None) -> None:
         self.registry = registry
+        self.metrics = metrics
         self.max_texts_per_request = max_texts_per_request
         self.max_text_chars = max_text_chars
         self.cache: ResponseCache[Translation] = cache or ResponseCache(0)
@@ -83,7 +123,10 @@ class Translator:
     # -- the calls -----------------------------------------------------------------
 
     async def translate(self, request: TranslateRequest, call: Call) -> TranslateResult:
-        job = self._admit_translation(request, call)
+        route = self._route(request, call)
+        if not route.models:
+            return self._unchanged(request, route)
+        job = self._admit_translation(request, route)
         # A text's answer depends on nothing but these: a hit is exact, and never queued.
         keys = [_cache_key(job, text) for text in job.texts]
         found = [self.cache.get(k) if k is not None else None for k in keys]
@@ -94,22 +137,21 @@ class Translator:
             def prepare() -> list[tuple[Masked, Plan]]:
                 return [self._prepare(job, job.texts[i]) for i in todo]
 
-            prepared = await off_loop(prepare)
-            futures = self._queue(job, [p.source_ids for _, pl in prepared for p in pl.pieces],
-                                  call)
+            ready = await self._through_pivot(job, await off_loop(prepare), call)
+            futures = self._queue(job.handle, job.options,
+                                  [p.source_ids for t in ready for p in t.plan.pieces], call)
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
                 it = iter(results)
-                return [_translation(job, pl, [next(it) for _ in pl.pieces], masked)
-                        for masked, pl in prepared]
+                return [_translation(job, t, [next(it) for _ in t.plan.pieces]) for t in ready]
 
             for i, translation in zip(todo, await off_loop(answer), strict=True):
                 found[i] = translation
                 key = keys[i]
                 if key is not None:
                     self.cache.put(key, translation, _size(translation))
-        return TranslateResult(job.handle.name, tuple(t for t in found if t is not None))
+        return TranslateResult(route.name, tuple(t for t in found if t is not None), job.names)
 
     async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
         job = self._admit("summarize", request.model, "", "", request.texts, request.options,
@@ -117,7 +159,8 @@ class Translator:
         sources, truncated = await off_loop(
             lambda: _summary_sources(job.handle, job.texts, request.truncate))
         wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
-        futures = self._queue(job, [s for s, w in zip(sources, wanted, strict=True) if w], call)
+        futures = self._queue(job.handle, job.options,
+                              [s for s, w in zip(sources, wanted, strict=True) if w], call)
         results = await _gather(futures, call)
 
         def answer() -> SummarizeResult:
@@ -136,17 +179,25 @@ class Translator:
         """One text's translation as it grows: text deltas as the engine chooses tokens
         (greedy, sampling), each finished piece at once (beam, whose best is known only
         at the end), then a final chunk carrying the whole translation."""
-        job = self._admit_translation(request, call)
-        if len(job.texts) != 1:
-            raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
-                                  f"got {len(job.texts)}")
-        masked, planned = await off_loop(lambda: self._prepare(job, job.texts[0]))
+        route = self._route(request, call)
+        if not route.models:
+            _one_text(self._texts(request.texts))
+            [same] = self._unchanged(request, route).translations
+            yield StreamChunk(same.hypotheses[0].text, same, ())
+            return
+        job = self._admit_translation(request, route)
+        _one_text(job.texts)
+        prepared = await off_loop(lambda: self._prepare(job, job.texts[0]))
+        # A chain's first leg is not streamed: the second leg's output is the answer.
+        [ready] = await self._through_pivot(job, [prepared], call)
+        masked, planned = ready.masked, ready.plan
         events = PieceEvents(asyncio.get_running_loop())
         # A masked text's deltas would show sentinels, and the repair may change text
         # already told: it comes whole, in the final chunk.
         quiet = masked.changed
         tokens = job.options.decoding != "beam" and not quiet
-        futures = self._queue(job, [p.source_ids for p in planned.pieces], call,
+        futures = self._queue(job.handle, job.options, [p.source_ids for p in planned.pieces],
+                              call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))])
         events.watch(futures)
@@ -166,11 +217,16 @@ class Translator:
             if not waiter.done():  # the client left, or a piece failed
                 call.cancel()
                 waiter.cancel()
-        translation = _translation(job, planned, nbests, masked)
-        yield StreamChunk(streamed.rest(translation.hypotheses[0].text), translation)
+        translation = _translation(job, ready, nbests)
+        yield StreamChunk(streamed.rest(translation.hypotheses[0].text), translation, job.names)
 
     def list_models(self) -> list[ModelInfo]:
         return [self._model_info(h) for h in self.registry.handles()]
+
+    def list_routes(self) -> list[RouteInfo]:
+        """Every translation pair served, direct or chained through English."""
+        return [RouteInfo(r.source_language, r.target_language, r.names)
+                for r in self.registry.routes()]
 
     # -- admission -----------------------------------------------------------------
 
@@ -185,14 +241,58 @@ class Translator:
         resolved: ResolvedOptions = handle.engine.resolve(options)
         return _Job(handle, checked, resolved, resolved.num_hypotheses)
 
-    def _admit_translation(self, request: TranslateRequest, call: Call) -> _Job:
-        job = self._admit("translate", request.model, request.source_language,
-                          request.target_language, request.texts, request.options, call)
-        manifest = job.handle.manifest
+    def _route(self, request: TranslateRequest, call: Call) -> Route:
+        """The models that serve the request (registry.route), told to the call and
+        counted by route."""
+        route = self.registry.route("translate", request.model, request.source_language,
+                                    request.target_language)
+        if route.models:
+            call.serve_with(route.name)
+        if self.metrics is not None:
+            self.metrics.count_route(route.kind, route.name)
+        return route
+
+    def _admit_translation(self, request: TranslateRequest, route: Route) -> _Job:
+        """Check the texts, resolve each leg's options, resolve the terms (for the
+        request's pair: a chain's terms go from its source to its target)."""
+        handle = route.models[-1]
+        checked = self._texts(request.texts)
+        first = None
+        options = request.options
+        if route.chained:
+            if options.return_alignment:
+                raise InvalidArgument(
+                    f"return_alignment is not available for {route.source_language}->"
+                    f"{route.target_language}, which is served through {PIVOT} "
+                    f"({route.name}): an alignment would point into the {PIVOT} text")
+            options = dataclasses.replace(options, return_alignment=False)
+        resolved: ResolvedOptions = handle.engine.resolve(options)
+        if route.chained:
+            # The first leg's best is what the second translates: one hypothesis, and a
+            # score when the answer's scores need it (they add the two legs').
+            head = route.models[0]
+            first = _Leg(head, head.engine.resolve(dataclasses.replace(
+                options, num_hypotheses=1, return_scores=resolved.return_scores)))
         terms = request_terms(self.glossaries, request.glossary, request.terms,
-                              request.do_not_translate, manifest.source_language,
-                              manifest.target_language)
-        return dataclasses.replace(job, protect=request.protect_placeholders, terms=terms)
+                              request.do_not_translate, route.source_language,
+                              route.target_language)
+        return _Job(handle, checked, resolved, resolved.num_hypotheses,
+                    protect=request.protect_placeholders, terms=terms, first=first)
+
+    def _unchanged(self, request: TranslateRequest, route: Route) -> TranslateResult:
+        """Source and target the same language: every text back as it is (as Argos
+        Translate's IdentityTranslation, and so LibreTranslate, answer), with a score
+        of 0.0 (log 1) where scores are asked for. The options are checked as a
+        model of that language would check them."""
+        checked = self._texts(request.texts)
+        model = next(h for h in self.registry.handles() if h.manifest.task == "translate"
+                     and route.source_language in (h.manifest.source_language,
+                                                   h.manifest.target_language))
+        resolved = model.engine.resolve(request.options)
+        score = 0.0 if resolved.return_scores else None
+        return TranslateResult(route.name, tuple(
+            Translation((Joined(text, score, None, None, FinishReason.EOS.value),)
+                        * resolved.num_hypotheses) for text in checked), ())
 
     def _texts(self, texts: Sequence[str]) -> tuple[str, ...]:
         if not texts:
@@ -208,17 +308,44 @@ class Translator:
         return tuple(texts)
 
     def _prepare(self, job: _Job, text: str) -> tuple[Masked, Plan]:
-        """The text as the model sees it (placeholders and terms masked), planned."""
+        """The text as the model that reads it sees it (placeholders and terms
+        masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
-        manifest = job.handle.manifest
-        return masked, plan(masked.text, manifest.source_language, job.handle.tokenizer.encode,
-                            manifest.max_source_length)
+        reader = job.reader
+        return masked, _plan(reader, masked.text)
 
-    def _queue(self, job: _Job, sources: list[list[int]], call: Call,
-               on_token: Sequence[Callable[[int], None] | None] = ()
+    async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
+                             call: Call) -> list[_Text]:
+        """Each prepared text as the last model reads it: itself, or for a chain its
+        first leg's best (queued like any request, awaited, joined), its sentinels
+        carried over (placeholders.carry) and planned again in English."""
+        if job.first is None:
+            return [_Text(masked, planned) for masked, planned in prepared]
+        first = job.first
+        futures = self._queue(first.handle, first.options,
+                              [p.source_ids for _, pl in prepared for p in pl.pieces], call)
+        results = await _gather(futures, call)
+        _check_call(call)  # the second leg never queues for a call that has ended
+
+        def replan() -> list[_Text]:
+            it = iter(results)
+            out = []
+            for masked, planned in prepared:
+                [head] = join(planned, [_enough(next(it).hypotheses, 1) for _ in planned.pieces],
+                              1, first.handle.tokenizer.decode)
+                middle, repaired = carry(masked, head.text)
+                out.append(_Text(masked, _plan(job.handle, middle),
+                                 head.score if planned.pieces else 0.0, repaired))
+            return out
+
+        return await off_loop(replan)
+
+    def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
+               call: Call, on_token: Sequence[Callable[[int], None] | None] = ()
                ) -> list[asyncio.Future[Result]]:
-        """All of a request's work items enter the queue together, or none does."""
-        scheduler = job.handle.scheduler
+        """All of a request's work items for one model enter its queue together, or
+        none does."""
+        scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
             raise InvalidArgument(f"texts split into {len(sources)} sentence-sized pieces; "
@@ -226,7 +353,7 @@ class Translator:
                                   "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
-        items = [WorkItem(source=src, options=job.options, deliver=deliver_to_future(loop, fut),
+        items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
                           on_token=on_token[i] if on_token else None)
                  for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
@@ -278,14 +405,38 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
     return sources, truncated
 
 
+def _one_text(texts: Sequence[str]) -> None:
+    if len(texts) != 1:
+        raise InvalidArgument(f"texts must hold exactly 1 text for TranslateStream, "
+                              f"got {len(texts)}")
+
+
+def _plan(handle: ModelHandle, text: str) -> Plan:
+    manifest = handle.manifest
+    return plan(text, manifest.source_language, handle.tokenizer.encode,
+                manifest.max_source_length)
+
+
+def _check_call(call: Call) -> None:
+    """Raise what a call that has ended answers: its deadline passed, or cancelled."""
+    if call.deadline is not None and time.monotonic() > call.deadline:
+        raise DeadlineExceeded("the deadline passed before the result was ready")
+    if call.cancelled():
+        raise Cancelled("the request was cancelled")
+
+
 def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
-    """What a text's answer depends on: the package (its digest covers every file),
-    the task, the text, the resolved options and what is protected (placeholders on
-    or off, the terms a glossary and the request resolved to); None when it depends
-    on chance (sampling without a seed)."""
+    """What a text's answer depends on: the packages of its route (each digest
+    covers every file; a chain's two, in order), the task, the text as asked, each
+    leg's resolved options and what is protected (placeholders on or off, the terms
+    a glossary and the request resolved to); None when it depends on chance
+    (sampling without a seed)."""
     if job.options.decoding == "sampling" and job.options.seed is None:
         return None
-    return (job.handle.digest, "translate", text, repr(job.options), job.protect, job.terms)
+    legs = [job.handle] if job.first is None else [job.first.handle, job.handle]
+    options = [job.options] if job.first is None else [job.first.options, job.options]
+    return (tuple(h.digest for h in legs), "translate", text, tuple(repr(o) for o in options),
+            job.protect, job.terms)
 
 
 def _size(translation: Translation) -> int:
@@ -294,18 +445,25 @@ def _size(translation: Translation) -> int:
                + 64 for h in translation.hypotheses) + 2 * 64
 
 
-def _translation(job: _Job, planned: Plan, results: Sequence[Result],
-                 masked: Masked) -> Translation:
+def _translation(job: _Job, text: _Text, results: Sequence[Result]) -> Translation:
     """`job.count` hypotheses of a planned text, joined from its pieces' results,
     each with its placeholders and terms restored (token ids and alignment stay
-    those of the masked text the model saw)."""
+    those of the masked text the model saw). A chain's hypotheses are the second
+    leg's n-best over the first leg's best; each score adds the first leg's best's
+    (the log-probability of the whole route), and a repair in either leg counts."""
+    planned, masked = text.plan, text.masked
     joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
                                 job.count, job.handle.tokenizer.decode)
-    if not masked.changed or not planned.pieces:
-        return Translation(tuple(joined))
-    restored = [restore(masked, j.text) for j in joined]
-    return Translation(tuple(dataclasses.replace(j, text=r.text, repaired=r.repaired)
-                             for j, r in zip(joined, restored, strict=True)))
+    if masked.changed and planned.pieces:
+        restored = [restore(masked, j.text) for j in joined]
+        joined = [dataclasses.replace(j, text=r.text, repaired=r.repaired)
+                  for j, r in zip(joined, restored, strict=True)]
+    if job.first is not None:
+        head = text.head_score
+        joined = [dataclasses.replace(
+            j, score=None if j.score is None or head is None else j.score + head,
+            repaired=j.repaired or text.head_repaired) for j in joined]
+    return Translation(tuple(joined))
 
 
 def _enough(nbest: Sequence[Hypothesis], count: int) -> Sequence[Hypothesis]:

@@ -30,6 +30,7 @@ from seq2serve.server.core.markup import extract
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
+    RouteInfo,
     SummarizeRequest,
     TranslateRequest,
     Translator,
@@ -69,9 +70,22 @@ class Software:
 
 @dataclass(frozen=True)
 class Pair:
-    model: str
+    """A served pair: one model, two through English (`model` ""), or none (the
+    same language, whose texts come back unchanged)."""
+
     source: str
     target: str
+    models: tuple[str, ...]
+
+    @property
+    def model(self) -> str:
+        """The model a request names: a direct one; "" lets the core route it."""
+        return self.models[0] if len(self.models) == 1 else ""
+
+    @property
+    def last(self) -> str:
+        """The model that writes the answer ("" for none)."""
+        return self.models[-1] if self.models else ""
 
 
 class LibreTranslateApi:
@@ -82,6 +96,7 @@ class LibreTranslateApi:
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         self._detector: Detector | None = None
         self._translation_models: list[ModelInfo] = []
+        self._routes: list[RouteInfo] = []
 
     # -- languages -------------------------------------------------------------------
 
@@ -94,8 +109,11 @@ class LibreTranslateApi:
         return self._translation_models
 
     def pairs(self) -> dict[tuple[str, str], Pair]:
-        return {(m.source_language, m.target_language):
-                Pair(m.name, m.source_language, m.target_language) for m in self._models()}
+        """Every pair served, direct or through English (core/registry.py)."""
+        if not self._routes:
+            self._routes = self.translator.list_routes()
+        return {(r.source_language, r.target_language):
+                Pair(r.source_language, r.target_language, r.models) for r in self._routes}
 
     def detector(self) -> Detector:
         if self._detector is None:
@@ -105,6 +123,8 @@ class LibreTranslateApi:
         return self._detector
 
     async def languages(self, request: Request) -> Response:
+        # Every target reachable from each language, through English too (as
+        # LibreTranslate lists its pivoted pairs); a language is not its own target.
         pairs = self.pairs()
         codes = sorted({code for pair in pairs for code in pair})
         return JSONResponse([
@@ -144,12 +164,17 @@ class LibreTranslateApi:
         software = Software.from_fields(fields)
         self._check_sizes(texts)
         detected = await self._sources(texts, source)
-        translated, repaired = await self._translate_flagged(
+        translated, repaired, models = await self._translate_flagged(
             texts, [d[0] for d in detected], target, text_format, alternatives, software)
         best = [options[0] for options in translated]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
         if any(repaired):  # LibreTranslate's own answer otherwise, field for field
             body["placeholdersRepaired"] = repaired if as_list else repaired[0]
+        if any(len(m) > 1 for m in models):
+            # Through English: which models served each text. Only then, so that a direct
+            # answer stays LibreTranslate's, field for field (its clients read the keys
+            # they know: libretranslatepy takes "translatedText" alone).
+            body["models"] = [list(m) for m in models] if as_list else list(models[0])
         if alternatives > 0:
             alts = [_unique(options[1:], options[0]) for options in translated]
             body["alternatives"] = alts if as_list else alts[0]
@@ -186,6 +211,8 @@ class LibreTranslateApi:
         pairs = self.pairs()
         if (source, target) in pairs:
             return pairs[(source, target)]
+        if source == target and source in {code for pair in pairs for code in pair}:
+            return Pair(source, target, ())  # the text back unchanged, as LibreTranslate
         if target not in {t for _, t in pairs}:
             raise invalid(f"{target[:16]} is not supported")
         raise invalid(f"{language_name(target)} ({target}) is not available as a target "
@@ -193,12 +220,14 @@ class LibreTranslateApi:
 
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
-                                 software: Software) -> tuple[list[list[str]], list[bool]]:
-        """Every text's best translation and alternatives, and whether its best needed a
-        placeholder repair; one core request per source language (one in all unless
-        `auto` found several)."""
+                                 software: Software
+                                 ) -> tuple[list[list[str]], list[bool], list[tuple[str, ...]]]:
+        """Every text's best translation and alternatives, whether its best needed a
+        placeholder repair and the models that served it; one core request per source
+        language (one in all unless `auto` found several)."""
         out: list[list[str]] = [[] for _ in texts]
         flags = [False] * len(texts)
+        models: list[tuple[str, ...]] = [() for _ in texts]
         groups: dict[str, list[int]] = {}
         for i, source in enumerate(sources):
             groups.setdefault(source, []).append(i)
@@ -210,12 +239,13 @@ class LibreTranslateApi:
         for members, results in zip(groups.values(), await asyncio.gather(*jobs), strict=True):
             for i, (result, flag) in zip(members, results, strict=True):
                 out[i], flags[i] = result, flag
-        return out, flags
+                models[i] = self._pair(sources[i], target).models
+        return out, flags, models
 
     async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
                                alternatives: int,
                                software: Software) -> list[tuple[list[str], bool]]:
-        options = self._options(pair.model, alternatives)
+        options = self._options(pair.last, alternatives)
         if text_format == "text":
             result = await self.translator.translate(
                 self._request(pair, texts, options, software), Call())
@@ -228,7 +258,7 @@ class LibreTranslateApi:
         repaired: list[bool] = []
         if runs:
             result = await self.translator.translate(
-                self._request(pair, runs, self._options(pair.model, 0), software), Call())
+                self._request(pair, runs, self._options(pair.last, 0), software), Call())
             translated = [t.hypotheses[0].text for t in result.translations]
             repaired = [t.hypotheses[0].repaired for t in result.translations]
         rendered, start = [], 0
@@ -242,7 +272,9 @@ class LibreTranslateApi:
     @staticmethod
     def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
                  software: Software) -> TranslateRequest:
-        return TranslateRequest(texts=tuple(texts), model=pair.model, options=options,
+        return TranslateRequest(texts=tuple(texts), model=pair.model,
+                                source_language=pair.source, target_language=pair.target,
+                                options=options,
                                 protect_placeholders=software.protect_placeholders,
                                 glossary=software.glossary, terms=software.terms,
                                 do_not_translate=software.do_not_translate)

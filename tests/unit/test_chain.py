@@ -1,0 +1,425 @@
+"""Pairs served through English (core/registry.py `route`, core/translator.py): the
+lookup rules on stand-in models, then chains of real tiny ONNX packages driven
+through the application core: the answer is the second leg applied to the first
+leg's best, exactly; batching, the cache, cancellation and deadlines, streaming,
+placeholders, listings, metrics and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, TypeVar
+
+import pytest
+from conftest import CORPUS
+from serving import server_config
+
+from seq2serve.server.api import convert
+from seq2serve.server.api.http.access import Access
+from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
+from seq2serve.server.batching.scheduler import WorkItem
+from seq2serve.server.core import translator as core_translator
+from seq2serve.server.core.cache import ResponseCache
+from seq2serve.server.core.errors import ErrorKind, ServiceError
+from seq2serve.server.core.registry import ModelRegistry, Route
+from seq2serve.server.core.requests import Call, StreamChunk, TranslateRequest, Translation
+from seq2serve.server.core.translator import Translator
+from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
+from seq2serve.server.metrics import Metrics
+
+T = TypeVar("T")
+CHAIN = ("tiny-de-en", "tiny-en-fr")
+TWO_SENTENCES = f"{CORPUS[0]} {CORPUS[1]}"
+LIMITS = dict(max_texts_per_request=8, max_text_chars=500, max_length_cap=64)
+
+
+# -- the lookup rules, on stand-in models ------------------------------------------
+
+
+def fake_registry(*pairs: str) -> ModelRegistry:
+    """A ready registry of stand-ins named "src-tgt" (a "summarize-xx" is a summarizer)."""
+    registry = ModelRegistry()
+    for name in pairs:
+        source, target = name.split("-")[:2]
+        task = "summarize" if source == "summarize" else "translate"
+        manifest = SimpleNamespace(task=task, source_language=target if task == "summarize"
+                                   else source, target_language=target)
+        registry._handles[name] = SimpleNamespace(name=name, manifest=manifest)  # type: ignore[assignment]
+    registry.ready = True
+    return registry
+
+
+def names(route: Route) -> tuple[str, ...]:
+    return route.names
+
+
+def test_a_pair_without_a_model_goes_through_english() -> None:
+    registry = fake_registry("en-de", "en-fr", "de-en", "summarize-en")
+    route = registry.route("translate", "", "de", "fr")
+    assert names(route) == ("de-en", "en-fr") and route.chained and route.kind == "chained"
+    assert route.name == "de-en+en-fr"
+    assert names(registry.route("translate", "", "de", "en")) == ("de-en",)
+    # fr -> en has no model: fr -> de has no chain either
+    with pytest.raises(ServiceError) as err:
+        registry.route("translate", "", "fr", "de")
+    assert err.value.kind == ErrorKind.NOT_FOUND
+    assert err.value.message == (
+        "no translate model for source_language='fr' target_language='de'; available: "
+        "en-de (translate en->de), en-fr (translate en->fr), de-en (translate de->en), "
+        "summarize-en (summarize en->en); through en: de->fr")
+
+
+def test_a_direct_model_always_wins_over_a_chain() -> None:
+    registry = fake_registry("en-de", "en-fr", "de-en", "de-fr")
+    assert names(registry.route("translate", "", "de", "fr")) == ("de-fr",)
+    assert [(r.source_language, r.target_language, r.names) for r in registry.routes()] == [
+        ("de", "en", ("de-en",)), ("de", "fr", ("de-fr",)), ("en", "de", ("en-de",)),
+        ("en", "fr", ("en-fr",))]
+    # A model asked for by name is that model, whatever its pair.
+    assert names(registry.route("translate", "de-en", "de", "fr")) == ("de-en",)
+
+
+def test_a_model_is_never_chained_with_itself() -> None:
+    # en -> en is the one pair whose two legs could be one model: it is that model
+    # alone (direct), and no route anywhere repeats a model.
+    registry = fake_registry("en-en", "de-en", "en-fr")
+    assert names(registry.route("translate", "", "en", "en")) == ("en-en",)
+    assert registry._chain("en", "en") is None
+    for route in registry.routes():
+        assert len(set(route.names)) == len(route.names)
+    # A round trip is not a chain either: de -> de is the same language.
+    registry = fake_registry("de-en", "en-de")
+    route = registry.route("translate", "", "de", "de")
+    assert route.models == () and route.kind == "same_language" and route.name == ""
+
+
+def test_chains_never_start_or_end_at_english_and_need_one_model_per_leg() -> None:
+    registry = fake_registry("de-en", "en-fr", "en-fr2")
+    registry._handles["en-fr2"].manifest.target_language = "fr"  # type: ignore[attr-defined]
+    with pytest.raises(ServiceError) as err:  # two en -> fr models: no one chain
+        registry.route("translate", "", "de", "fr")
+    assert err.value.kind == ErrorKind.NOT_FOUND
+    with pytest.raises(ServiceError) as err:  # the direct case says what to set
+        registry.route("translate", "", "en", "fr")
+    assert err.value.kind == ErrorKind.INVALID_ARGUMENT and "model is required" in \
+        err.value.message
+    # A language nobody serves is not "the same language".
+    with pytest.raises(ServiceError) as err:
+        registry.route("translate", "", "es", "es")
+    assert err.value.kind == ErrorKind.NOT_FOUND
+    # Summarization never chains.
+    registry = fake_registry("de-en", "summarize-en")
+    with pytest.raises(ServiceError):
+        registry.route("summarize", "", "de", "en")
+
+
+# -- chains of real packages ---------------------------------------------------------
+
+
+def relabel(package: Path, root: Path, name: str, source: str, target: str) -> None:
+    """A copy of the tiny package that says it translates source -> target."""
+    shutil.copytree(package, root / name)
+    manifest_path = root / name / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest.update(name=name, source_language=source, target_language=target)
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def models(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """de -> en, en -> fr, en -> de, fr -> en and fr -> de, all the tiny package: de -> fr
+    is served through English, fr -> de directly (its chain fr-en + en-de loses)."""
+    root = tmp_path_factory.mktemp("chain-models")
+    for name, source, target in [("tiny-de-en", "de", "en"), ("tiny-en-fr", "en", "fr"),
+                                 ("tiny-en-de", "en", "de"), ("tiny-fr-en", "fr", "en"),
+                                 ("tiny-fr-de", "fr", "de")]:
+        relabel(marian_package, root, name, source, target)
+    return root
+
+
+@pytest.fixture(scope="module")
+def registry(models: Path) -> Iterator[ModelRegistry]:
+    registry = ModelRegistry()
+    registry.load(server_config(models, **LIMITS), Metrics())
+    yield registry
+    registry.close(drain=False, timeout=5)
+
+
+def make_translator(registry: ModelRegistry, **kwargs: Any) -> Translator:
+    return Translator(registry, max_texts_per_request=8, max_text_chars=500, **kwargs)
+
+
+@pytest.fixture
+def translator(registry: ModelRegistry) -> Translator:
+    return make_translator(registry)
+
+
+def run(work: Awaitable[T]) -> T:
+    async def wrapped() -> T:
+        return await work
+
+    return asyncio.run(wrapped())
+
+
+def chained(texts: tuple[str, ...], **options: Any) -> TranslateRequest:
+    return TranslateRequest(texts, source_language="de", target_language="fr",
+                            options=DecodingOptions(**options))
+
+
+def kind_of(work: Awaitable[object]) -> ErrorKind:
+    with pytest.raises(ServiceError) as err:
+        run(work)
+    return err.value.kind
+
+
+def handle(registry: ModelRegistry, name: str) -> Any:
+    [found] = [h for h in registry.handles() if h.name == name]
+    return found
+
+
+def test_the_chain_is_the_second_leg_over_the_first_legs_best(translator: Translator) -> None:
+    options = dict(beam_size=4, num_hypotheses=2, max_length=40, return_scores=True)
+    texts = (TWO_SENTENCES, "", CORPUS[4])
+    result = run(translator.translate(chained(texts, **options), Call()))
+    assert result.models == CHAIN and result.model == "tiny-de-en+tiny-en-fr"
+    # Leg by leg, as two ordinary requests: the first's best, then the second's n-best.
+    first = run(translator.translate(TranslateRequest(
+        texts, model=CHAIN[0], options=DecodingOptions(**{**options, "num_hypotheses": 1})),
+        Call()))
+    middle = tuple(t.hypotheses[0].text for t in first.translations)
+    second = run(translator.translate(TranslateRequest(
+        middle, model=CHAIN[1], options=DecodingOptions(**options)), Call()))
+    for got, head, tail in zip(result.translations, first.translations, second.translations,
+                               strict=True):
+        assert [h.text for h in got.hypotheses] == [h.text for h in tail.hypotheses]
+        assert [h.token_ids for h in got.hypotheses] == [h.token_ids for h in tail.hypotheses]
+        head_score = head.hypotheses[0].score
+        for chain_hyp, tail_hyp in zip(got.hypotheses, tail.hypotheses, strict=True):
+            if head_score is None:  # the blank text: never sent to a model
+                assert chain_hyp.score is None
+            else:  # the log-probability of the whole route
+                assert tail_hyp.score is not None
+                assert chain_hyp.score == tail_hyp.score + head_score
+            assert chain_hyp.alignment is None
+    assert result.translations[1].hypotheses[0].text == ""
+    # The legs did something: the chain is not its first leg's answer.
+    assert [t.hypotheses[0].text for t in result.translations] != list(middle)
+
+
+def test_both_legs_go_through_the_queues(registry: ModelRegistry, translator: Translator,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    queued: dict[str, list[int]] = {}
+    for name in CHAIN:
+        scheduler = handle(registry, name).scheduler
+
+        def spy(items: list[WorkItem], submit: Any = scheduler.submit_many,
+                name: str = name) -> None:
+            queued.setdefault(name, []).append(len(items))
+            submit(items)
+
+        monkeypatch.setattr(scheduler, "submit_many", spy)
+    run(translator.translate(chained((TWO_SENTENCES, CORPUS[3]), beam_size=1), Call()))
+    # Each leg queues all of the request's pieces at once: two sentences and one.
+    assert queued == {CHAIN[0]: [3], CHAIN[1]: [3]}
+
+
+def test_a_chained_answer_does_not_depend_on_its_batch_mates(translator: Translator) -> None:
+    request = chained((TWO_SENTENCES,), beam_size=1, max_length=40, return_scores=True)
+    alone = run(translator.translate(request, Call()))
+
+    async def busy() -> list[Any]:
+        others = [TranslateRequest((text,), model=name, options=DecodingOptions(beam_size=1))
+                  for text in CORPUS for name in (*CHAIN, "tiny-fr-de")]
+        return await asyncio.gather(translator.translate(request, Call()),
+                                    *[translator.translate(o, Call()) for o in others],
+                                    translator.translate(request, Call()))
+
+    results = run(busy())
+    assert results[0].translations == alone.translations == results[-1].translations
+
+
+def test_the_cache_keys_the_whole_chain(registry: ModelRegistry,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache: ResponseCache[Translation] = ResponseCache(2**20)
+    translator = make_translator(registry, cache=cache)
+    request = chained((CORPUS[2],), beam_size=2, max_length=30)
+    first = run(translator.translate(request, Call()))
+    assert cache.stats().entries == 1  # one entry for the request as asked, not per leg
+
+    def refuse(items: list[WorkItem]) -> None:
+        raise AssertionError("a cached answer queued work")
+
+    for name in CHAIN:
+        monkeypatch.setattr(handle(registry, name).scheduler, "submit_many", refuse)
+    assert run(translator.translate(request, Call())) == first
+    assert cache.stats().hits == 1
+    monkeypatch.undo()
+    # The first leg alone, the same text: another answer, another entry.
+    leg = run(translator.translate(TranslateRequest((CORPUS[2],), model=CHAIN[0],
+                                                    options=request.options), Call()))
+    assert cache.stats().entries == 2 and cache.stats().hits == 1
+    assert leg.models == (CHAIN[0],)
+    # Other options for either leg: another entry.
+    run(translator.translate(chained((CORPUS[2],), beam_size=1, max_length=30), Call()))
+    assert cache.stats().entries == 3
+
+
+def test_a_cancel_between_the_legs_ends_the_call(registry: ModelRegistry,
+                                                 translator: Translator,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    second: list[WorkItem] = []
+    scheduler = handle(registry, CHAIN[1]).scheduler
+    submit = scheduler.submit_many
+
+    def spy(items: list[WorkItem]) -> None:
+        second.extend(items)
+        submit(items)
+
+    monkeypatch.setattr(scheduler, "submit_many", spy)
+    carry = core_translator.carry
+    for end, kind in [("cancel", ErrorKind.CANCELLED),
+                      ("deadline", ErrorKind.DEADLINE_EXCEEDED)]:
+        call = Call(timeout=60)
+        second.clear()
+
+        def ending(*args: Any, call: Call = call, end: str = end) -> Any:
+            # The first leg has finished: the client leaves, or its deadline passes.
+            if end == "cancel":
+                call.cancel()
+            else:
+                call.deadline = time.monotonic() - 1
+            return carry(*args)
+
+        monkeypatch.setattr(core_translator, "carry", ending)
+        assert kind_of(translator.translate(chained((TWO_SENTENCES,), beam_size=1),
+                                            call)) == kind
+        # The second leg's items were dropped, never run.
+        assert second and all(item.drop_reason() in ("cancelled", "deadline")
+                              for item in second)
+    monkeypatch.setattr(core_translator, "carry", carry)
+    # A call that has ended before the chain starts never reaches the second leg.
+    second.clear()
+    call = Call()
+    call.cancel()
+    assert kind_of(translator.translate(chained((CORPUS[1],)), call)) == ErrorKind.CANCELLED
+    assert second == []
+    assert kind_of(translator.translate(chained((CORPUS[1],)), Call(timeout=0.0))) == \
+        ErrorKind.DEADLINE_EXCEEDED
+
+
+def collect(chunks: Any) -> list[StreamChunk]:
+    async def everything() -> list[StreamChunk]:
+        return [chunk async for chunk in chunks]
+
+    return run(everything())
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4)])
+def test_a_chain_streams_its_second_leg(translator: Translator,
+                                        options: dict[str, Any]) -> None:
+    request = chained((TWO_SENTENCES,), max_length=40, **options)
+    chunks = collect(translator.stream(request, Call()))
+    *growing, final = chunks
+    assert final.final and final.translation is not None and final.models == CHAIN
+    assert "".join(c.text_delta for c in chunks) == final.translation.hypotheses[0].text
+    assert run(translator.translate(request, Call())).translations[0] == final.translation
+
+
+def test_placeholders_and_terms_survive_both_legs(translator: Translator) -> None:
+    text = "Open <b>%s</b> with {0} at https://example.org/x and _Save."
+    result = run(translator.translate(
+        TranslateRequest((text,), source_language="de", target_language="fr",
+                         terms=(("library", "bibliothèque"),),
+                         options=DecodingOptions(beam_size=2, num_hypotheses=2)), Call()))
+    for hypothesis in result.translations[0].hypotheses:
+        out = hypothesis.text
+        for placeholder in ("<b>", "</b>", "%s", "{0}", "https://example.org/x"):
+            assert out.count(placeholder) == 1, (placeholder, out)
+        assert out.index("<b>") < out.index("</b>")
+        assert out.count("_") == 1  # the accelerator, put back once
+    # A term of the request's pair (de -> fr) comes out as its target.
+    [hyp] = run(translator.translate(TranslateRequest(
+        ("Open the library.",), source_language="de", target_language="fr",
+        terms=(("library", "bibliothèque"),)), Call())).translations[0].hypotheses
+    assert hyp.text.count("bibliothèque") == 1
+
+
+def test_the_same_language_gives_the_text_back(translator: Translator) -> None:
+    texts = ("Öffne die Datei.", "")
+    result = run(translator.translate(TranslateRequest(
+        texts, source_language="de", target_language="de",
+        options=DecodingOptions(num_hypotheses=2, beam_size=2, return_scores=True)), Call()))
+    assert result.models == () and result.model == ""
+    assert [[(h.text, h.score) for h in t.hypotheses] for t in result.translations] == [
+        [(texts[0], 0.0)] * 2, [("", 0.0)] * 2]
+    [final] = collect(translator.stream(TranslateRequest(
+        texts[:1], source_language="de", target_language="de"), Call()))
+    assert final.text_delta == texts[0] and final.final and final.models == ()
+    # Its texts and options are checked as any request's.
+    assert kind_of(translator.translate(TranslateRequest(
+        ("a" * 501,), source_language="de", target_language="de"), Call())) == \
+        ErrorKind.INVALID_ARGUMENT
+    with pytest.raises(InvalidOptions, match="beam_size must be in"):
+        run(translator.translate(TranslateRequest(
+            ("a",), source_language="de", target_language="de",
+            options=DecodingOptions(beam_size=0)), Call()))
+
+
+def test_errors_of_chained_pairs(translator: Translator) -> None:
+    with pytest.raises(ServiceError) as err:
+        run(translator.translate(TranslateRequest(("a",), source_language="de",
+                                                  target_language="es"), Call()))
+    assert err.value.kind == ErrorKind.NOT_FOUND
+    assert "available: " in err.value.message and "through en: de->fr" in err.value.message
+    with pytest.raises(ServiceError) as err:
+        run(translator.translate(chained(("a",), return_alignment=True), Call()))
+    assert err.value.kind == ErrorKind.INVALID_ARGUMENT
+    assert err.value.message == (
+        "return_alignment is not available for de->fr, which is served through en "
+        "(tiny-de-en+tiny-en-fr): an alignment would point into the en text")
+
+
+def test_routes_are_listed_and_counted(registry: ModelRegistry) -> None:
+    metrics = Metrics()
+    translator = make_translator(registry, metrics=metrics)
+    routes = {(r.source_language, r.target_language): r.models
+              for r in translator.list_routes()}
+    assert routes == {("de", "en"): ("tiny-de-en",), ("de", "fr"): CHAIN,
+                      ("en", "de"): ("tiny-en-de",), ("en", "fr"): ("tiny-en-fr",),
+                      ("fr", "de"): ("tiny-fr-de",), ("fr", "en"): ("tiny-fr-en",)}
+    message = convert.list_models_to_pb(translator.list_models(), translator.list_routes())
+    assert [(r.source_language, r.target_language, list(r.models)) for r in message.routes] \
+        == [(s, t, list(m)) for (s, t), m in routes.items()]
+    # fr -> de is direct (its chain fr-en + en-de loses)
+    chosen: list[str] = []
+    result = run(translator.translate(TranslateRequest(
+        ("a",), source_language="fr", target_language="de"), Call(on_model=chosen.append)))
+    assert result.models == ("tiny-fr-de",)
+    run(translator.translate(chained(("a",)), Call(on_model=chosen.append)))
+    run(translator.translate(TranslateRequest(("a",), source_language="fr",
+                                              target_language="fr"), Call()))
+    assert chosen == ["tiny-fr-de", "tiny-de-en+tiny-en-fr"]
+
+    def counted(route: str, models: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "seq2serve_translate_routes_total", {"route": route, "models": models})
+
+    assert counted("direct", "tiny-fr-de") == 1
+    assert counted("chained", "tiny-de-en+tiny-en-fr") == 1
+    assert counted("same_language", "(none)") == 1
+
+
+def test_libretranslate_languages_lists_every_reachable_target(translator: Translator) -> None:
+    api = LibreTranslateApi(translator, Access(), LibreSettings(char_limit=500, batch_limit=8,
+                                                                alternatives_limit=3))
+    response = run(api.languages(None))  # type: ignore[arg-type]  # the request is not read
+    assert [(lang["code"], lang["targets"]) for lang in json.loads(response.body)] == [
+        ("de", ["en", "fr"]), ("en", ["de", "fr"]), ("fr", ["de", "en"])]
+    assert set(api.detector().languages) == {"de", "en", "fr"}
+    assert api._pair("de", "fr").models == CHAIN and api._pair("de", "fr").model == ""
+    assert api._pair("de", "de").models == ()
