@@ -177,6 +177,13 @@ class Seq2ServeClient:
                           {name: getattr(m, name) for name in _LIMIT_FIELDS})
                 for m in response.models]
 
+    def list_routes(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """Every translation pair served, as (source, target, models): one model, or
+        two through English (ListModels' routes)."""
+        response = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        return [(r.source_language, r.target_language, tuple(r.models))
+                for r in response.routes]
+
     def health(self, service: str = "") -> str:
         """The serving status by name ("SERVING", "NOT_SERVING", ...) of the whole
         server ("") or of one service ("seq2serve.v1.Translator"); an unknown

@@ -48,8 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", dest="target_language", metavar="LANG", required=True,
                         help="target language")
     parser.add_argument("--from", dest="source_language", metavar="LANG",
-                        help="source language (default: what the file says, else the "
-                        "server's model for --to)")
+                        help="source language: any the server translates from to --to, "
+                        "directly or through English (default: what the file says, else "
+                        "the server's model for --to; a .po's msgids say nothing: a German "
+                        ".po needs --from de)")
     parser.add_argument("-o", "--output", metavar="OUT",
                         help='where to write the translated file, "-" for standard output '
                         "(default: NAME.LANG.SUFFIX beside FILE; a .pot gives NAME.LANG.po)")
@@ -84,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
         with Seq2ServeClient(args.server, args.timeout) as client:
             if args.wait > 0:
                 client.wait_until_serving(args.wait)
-            model = _model(client.list_models(), args.model, source, args.target_language)
+            model = _model(client.list_models(), args.model, source, args.target_language,
+                           client.list_routes())
             if model is None:
                 print(f"{PROG}: error: this server has no translation model "
                       f"{args.model or ''} for {source or '*'} -> {args.target_language}",
                       file=sys.stderr)
                 return 1
-            output = asyncio.run(_translate(client, document, model, args))
+            output = asyncio.run(_translate(client, document, model, args, source))
     except grpc.RpcError as error:
         return report_rpc_error(PROG, error)
     except (TimeoutError, DocumentError) as error:
@@ -102,9 +105,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model(models: Sequence[ModelInfo], name: str | None, source: str,
-           target: str) -> ModelInfo | None:
-    """The model the server will pick: by name, else by language pair."""
+def _model(models: Sequence[ModelInfo], name: str | None, source: str, target: str,
+           routes: Sequence[tuple[str, str, tuple[str, ...]]] = ()) -> ModelInfo | None:
+    """The model the server will pick: by name, else by language pair; for a pair
+    served through English, the chain's last model (its limits apply to the texts)."""
+    if not name and source:
+        for route_source, route_target, names in routes:
+            if (route_source, route_target) == (source, target) and len(names) > 1:
+                return next((m for m in models if m.name == names[-1]), None)
     for model in models:
         if model.task != "translate":
             continue
@@ -117,15 +125,20 @@ def _model(models: Sequence[ModelInfo], name: str | None, source: str,
 
 
 async def _translate(client: Seq2ServeClient, document: Document, model: ModelInfo,
-                     args: argparse.Namespace) -> bytes:
+                     args: argparse.Namespace, source: str) -> bytes:
+    # A chain is asked for by its pair: the server routes it through English.
+    chained = model.source_language != source and bool(source) and not args.model
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(DEFAULT_WINDOW) as pool, \
             tqdm(unit="text", desc=Path(args.file).name, file=sys.stderr,
                  disable=True if args.no_progress else None) as bar:
 
         def call(texts: Sequence[str]) -> list[str]:
-            answers = client.translate(list(texts), model.name, software=args.software,
-                                       beam_size=args.beam)
+            answers = client.translate(
+                list(texts), None if chained else model.name,
+                source_language=source if chained else None,
+                target_language=args.target_language if chained else None,
+                software=args.software, beam_size=args.beam)
             return [nbest[0].text for nbest in answers]
 
         async def translate(texts: Sequence[str]) -> list[str]:
