@@ -41,8 +41,8 @@ it grows when a row's position reaches it and shrinks once a whole block lies
 past every live row's position (a running batch's longest row left). Format 6
 attends to every slot, so Tc is the longest row in whole blocks of
 CACHE_BLOCK slots (a copy every CACHE_BLOCK steps); format 7 attends to a
-row's own slots only, so its Tc grows four blocks at a time and is kept off
-multiples of 64 slots (`cache_slots`). A row that joins later continues
+row's own slots only and takes the same length, one block more where that is
+a multiple of 64 slots (`cache_slots`). A row that joins later continues
 whatever row it is placed on; its stale slots are masked, and each is written
 before the row reaches it.
 
@@ -97,10 +97,8 @@ SOURCE_WIDTH_MULTIPLE = 16
 # softmax and weighted sum reduce over the slots, and a row's masked slots only
 # add exact zeros per lane when the cache length is a whole number of blocks.
 CACHE_BLOCK = SOURCE_WIDTH_MULTIPLE
-# Format 7's cache grows by this many slots at a time: GroupQueryAttention reads
-# each row's own slots only, so spare slots cost a step nothing, and the cache
-# is copied every 64 steps rather than every 16.
-FUSED_CACHE_GROWTH = 4 * CACHE_BLOCK
+# Format 7's cache length is never a multiple of this many slots (`cache_slots`).
+CACHE_ALIAS_SLOTS = 64
 
 
 def padded_width(longest: int, multiple: int = SOURCE_WIDTH_MULTIPLE) -> int:
@@ -452,21 +450,22 @@ class Runner:
                                         tuple(new_cache[self.layers:])), alignment.numpy())
 
     def cache_slots(self, longest: int) -> int:
-        """The cache length Tc for rows whose longest history is `longest` slots.
+        """The cache length Tc for rows whose longest history is `longest` slots:
+        whole blocks of CACHE_BLOCK.
 
-        Format 6: whole blocks of CACHE_BLOCK, so that a row's masked slots add
-        exact zeros per vector lane (batch invariance). Format 7 reads a row's
-        slots 0..position only, so any Tc >= longest gives the same bits: whole
-        FUSED_CACHE_GROWTH blocks plus one CACHE_BLOCK, so that consecutive (row,
-        head) blocks of the cache are never a multiple of 64 slots apart (16 KiB
-        at Dh = 64): with Tc = 128 the kernel's reads of row after row collided
-        in the CPU's caches (GroupQueryAttention alone, 128 rows x 128 slots,
-        one thread: 2.6 ms at Tc = 128, 1.7 ms at 144 and at 512)."""
-        if not longest:
-            return 0
-        if not self.fused_attention:
-            return padded_width(longest, CACHE_BLOCK)
-        return padded_width(longest, FUSED_CACHE_GROWTH) + CACHE_BLOCK
+        Format 6 attends to every slot, and whole blocks make a row's masked slots
+        add exact zeros per vector lane (batch invariance). Format 7 reads a row's
+        slots 0..position only, so any Tc gives the same bits; spare slots still
+        cost every copy of a row (beam search's moves, reorders, resizes: growing
+        four blocks at a time cost 13% of the sentences/s at batch 32, beam 4),
+        so Tc stays as tight, except that it is never a multiple of
+        CACHE_ALIAS_SLOTS: consecutive (row, head) blocks 16 KiB apart (Dh = 64)
+        made GroupQueryAttention's reads collide in the CPU's caches (alone, 128
+        rows at 128 slots, one thread: 2.6 ms at Tc = 128, 1.7 ms at 144)."""
+        slots = padded_width(longest, CACHE_BLOCK) if longest else 0
+        if self.fused_attention and slots and slots % CACHE_ALIAS_SLOTS == 0:
+            slots += CACHE_BLOCK
+        return slots
 
     def _decoder_binding(self, cache: DecoderCache, enc: EncoderState,
                          log_probs: np.ndarray) -> ort.IOBinding:
