@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from seq2serve.model.data.card_text import dropped_list, overlap_list, text_table
 from seq2serve.model.data.ddtp import KINDS, MAX_LENGTH_RATIO, MAX_TRANSLATION_CHARS
 
 if TYPE_CHECKING:  # corpus.py imports this module to write the card
-    from seq2serve.model.data.corpus import Corpus, IndexFile
+    from seq2serve.model.data.ddtp_data import Corpus, IndexFile
 
 
 def count_table(corpora: list[Corpus]) -> str:
@@ -17,11 +18,7 @@ def count_table(corpora: list[Corpus]) -> str:
             for kind in KINDS:
                 if kind in kinds:
                     rows.append((corpus.name, split, kind, str(kinds[kind])))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(rows, left=3)
 
 
 def data_card(corpora: list[Corpus], indexes: list[IndexFile]) -> str:
@@ -31,14 +28,8 @@ def data_card(corpora: list[Corpus], indexes: list[IndexFile]) -> str:
         f"{f.release.get('date', 'unknown')} | `{f.sha256[:16]}…` |"
         for f in indexes
     )
-    dropped = "\n".join(
-        f"- `{c.name}`: " + (", ".join(f"{r}: {n}" for r, n in sorted(c.dropped.items())) or "none")
-        for c in corpora
-    )
-    overlap = "\n".join(
-        f"  - `{c.name}`: " + ", ".join(f"{s} {n}" for s, n in c.source_overlap().items())
-        for c in corpora
-    )
+    dropped = dropped_list(corpora, by_reason=True)
+    overlap = overlap_list(corpora)
     apt_langs = " ".join(f'"{lang}";' for lang in dict.fromkeys(f.lang for f in indexes))
     return f"""# Data card: Debian DDTP corpora
 

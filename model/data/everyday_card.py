@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from seq2serve.model.data import everyday, messages
+from seq2serve.model.data.card_text import dropped_list, overlap_list, text_table
 from seq2serve.model.data.everyday import EverydayCorpus
 
 
@@ -17,11 +18,7 @@ def count_table(corpora: list[EverydayCorpus]) -> str:
             rows.append((corpus.name, split, str(kinds["sentence"]), str(kinds["paragraph"]),
                          str(kinds["word"]), str(len(split_rows)),
                          str(len({r[0] for r in split_rows}))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(rows, left=2)
 
 
 def package_table(corpora: list[EverydayCorpus]) -> str:
@@ -42,12 +39,8 @@ def package_table(corpora: list[EverydayCorpus]) -> str:
 
 
 def everyday_card(corpora: list[EverydayCorpus], meta: dict[str, object]) -> str:
-    dropped = "\n".join(
-        f"- `{c.name}`: " + ", ".join(f"{r}: {n}" for r, n in c.dropped.most_common())
-        for c in corpora)
-    overlap = "\n".join(
-        f"  - `{c.name}`: " + ", ".join(f"{s} {n}" for s, n in c.source_overlap().items())
-        for c in corpora)
+    dropped = dropped_list(corpora)
+    overlap = overlap_list(corpora)
     download_mib = int(str(meta.get("download_bytes", 0) or 0)) / (1 << 20)
     packages = meta.get("packages", [])
     taken = len(packages) if isinstance(packages, list) else 0

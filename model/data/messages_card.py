@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from seq2serve.model.data import gettext, messages
+from seq2serve.model.data.card_text import dropped_list, overlap_list, text_table
 
 if TYPE_CHECKING:  # messages_data imports this module to write the card
     from seq2serve.model.data.messages import MessageCorpus, Selection
@@ -19,24 +20,16 @@ def count_table(corpora: list[MessageCorpus]) -> str:
             split_rows = corpus.splits[split]
             rows.append((corpus.name, split, str(len(split_rows)),
                          str(len({r[0] for r in split_rows}))))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(rows, left=2)
 
 
 def messages_card(corpora: list[MessageCorpus], selection: Selection,
                   meta: dict[str, object]) -> str:
-    dropped = "\n".join(
-        f"- `{c.name}`: " + ", ".join(f"{r}: {n}" for r, n in c.dropped.most_common())
-        for c in corpora)
+    dropped = dropped_list(corpora)
     top = "\n".join(
         f"- `{c.name}`: " + ", ".join(f"{p} ({n})" for p, n in c.packages.most_common(TOP_PACKAGES))
         for c in corpora)
-    overlap = "\n".join(
-        f"  - `{c.name}`: " + ", ".join(f"{s} {n}" for s, n in c.source_overlap().items())
-        for c in corpora)
+    overlap = overlap_list(corpora)
     related = sorted(p for p, why in selection.excluded.items() if why != "held out")
     held = ", ".join(sorted(messages.HELD_OUT_PACKAGES))
     skipped = ", ".join(f"{why}: {n}" for why, n in selection.skipped.items()) or "none"

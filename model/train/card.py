@@ -310,6 +310,18 @@ def data_commands(td: TrainingData) -> list[str]:
     if td.weighted and (list(td.repeats) != list(registry.SOURCES) or folder != "data/mix"):
         commands.append(f"seq2serve data --corpora weighted-mix --mix-of "
                         f"{','.join(td.repeats)} --mix-out {folder} {weights}")
+    elif not td.weighted:  # a written mix: the build writes the three-corpus one alone
+        from seq2serve.model.data.corpus import WRITTEN_MIXES
+
+        written = next((m for m in WRITTEN_MIXES.values()
+                        if list(m.sources) == list(td.repeats)), None)
+        out = {a.dest: a for a in _data_parser()._actions}[written.out_flag] if written \
+            else None
+        if written and out and not (written.name == "everyday-mix" and folder == out.default
+                                    .as_posix()):
+            where = "" if folder == out.default.as_posix() else \
+                f" {out.option_strings[0]} {folder}"
+            commands.append(f"seq2serve data --corpora {written.name}{where} {weights}")
     return commands
 
 

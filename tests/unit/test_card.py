@@ -93,3 +93,20 @@ def test_a_weighted_mix_in_the_card_data_and_commands() -> None:
     assert elsewhere[-1] == ("seq2serve data --corpora weighted-mix --mix-of ddtp,messages "
                              "--mix-out data/mix-two --ddtp-repeat 4")
     assert card._corpus_repeats(WEIGHTED)["data/general/en-de"] == 3
+
+
+def test_a_written_four_corpus_mix_gets_the_command_that_writes_it() -> None:
+    corpus = {"task": "translate", "counts": {},
+              "source": {"mix": [p["corpus"] for p in WEIGHTED["parts"]]},
+              "train_repeat": {p["corpus"]: p["weight"] for p in WEIGHTED["parts"]}}
+    td = card.training_data("data/mixed-general/en-de", corpus)
+    assert not td.weighted and td.listed
+    assert card.data_commands(td)[1:] == [
+        "seq2serve data --corpora general-mix --ddtp-repeat 4 --everyday-repeat 2 "
+        "--general-repeat 3"]
+    elsewhere = card.data_commands(card.training_data("data/mg/en-de", corpus))
+    assert elsewhere[1].startswith("seq2serve data --corpora general-mix --general-mix-out "
+                                   "data/mg --ddtp-repeat 4")
+    three = {**corpus, "source": {"mix": corpus["source"]["mix"][:3]},
+             "train_repeat": dict(list(corpus["train_repeat"].items())[:3])}
+    assert len(card.data_commands(card.training_data("data/mixed-everyday/en-de", three))) == 1
