@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from translate.filters import checks
 
-from seq2serve.server.core.placeholders import Kind, Terms, find, mask, restore
+from seq2serve.server.core.placeholders import Kind, Terms, carry, find, mask, restore
 
 # Every kind the issue names, each with one example.
 KINDS = [
@@ -83,6 +83,22 @@ def test_tags_glue_back_to_their_text() -> None:
     masked = mask("<b>Warning:</b> the disk is almost full")
     out = restore(masked, "{0} Warnung:{1} Die Festplatte ist fast voll")
     assert out.text == "<b>Warnung:</b> Die Festplatte ist fast voll"
+
+
+def test_carry_hands_a_chains_second_model_each_sentinel_once() -> None:
+    """Through English the first model's output stays masked: repaired (each sentinel
+    once, in order), tags not glued yet, the accelerator not placed; the second
+    model's output is restored as any."""
+    masked = mask("<b>Warnung:</b> %s ist fast _voll")
+    assert masked.text == "{0} Warnung:{1} {2} ist fast voll"
+    middle, repaired = carry(masked, "{0} Warning:{1} {2} {2} is almost full")
+    assert (middle, repaired) == ("{0} Warning:{1} {2} is almost full", True)
+    middle, repaired = carry(masked, "{0} Warning:{1} is almost full")  # {2} dropped
+    assert middle.count("{2}") == 1 and repaired
+    assert carry(mask("Nichts hier"), "Nothing here") == ("Nothing here", False)
+    out = restore(masked, "{0} Attention :{1} {2} est presque plein")
+    # no "v" in the French: the accelerator goes on its first letter
+    assert out.text == "<b>_Attention :</b> %s est presque plein" and not out.repaired
 
 
 def test_accelerator_rule_exactly() -> None:
