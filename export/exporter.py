@@ -134,10 +134,10 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         fp32_dir = tmp / "fp32"
         fp32_dir.mkdir()
         steps.set_postfix_str("tracing graphs")
-        if attention == "fused":
-            export_graphs(model, fp32_dir, opset, fused=True)
-        else:
+        if attention == DEFAULT_ATTENTION:  # export_graphs' own default
             export_graphs(model, fp32_dir, opset)
+        else:
+            export_graphs(model, fp32_dir, opset, fused=attention == "fused")
         steps.update()
 
         steps.set_postfix_str("checking graphs")

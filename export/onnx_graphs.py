@@ -15,6 +15,7 @@ from torch import nn
 
 from seq2serve.export.package import (
     DECODER_FILE,
+    DEFAULT_ATTENTION,
     ENCODER_FILE,
     ENCODER_INPUTS,
     MOVE_FILE,
@@ -103,7 +104,7 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
 
 
 def export_graphs(model: Seq2SeqTransformer, out_dir: Path, opset: int = DEFAULT_OPSET,
-                  fused: bool = False) -> None:
+                  fused: bool = DEFAULT_ATTENTION == "fused") -> None:
     """Write encoder.onnx and decoder.onnx (fp32) into out_dir: with ONNX Runtime's
     fused attention operators (format 7, `fused_attention.py`), or with `fused`
     False the plain traced chain of format 6. A tied output projection is still
