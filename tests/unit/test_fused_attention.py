@@ -96,6 +96,24 @@ def test_fused_package_matches_hf_generate(case: str, fused_package: Path,
                for (_, s), h in zip(r, o, strict=True)) <= SCORE_TOLERANCE
 
 
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_reduced_precision_fused_package_runs(marian_dir: Path, tmp_path: Path,
+                                              precision: str) -> None:
+    """int8 (CPU) and fp16 (meant for CUDA, where GroupQueryAttention has its
+    fp16 kernel; here on the CPU provider) in format 7, as test_engine.py checks
+    format 6."""
+    report = export(marian_dir, tmp_path / precision, precision=precision, progress=False,
+                    attention="fused")
+    engine = Engine(report.package, CPU)
+    assert engine.runner.fused_attention
+    assert engine.runner.cache_dtype == (np.float16 if precision == "fp16" else np.float32)
+    sources = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [12, 13, 14, 15, 2], [16, 2]]
+    for beam in (1, 4):
+        results = engine.generate(sources, DecodingOptions(beam_size=beam, max_length=MAX_NEW))
+        assert all(r[0].token_ids and np.isfinite(r[0].score) for r in results)
+    assert report.fp32_deviation["log_probs"] <= 1e-4  # the fused fp32 graphs it came from
+
+
 def test_export_verified_the_fused_graphs_against_pytorch(fused_package: Path) -> None:
     deviation = load_package(fused_package).manifest.exporter["fp32_deviation"]
     assert isinstance(deviation, dict)
