@@ -7,7 +7,8 @@
 # BASE_IMAGE may be any Debian-based image with python3 (nothing else is needed:
 # pip runs from its wheel). VARIANT=gpu installs onnxruntime-gpu with NVIDIA's
 # CUDA and cuDNN wheels, so no CUDA base image is needed; the node provides the
-# driver (NVIDIA container toolkit: `docker run --gpus 1 ...`).
+# driver (NVIDIA container toolkit: `docker run --gpus 1 ...`). Both variants take
+# the versions of deploy/constraints.txt (the wheelhouse carries it).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: a virtual environment from the wheelhouse, nothing compiled -----
@@ -23,7 +24,7 @@ RUN set -eu; \
     pip_whl=$(ls /wheels/pip-*.whl); \
     pip() { /opt/seq2serve/bin/python "${pip_whl}/pip" "$@"; }; \
     pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check \
-      --requirement "/wheels/requirements-${VARIANT}.txt"; \
+      --constraint /wheels/constraints.txt --requirement "/wheels/requirements-${VARIANT}.txt"; \
     pip install --no-index --no-deps --no-cache-dir --disable-pip-version-check \
       /wheels/seq2serve-*.whl; \
     pip freeze --path /opt/seq2serve/lib/python3*/site-packages > /opt/seq2serve/installed.txt; \

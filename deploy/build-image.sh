@@ -10,8 +10,9 @@
 # runtime dependency as a wheel for the base image's Python and platform), then
 # runs `docker build` at the repository root with the arguments passed through,
 # so the build itself needs no network. DOCKER_HOST is honoured (docker reads it);
-# DOCKER (default: docker) and PYTHON (default: python3, with pip) pick the tools;
-# PIP_CONSTRAINT pins dependency versions, as it does for pip anywhere.
+# DOCKER (default: docker) and PYTHON (default: python3, with pip) pick the tools.
+# Versions come from deploy/constraints.txt (the releases the test suite passed on);
+# CONSTRAINTS=FILE takes others, CONSTRAINTS= (empty) the newest the ranges allow.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,7 +49,7 @@ read -r py machine glibc <<<"$target"
 echo "build-image.sh: base $base: Python $py, $machine, glibc $glibc; variant $variant"
 
 "$python" deploy/wheelhouse.py --variant "$variant" --python "$py" --machine "$machine" \
-  --glibc "$glibc" --out deploy/wheelhouse
+  --glibc "$glibc" --out deploy/wheelhouse --constraints "${CONSTRAINTS-deploy/constraints.txt}"
 
 version=$("$python" -c 'import re, sys; print(re.search(r"^version = \"([^\"]+)\"", open("pyproject.toml").read(), re.M).group(1))')
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)

@@ -7,14 +7,17 @@ Writes into --out: a wheel of seq2serve built from this checkout (the build runs
 grpcio-tools and generates the protobuf modules here, not in the image), every
 runtime dependency as a wheel for the target interpreter and platform, pip's own
 wheel (the image runs pip from it, so the base image needs python3 and nothing
-else), and `requirements-<variant>.txt`, the list the Dockerfile installs.
+else), `requirements-<variant>.txt`, the list the Dockerfile installs, and
+`constraints.txt`, the versions both take (deploy/constraints.txt by default:
+the releases the test suite passed on, so an image built today and one built
+next year hold the same ones).
 
 The runtime requirements are read from the seq2serve wheel's metadata (their one
 home is pyproject.toml); the GPU variant swaps `onnxruntime` for the `gpu` extra's
 `onnxruntime-gpu` with NVIDIA's CUDA and cuDNN wheels (`[cuda,cudnn]`), so no
 CUDA base image is needed. Both packages install the same `onnxruntime` module,
-so exactly one of them may be in an image. Pin versions with pip's own
-`PIP_CONSTRAINT=constraints.txt` in the environment.
+so exactly one of them may be in an image. `--constraints FILE` pins other
+versions (`--constraints ''`: none, the newest releases the ranges allow).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("cpu", "gpu")
+CONSTRAINTS = ROOT / "deploy" / "constraints.txt"
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -92,7 +96,8 @@ def pip(*args: str) -> None:
     subprocess.run(command, check=True)
 
 
-def build(out: Path, variant: str, python: str, machine: str, glibc: str) -> Path:
+def build(out: Path, variant: str, python: str, machine: str, glibc: str,
+          constraints: Path | None = CONSTRAINTS) -> Path:
     if out.exists():
         shutil.rmtree(out)  # a stale wheel of another version must not be picked up
     out.mkdir(parents=True)
@@ -100,10 +105,16 @@ def build(out: Path, variant: str, python: str, machine: str, glibc: str) -> Pat
     [wheel] = out.glob("seq2serve-*.whl")
     requirements = out / f"requirements-{variant}.txt"
     requirements.write_text("\n".join(runtime_requirements(wheel, variant)) + "\n")
+    # The Dockerfile installs with --constraint constraints.txt: an empty file
+    # constrains nothing.
+    pinned = out / "constraints.txt"
+    pinned.write_text(constraints.read_text(encoding="utf-8") if constraints else "",
+                      encoding="utf-8")
     target = ["--only-binary=:all:", "--implementation", "cp", "--python-version", python]
     for platform in manylinux_platforms(machine, glibc):
         target += ["--platform", platform]
-    pip("download", "--dest", str(out), *target, "--requirement", str(requirements), "pip")
+    pip("download", "--dest", str(out), *target, "--constraint", str(pinned),
+        "--requirement", str(requirements), "pip")
     return wheel
 
 
@@ -116,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--glibc", required=True, metavar="2.N",
                         help="the base image's glibc version")
     parser.add_argument("--out", type=Path, default=ROOT / "deploy" / "wheelhouse")
+    parser.add_argument("--constraints", default=str(CONSTRAINTS), metavar="FILE",
+                        help="the versions to take ('' for none; default: %(default)s)")
     args = parser.parse_args(argv)
-    build(args.out, args.variant, args.python, args.machine, args.glibc)
+    build(args.out, args.variant, args.python, args.machine, args.glibc,
+          Path(args.constraints) if args.constraints else None)
     return 0
 
 

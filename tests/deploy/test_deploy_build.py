@@ -86,7 +86,8 @@ def test_manylinux_tags_follow_the_base_glibc() -> None:
 
 def test_gpu_variant_dependencies_resolve(wheel: Path, tmp_path: Path) -> None:
     """pip resolves the GPU image's list for CPython 3.11 on manylinux x86_64
-    (Debian bookworm's glibc) from binary wheels only, as the image build would."""
+    (Debian bookworm's glibc) from binary wheels only, as the image build would,
+    to exactly the versions of deploy/constraints.txt."""
     requirements = tmp_path / "requirements-gpu.txt"
     requirements.write_text("\n".join(wheelhouse.runtime_requirements(wheel, "gpu")) + "\n")
     platforms = [a for p in wheelhouse.manylinux_platforms("x86_64", "2.36")
@@ -96,7 +97,7 @@ def test_gpu_variant_dependencies_resolve(wheel: Path, tmp_path: Path) -> None:
         [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
          "--only-binary=:all:", "--implementation", "cp", "--python-version", "3.11",
          *platforms, "--target", str(tmp_path / "target"), "--report", str(report),
-         "--requirement", str(requirements)],
+         "--constraint", str(DEPLOY / "constraints.txt"), "--requirement", str(requirements)],
         capture_output=True, text=True, timeout=900)
     if out.returncode != 0 and "Could not fetch URL" in out.stderr + out.stdout:
         pytest.skip("PyPI cannot be reached from here")
@@ -108,3 +109,8 @@ def test_gpu_variant_dependencies_resolve(wheel: Path, tmp_path: Path) -> None:
     assert any(n.startswith("nvidia-cudnn") for n in nvidia), sorted(resolved)
     assert any(n.startswith("nvidia-cuda-runtime") for n in nvidia), sorted(resolved)
     assert any(n.startswith("nvidia-cublas") for n in nvidia), sorted(resolved)
+    pinned = dict(line.split(";")[0].strip().lower().split("==") for line
+                  in (DEPLOY / "constraints.txt").read_text(encoding="utf-8").splitlines()
+                  if line.strip() and not line.startswith("#"))
+    pinned = {name.replace("_", "-"): version for name, version in pinned.items()}
+    assert {n: v for n, v in resolved.items() if pinned.get(n.replace("_", "-")) != v} == {}

@@ -10,19 +10,26 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import transformers
 from conftest import CORPUS, make_marian_dir
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
-from seq2serve.export.exporter import ExportError, export
+from seq2serve.export.exporter import ExportError, ExportReport, export
 from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.onnx_graphs import SELECT_CHUNK, write_cache_graphs
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
 from seq2serve.export.tokenizer import PackageTokenizer
-from seq2serve.export.verify import check_cache_graphs, cpu_session, ort_greedy
+from seq2serve.export.verify import (
+    check_cache_graphs,
+    cpu_session,
+    ort_greedy,
+    ort_teacher_forced,
+    path_mask,
+)
 
 MAX_NEW = 24
 
@@ -176,14 +183,325 @@ def test_cache_graph_check_finds_a_wrong_graph(marian_package: Path, tmp_path: P
         check_cache_graphs(broken)
 
 
+# -- reduced precision on a model whose every weight this file draws ----------------
+#
+# No weight comes from a library's initialisation: numpy draws them (PCG64, seeded)
+# and a few Adam steps on drawn sequences teach the model to repeat them. What the
+# int8 tests hold ONNX Runtime to does not depend on the CPU: weights on their
+# per-tensor grid, exact integer arithmetic against a float reference, agreement
+# with fp32. x86 u8s8 kernels without VNNI (AVX2, AVX-512 before Cascade Lake) add
+# pairs of u8 x s8 products in int16 (vpmaddubsw), which saturates; the session
+# option below makes them exact there (u8u8) and changes nothing where they are
+# exact already (VNNI, AMX, ARM). Issue 33: on the int8 package of the old test's
+# Marian fixture, the log-prob deviation was 0.18 with VNNI, 0.99 on an emulated
+# AVX2 CPU (qemu -cpu Haswell) and 0.91 on a real one; 0.18 with the option there.
+
+EXACT_INT8 = {"session.x64quantprecision": "1"}
+# fp16 keeps 11 significant bits: between 8 and 16, where log-probs reach here (-14.5),
+# one step is 2**-7 (0.008). The log-probs may be a few such roundings off: 0.05 is
+# six steps (measured: 0.008).
+FP16_LOG_PROB_BOUND = 0.05
+
+
+def drawn_checkpoint(out: Path, seed: int = 0) -> tuple[Path, np.ndarray]:
+    """A tiny pre-norm seq2serve checkpoint (tied output projection, as the shipped
+    models) with every parameter drawn here (embeddings and matrices N(0, 1) / sqrt(fan-in),
+    LayerNorm gains 1 + 0.1 N(0, 1), biases 0.1 N(0, 1)), then taught to repeat twelve
+    drawn sequences (30 Adam steps, no dropout): an untaught one repeats one token,
+    and greedy agreement on it would mean little. Returns the checkpoint and the
+    sequences (rows ending with EOS)."""
+    from seq2serve.model.checkpoint import save_checkpoint
+    from seq2serve.model.config import ModelConfig
+    from seq2serve.model.tokenizer import Tokenizer, train_tokenizer
+    from seq2serve.model.transformer import Seq2SeqTransformer
+
+    out.mkdir(parents=True)
+    corpus = out / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 10), encoding="utf-8")
+    train_tokenizer([corpus], out / "tok.model", vocab_size=100)
+    vocab = Tokenizer(out / "tok.model").vocab_size
+    cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=32,
+                      encoder_layers=2, decoder_layers=2, encoder_heads=4, decoder_heads=4,
+                      encoder_ffn_dim=64, decoder_ffn_dim=64, max_positions=64, pre_norm=True,
+                      dropout=0.0)
+    model = Seq2SeqTransformer(cfg)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            shape = tuple(p.shape)
+            if p.dim() == 2:  # nn.Linear (out, in); embeddings (vocab, d_model)
+                values = rng.standard_normal(shape) * (cfg.d_model if "embed" in name
+                                                       else shape[1]) ** -0.5
+            elif name.endswith("weight"):
+                values = 1 + 0.1 * rng.standard_normal(shape)
+            else:
+                values = 0.1 * rng.standard_normal(shape)
+            p.copy_(torch.from_numpy(values.astype(np.float32)))
+        model.src_embed.weight[cfg.pad_id] = 0
+    rows = rng.integers(4, vocab, size=(12, 8))
+    rows[:, -1] = cfg.eos_id
+    src = torch.from_numpy(rows)
+    tgt_in = torch.cat([torch.full_like(src[:, :1], cfg.decoder_start_id), src[:, :-1]], 1)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(30):
+        optim.zero_grad()
+        logits = model(src, torch.ones_like(src), tgt_in)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), src.flatten()).backward()
+        optim.step()
+    model.eval()
+    ckpt = save_checkpoint(out / "ckpt", model, out / "tok.model",
+                           meta={"task": "translate", "src_lang": "en", "tgt_lang": "de"})
+    return ckpt, rows
+
+
+@pytest.fixture(scope="module")
+def drawn_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    return drawn_checkpoint(tmp_path_factory.mktemp("drawn") / "model")
+
+
+@pytest.fixture(scope="module")
+def drawn(drawn_model: tuple[Path, np.ndarray]) -> Path:
+    return drawn_model[0]
+
+
+@pytest.fixture(scope="module")
+def drawn_fp32(drawn: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(drawn, tmp_path_factory.mktemp("drawn-fp32") / "pkg", progress=False).package
+
+
+@pytest.fixture(scope="module")
+def drawn_int8_export(drawn: Path, tmp_path_factory: pytest.TempPathFactory
+                      ) -> tuple[ExportReport, dict[str, Path]]:
+    """The int8 export's report, and the fp32 graphs it quantized (kept aside)."""
+    from seq2serve.export import quantize
+
+    root = tmp_path_factory.mktemp("drawn-int8")
+    quantized: dict[str, Path] = {}
+    real = quantize.quantize_int8
+
+    def keep_the_input(src: Path, dst: Path) -> None:
+        quantized[src.name] = shutil.copyfile(src, root / f"fp32-{src.name}")
+        real(src, dst)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantize, "quantize_int8", keep_the_input)
+        report = export(drawn, root / "pkg", precision="int8", progress=False)
+    assert sorted(quantized) == ["decoder.onnx", "encoder.onnx"]
+    return report, quantized
+
+
+@pytest.fixture(scope="module")
+def drawn_int8(drawn_int8_export: tuple[ExportReport, dict[str, Path]]
+               ) -> tuple[Path, dict[str, Path]]:
+    return drawn_int8_export[0].package, drawn_int8_export[1]
+
+
+def session(graph: Path | onnx.ModelProto, config: dict[str, str] | None = None
+            ) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
+    model = graph.SerializeToString() if isinstance(graph, onnx.ModelProto) else str(graph)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def quantization_grid(w: np.ndarray, table: bool) -> tuple[np.float32, np.ndarray]:
+    """(step, integers) of one tensor as int8 export rounds it: MatMul weights
+    symmetric int8 with one step per tensor, max|w| / 127; embedding tables (Gather)
+    uint8 over [min(w, 0), max(w, 0)] in 255 steps, integers relative to the zero point."""
+    if table:
+        lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+        step = np.float32((hi - lo) / 255)
+        zero = np.clip(np.round(-lo / step), 0, 255)
+        return step, np.clip(np.round(w / step) + zero, 0, 255) - zero
+    step = np.float32(np.abs(w).max() / 127)
+    return step, np.round(w / step)
+
+
+def quantized_tensors(int8: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
+    """fp32 name -> (stored integers minus zero point, stored step, is a table) for
+    every weight the int8 graph quantized (ONNX Runtime names them `<name>_quantized`)."""
+    inits = {t.name: numpy_helper.to_array(t) for t in int8.graph.initializer}
+    found = {}
+    for node in int8.graph.node:
+        if node.op_type == "MatMulIntegerToFloat":
+            ints, step, zero = inits[node.input[1]], inits[node.input[3]], inits[node.input[5]]
+            table = False
+        elif node.op_type == "Gather" and inits.get(node.input[0], np.float32()).dtype in (
+                np.int8, np.uint8):
+            ints = inits[node.input[0]]
+            [deq] = [n for n in int8.graph.node if n.input and n.input[0] == node.output[0]]
+            step, zero = inits[deq.input[1]], inits[deq.input[2]]
+            table = True
+        else:
+            continue
+        name = node.input[0 if table else 1].removesuffix("_quantized")
+        found[name] = (ints.astype(np.float32) - zero.astype(np.float32), step, table)
+    return found
+
+
+def quantized_reference(fp32: onnx.ModelProto) -> onnx.ModelProto:
+    """The fp32 graph computing what int8 export means, in float32 on any CPU:
+    every MatMul weight and embedding table rounded to its grid (quantization_grid),
+    every MatMul's activations rounded per row (step max|row| / 127), and the
+    integer products summed in float32, which is exact (|sum| < 2**24 here), then
+    scaled by the two steps."""
+    model = onnx.ModelProto()
+    model.CopyFrom(fp32)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    table_of = {n.input[0] for n in graph.node if n.op_type == "Gather"}
+    weight_of = {n.input[1] for n in graph.node if n.op_type == "MatMul"}
+    steps = {}
+    for name in (table_of | weight_of) & set(inits):
+        w = numpy_helper.to_array(inits[name])
+        if w.ndim != 2:
+            continue
+        step, ints = quantization_grid(w, table=name in table_of)
+        assert np.abs(ints).max() * w.shape[0] * 127 < 2 ** 24  # exact float32 sums
+        inits[name].CopyFrom(numpy_helper.from_array(ints.astype(np.float32), name))
+        graph.initializer.append(numpy_helper.from_array(step, f"{name}/step"))
+        steps[name] = step
+    graph.initializer.extend([numpy_helper.from_array(np.float32(127), "ref/127"),
+                              numpy_helper.from_array(np.float32(1e-12), "ref/min_step"),
+                              numpy_helper.from_array(np.array([-1]), "ref/last_axis")])
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+    def reduce_max(x: str, y: str) -> onnx.NodeProto:  # (..., K) -> (..., 1)
+        if opset >= 18:
+            return helper.make_node("ReduceMax", [x, "ref/last_axis"], [y])
+        return helper.make_node("ReduceMax", [x], [y], axes=[-1])
+
+    nodes = []
+    for node in graph.node:
+        y, p = node.output[0], f"{node.output[0]}/ref"
+        if node.op_type == "MatMul" and node.input[1] in steps:
+            x, w = node.input
+            nodes += [
+                helper.make_node("Abs", [x], [f"{p}/abs"]),
+                reduce_max(f"{p}/abs", f"{p}/amax"),
+                helper.make_node("Div", [f"{p}/amax", "ref/127"], [f"{p}/raw"]),
+                helper.make_node("Max", [f"{p}/raw", "ref/min_step"], [f"{p}/step"]),
+                helper.make_node("Div", [x, f"{p}/step"], [f"{p}/scaled"]),
+                helper.make_node("Round", [f"{p}/scaled"], [f"{p}/ints"]),
+                helper.make_node("MatMul", [f"{p}/ints", w], [f"{p}/sums"]),
+                helper.make_node("Mul", [f"{p}/sums", f"{w}/step"], [f"{p}/partly"]),
+                helper.make_node("Mul", [f"{p}/partly", f"{p}/step"], [y]),
+            ]
+        elif node.op_type == "Gather" and node.input[0] in steps:
+            gather = onnx.NodeProto()
+            gather.CopyFrom(node)
+            gather.output[0] = f"{p}/ints"
+            nodes += [gather, helper.make_node("Mul", [f"{p}/ints", f"{node.input[0]}/step"],
+                                               [y])]
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def test_int8_weights_lie_on_their_own_grid(drawn_int8: tuple[Path, dict[str, Path]]) -> None:
+    """Every MatMul weight and embedding table of the traced graphs is stored as
+    integers on its own per-tensor grid, each within half a step of its fp32 value."""
+    package, fp32_graphs = drawn_int8
+    for graph in ("encoder.onnx", "decoder.onnx"):
+        fp32 = onnx.load(str(fp32_graphs[graph]))
+        weights = {t.name: numpy_helper.to_array(t) for t in fp32.graph.initializer}
+        expected = {n.input[1] for n in fp32.graph.node if n.op_type == "MatMul"} | {
+            n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}
+        expected = {n for n in expected if n in weights and weights[n].ndim == 2}
+        stored = quantized_tensors(onnx.load(str(package / graph)))
+        assert set(stored) == expected, graph
+        for name, (ints, step, table) in stored.items():
+            w = weights[name]
+            want_step, want_ints = quantization_grid(w, table)
+            assert step.size == 1, name
+            assert step == pytest.approx(want_step, rel=1e-6), f"{graph} {name}: step"
+            assert np.array_equal(ints, want_ints), f"{graph} {name}: integers"
+            assert np.abs(ints * step - w).max() <= 0.5 * step * (1 + 1e-5), name
+
+
+def test_int8_graphs_compute_the_quantized_model(
+        drawn: Path, drawn_int8: tuple[Path, dict[str, Path]]) -> None:
+    """The int8 package gives what the rounding defines (quantized_reference) as
+    closely as the fp32 package gives what PyTorch computes: on the exporter's
+    sample step (a batch with padding, rows at different positions) every output."""
+    from seq2serve.export.exporter import FP32_LOG_PROB_TOLERANCE
+    from seq2serve.export.onnx_graphs import sample_inputs
+    from seq2serve.export.package import ENCODER_INPUTS, decoder_inputs
+    from seq2serve.export.sources import load_source
+
+    package, fp32_graphs = drawn_int8
+    model = load_source(drawn).model
+    enc_args, dec_args = sample_inputs(model, batch=3, beams=3, src_len=7, cached=4, seed=1)
+    feeds = {"encoder.onnx": dict(zip([s.name for s in ENCODER_INPUTS],
+                                      [t.numpy() for t in enc_args], strict=True)),
+             "decoder.onnx": dict(zip([s.name for s in decoder_inputs(model.cfg.decoder_layers)],
+                                      [t.numpy() for t in dec_args], strict=True))}
+    for graph, feed in feeds.items():
+        fp32 = onnx.load(str(fp32_graphs[graph]))
+        want = session(quantized_reference(fp32)).run(None, feed)
+        int8 = session(package / graph, EXACT_INT8)
+        got = int8.run(None, feed)
+        plain = session(fp32).run(None, feed)
+        for out, g, w, p in zip(int8.get_outputs(), got, want, plain, strict=True):
+            if g.dtype.kind != "f":
+                assert np.array_equal(g, w), (graph, out.name)
+                continue
+            off = float(np.abs(g - w).max())
+            assert off <= FP32_LOG_PROB_TOLERANCE, (
+                f"{graph} {out.name}: {off:.3g} from the quantized reference")
+            # ... and a quantized model: it differs from fp32 by more than that.
+            assert np.abs(g - p).max() > 10 * FP32_LOG_PROB_TOLERANCE, (graph, out.name)
+
+
+def test_int8_greedy_agrees_with_fp32(drawn_model: tuple[Path, np.ndarray], drawn_fp32: Path,
+                                      drawn_int8: tuple[Path, dict[str, Path]]) -> None:
+    """Greedy decoding through the int8 package chooses fp32's tokens on the taught
+    sequences, and along that path its log-probs stay within half of fp32's
+    smallest top-two margin (so no near-tie decides the agreement)."""
+    package, _ = drawn_int8
+    cfg = load_package(drawn_fp32).manifest.config
+    src = drawn_model[1]
+    mask = np.ones_like(src)
+    src, mask = src.copy(), mask.copy()
+    src[0, 5:], mask[0, 5:] = cfg.pad_id, 0  # one row shorter, padded
+    src[0, 4] = cfg.eos_id
+    fp32_enc, fp32_dec = (session(drawn_fp32 / g) for g in ("encoder.onnx", "decoder.onnx"))
+    int8_enc, int8_dec = (session(package / g, EXACT_INT8) for g in ("encoder.onnx",
+                                                                      "decoder.onnx"))
+    kwargs = dict(start_id=cfg.decoder_start_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
+                  max_len=MAX_NEW)
+    path = ort_greedy(fp32_enc, fp32_dec, src, mask, **kwargs)
+    assert np.array_equal(ort_greedy(int8_enc, int8_dec, src, mask, **kwargs), path)
+    assert len(set(path.ravel().tolist())) > 20  # varied tokens, not one repeated
+    valid = path_mask(path, cfg.eos_id)
+    log_probs = {name: ort_teacher_forced(enc, dec, src, mask, path,
+                                          start_id=cfg.decoder_start_id)
+                 for name, enc, dec in (("fp32", fp32_enc, fp32_dec),
+                                        ("int8", int8_enc, int8_dec))}
+    top2 = np.sort(log_probs["fp32"], axis=-1)[..., -2:]
+    margin = float((top2[..., 1] - top2[..., 0])[valid].min())
+    deviation = float(np.abs(log_probs["int8"] - log_probs["fp32"])[valid].max())
+    assert 0 < 2 * deviation < margin, (deviation, margin)
+
+
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
-def test_reduced_precision_packages(marian_dir: Path, tmp_path: Path, precision: str) -> None:
-    report = export(marian_dir, tmp_path / precision, precision=precision, progress=False)
+def test_reduced_precision_packages(drawn: Path, tmp_path: Path, precision: str,
+                                    drawn_int8_export: tuple[ExportReport, dict[str, Path]]
+                                    ) -> None:
+    """What a reduced-precision export writes and reports; its numbers are held by
+    the tests above (int8) and by the bound below (fp16: 11 significant bits)."""
+    report = (drawn_int8_export[0] if precision == "int8" else
+              export(drawn, tmp_path / precision, precision=precision, progress=False))
     manifest = load_package(report.package).manifest
     assert manifest.precision == precision
     dev = report.deviation
-    assert dev["finite"]
-    assert 0 < dev["log_probs"] < 0.5  # reduced precision deviates, but not wildly
+    assert dev["finite"] and dev["log_probs"] > 0
+    if precision == "fp16":
+        assert dev["log_probs"] <= FP16_LOG_PROB_BOUND
     assert report.fp32_deviation["log_probs"] <= 1e-4
     decoder_inputs = {i.name: i.dtype for i in manifest.graphs.decoder.inputs}
     assert decoder_inputs["self_k.0"] == ("float16" if precision == "fp16" else "float32")
@@ -198,8 +516,12 @@ def test_package_manifest_and_hashes(marian_package: Path) -> None:
     assert set(manifest["files"]) == {"encoder.onnx", "decoder.onnx", "reorder.onnx", "move.onnx",
                                       "select.onnx", "source.spm", "target.spm", "vocab.json"}
     assert manifest["graphs"]["decoder"]["inputs"][0]["name"] == "tokens"
-    assert manifest["exporter"]["fp32_deviation"]["greedy_equal"] is True
-    assert manifest["exporter"]["fp32_deviation"]["alignment_equal"] is True
+    fp32 = manifest["exporter"]["fp32_deviation"]
+    # Decoding freely, ONNX Runtime and PyTorch may part at a near-tie that another
+    # CPU's rounding tips (greedy_equal is informational); what export holds them
+    # to is the margin of any step where ONNX Runtime would leave PyTorch's path.
+    assert fp32["greedy_equal"] or 0 < fp32["flip_margin"] <= 1e-4
+    assert fp32["alignment_equal"] is True
     assert manifest["special_tokens"]["suppress"] == [manifest["config"]["pad_id"]]
 
 
