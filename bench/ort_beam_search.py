@@ -198,13 +198,15 @@ class OrtBeamSearch(System):
     def load(self) -> None:
         import onnxruntime as ort
 
-        from seq2serve.server.engine.runner import CPU
+        from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in EXACT_INT8_CONFIG.items():
+            options.add_session_config_entry(key, value)
         self.session = ort.InferenceSession(str(self.graph), options, providers=[CPU])
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:

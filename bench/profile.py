@@ -98,7 +98,7 @@ def op_profile(path: Path, threads: int, run: Callable[[Any], None]) -> dict[str
     session in place and decodes. Returns microseconds by operator and in all."""
     import onnxruntime as ort
 
-    from seq2serve.server.engine.runner import CPU
+    from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
@@ -108,6 +108,8 @@ def op_profile(path: Path, threads: int, run: Callable[[Any], None]) -> dict[str
         opts.profile_file_prefix = str(Path(tmp) / path.stem)
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in EXACT_INT8_CONFIG.items():
+            opts.add_session_config_entry(key, value)
         session = ort.InferenceSession(str(path), opts, providers=[CPU])
         run(session)
         events = json.loads(Path(session.end_profiling()).read_text())

@@ -44,8 +44,12 @@ class Deviation:
 
 
 def cpu_session(path: Path, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
+    from seq2serve.server.engine.runner import EXACT_INT8_CONFIG
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    for key, value in EXACT_INT8_CONFIG.items():
+        opts.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), opts, providers=[provider])
 
 

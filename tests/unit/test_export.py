@@ -30,6 +30,7 @@ from seq2serve.export.verify import (
     ort_teacher_forced,
     path_mask,
 )
+from seq2serve.server.engine.runner import EXACT_INT8_CONFIG
 
 MAX_NEW = 24
 
@@ -196,7 +197,7 @@ def test_cache_graph_check_finds_a_wrong_graph(marian_package: Path, tmp_path: P
 # Marian fixture, the log-prob deviation was 0.18 with VNNI, 0.99 on an emulated
 # AVX2 CPU (qemu -cpu Haswell) and 0.91 on a real one; 0.18 with the option there.
 
-EXACT_INT8 = {"session.x64quantprecision": "1"}
+EXACT_INT8 = EXACT_INT8_CONFIG  # what the server's and the exporter's sessions set
 # fp16 keeps 11 significant bits: between 8 and 16, where log-probs reach here (-14.5),
 # one step is 2**-7 (0.008). The log-probs may be a few such roundings off: 0.05 is
 # six steps (measured: 0.008).
