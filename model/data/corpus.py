@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from seq2serve.model.data.ddtp_data import (  # noqa: F401
     split_of,
 )
 from seq2serve.model.data.messages_data import write_atomically
+from seq2serve.model.data.registry import fail as _fail
 
 DEFAULT_LANGS = ("de", "fr")
 WEIGHTED = "weighted-mix"
@@ -220,12 +220,3 @@ def write_weighted(args: argparse.Namespace, names: list[str]) -> int:
     print(f"wrote {args.mix_out} ({', '.join(pairs)}: "
           + " + ".join(f"{s.label} x{w}" for s, _, w in parts) + ", weighted when read)")
     return 0
-
-
-def _log(message: str) -> None:
-    print(f"seq2serve data: {message}", file=sys.stderr)
-
-
-def _fail(message: str) -> int:
-    _log(f"error: {message}")
-    return 1

@@ -41,6 +41,8 @@ from seq2serve.model.data.ddtp import (
     reject_reason,
     summary_pair,
 )
+from seq2serve.model.data.registry import fail as _fail
+from seq2serve.model.data.registry import log as _log
 
 SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 
@@ -303,14 +305,3 @@ def run(args: argparse.Namespace, langs: list[str]) -> int:
     print(count_table(corpora))
     print(f"wrote {out}")
     return 0
-
-
-
-
-def _log(message: str) -> None:
-    print(f"seq2serve data: {message}", file=sys.stderr)
-
-
-def _fail(message: str) -> int:
-    _log(f"error: {message}")
-    return 1

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import lz4.frame
 
+from seq2serve.model.data.registry import log as _log
+
 LANGS = ("de", "fr")
 CATALOG_PATH = re.compile(r"^(?:\./)?usr/share/locale/(de|fr)/LC_MESSAGES/([^/]+)\.mo$")
 _CONTENTS_LINE = re.compile(rb"^usr/share/locale/(de|fr)/LC_MESSAGES/([^/\s]+)\.mo\s+(\S+)$",
@@ -218,7 +220,3 @@ def tree_listing(root: Path) -> Listing:
     for package, lang, domain, _ in tree_catalogs(root):
         listing.setdefault(package, set()).add((lang, domain))
     return listing
-
-
-def _log(message: str) -> None:
-    print(f"seq2serve data: {message}", file=sys.stderr)

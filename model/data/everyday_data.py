@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -24,6 +23,8 @@ from seq2serve.model.data import debian_debs, everyday, messages_data
 from seq2serve.model.data.everyday import EverydayCorpus, Member
 from seq2serve.model.data.everyday_card import everyday_card
 from seq2serve.model.data.gettext import NORMALIZATION
+from seq2serve.model.data.registry import fail as _fail
+from seq2serve.model.data.registry import log as _log
 
 MB = 1 << 20
 
@@ -196,12 +197,3 @@ def write_handwritten(folder: Path, lang: str) -> None:
             "source": {"name": "hand-written everyday sentences",
                        "file": "model/data/testsets/everyday.tsv"}}
     (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-
-
-def _log(message: str) -> None:
-    print(f"seq2serve data: {message}", file=sys.stderr)
-
-
-def _fail(message: str) -> int:
-    _log(f"error: {message}")
-    return 1

@@ -22,7 +22,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from pathlib import Path
 from seq2serve.model.data import everyday, messages_data, mix
 from seq2serve.model.data.ddtp import reject_reason
 from seq2serve.model.data.gettext import NORMALIZATION, normalize_text
+from seq2serve.model.data.registry import fail as _fail
 
 SPLITS = ("test", "valid", "train")
 TEST_PERCENT, VALID_PERCENT = 1, 1  # by English sentence; ~2.4k pairs each for en-de
@@ -210,8 +210,3 @@ def write(directory: Path, corpora: list[GeneralCorpus], source_dir: Path) -> No
         }
         (folder / "corpus.json").write_text(json.dumps(info, indent=2, ensure_ascii=False)
                                             + "\n", encoding="utf-8")
-
-
-def _fail(message: str) -> int:
-    print(f"seq2serve data: error: {message}", file=sys.stderr)
-    return 1

@@ -25,6 +25,8 @@ from seq2serve.model.data.debian_debs import LANGS, Deb
 from seq2serve.model.data.gettext import NORMALIZATION
 from seq2serve.model.data.messages import MessageCorpus, Selection
 from seq2serve.model.data.messages_card import messages_card
+from seq2serve.model.data.registry import fail as _fail
+from seq2serve.model.data.registry import log as _log
 
 MB = 1 << 20
 
@@ -233,12 +235,3 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _log(message: str) -> None:
-    print(f"seq2serve data: {message}", file=sys.stderr)
-
-
-def _fail(message: str) -> int:
-    _log(f"error: {message}")
-    return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,3 +125,14 @@ register(Source(
             "(no commercial use)",
     module="general", out_flag="general_out", default_out="data/general",
     weight_flag="general_repeat", after=("ddtp", "messages", "everyday")))
+
+
+def log(message: str) -> None:
+    """A line on stderr, as every `seq2serve data` builder writes them."""
+    print(f"seq2serve data: {message}", file=sys.stderr)
+
+
+def fail(message: str) -> int:
+    """Log an error and return the CLI's failure status."""
+    log(f"error: {message}")
+    return 1
