@@ -167,7 +167,10 @@ def test_libretranslate_fields(http: httpx.Client, stub: pb_grpc.TranslatorStub)
     assert body["placeholdersRepaired"] == grpc_flags
     form = http.post("/translate", data={"q": "Weblate cannot open the file.", "source": "en",
                                          "target": "de", "glossary": "ui"}).json()
-    assert "Datei" in form["translatedText"] and "placeholdersRepaired" not in form
+    [alone] = translate(stub, ["Weblate cannot open the file."], glossary="ui")
+    assert "Datei" in form["translatedText"] and form["translatedText"] == alone.text
+    # A single text's flag is there only when a repair happened, as gRPC says it did.
+    assert form.get("placeholdersRepaired", False) == alone.placeholders_repaired
     off = http.post("/translate", data={"q": "Save _As…", "source": "en", "target": "de",
                                         "protect_placeholders": "false"})
     assert off.status_code == 200
