@@ -8,7 +8,8 @@ order, and the mixes of them (`mix.py`):
 
 - the weighted mix (`--corpora weighted-mix`, and after building the general
   corpus): parts and weights in corpus.json, valid/test written, training
-  pairs repeated when the trainer reads them;
+  pairs repeated when the trainer reads them; every en-<lang> pair also as
+  <lang>-en, the same parts read backwards (the into-English models);
 - the written mixes of older releases, kept so that their cards' commands
   still rebuild them: `mix` (DDTP + messages, written when both are built),
   `everyday-mix` (+ everyday, written with the everyday corpus), `general-mix`
@@ -149,6 +150,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def reversed_pair(name: str) -> str:
+    """en-de -> de-en (a pair folder's name read the other way)."""
+    src, _, tgt = name.partition("-")
+    return f"{tgt}-{src}"
+
+
 def _names(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
@@ -208,15 +215,19 @@ def write_weighted(args: argparse.Namespace, names: list[str]) -> int:
         return _fail(found)
     parts, pairs = found
 
+    # every en-<lang> pair also into English: de-en reads en-de's parts backwards
+    folders = [(name, name, False) for name in pairs] + [
+        (reversed_pair(name), name, True) for name in pairs if name.startswith("en-")]
+
     def fill(tmp: Path) -> None:
-        for name in pairs:
-            mix.write_weighted(tmp / name, [(s.name, d / name, w) for s, d, w in parts],
-                               mix.handwritten_sources(name.split("-", 1)[1]))
+        for folder, name, reverse in folders:
+            mix.write_weighted(tmp / folder, [(s.name, d / name, w) for s, d, w in parts],
+                               mix.handwritten_sources(name.split("-", 1)[1]), reverse)
 
     try:
         write_atomically(args.mix_out, args.force, fill)
     except FileExistsError as exc:
         return _fail(str(exc))
-    print(f"wrote {args.mix_out} ({', '.join(pairs)}: "
+    print(f"wrote {args.mix_out} ({', '.join(f for f, _, _ in folders)}: "
           + " + ".join(f"{s.label} x{w}" for s, _, w in parts) + ", weighted when read)")
     return 0

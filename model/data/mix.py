@@ -10,6 +10,12 @@ hand-written everyday test set). Its training pairs are never written: the
 trainer tokenizes each part on its own and repeats its examples `weight` times
 in every epoch (`batching.tokenize_mix`), as OpenNMT-py weights its corpora.
 
+A reversed mix (`"reverse": true`, the `<lang>-en` folders) reads the same
+English-first parts the other way round: every row's source and target swap
+(valid and test are written swapped, train is swapped when read), while what
+train leaves out is decided on the parts' own rows, so de-en holds out exactly
+the pairs en-de holds out.
+
 Train drops every pair (exact source and target) of any part's valid or test
 split and every pair whose English is in `exclude.src`, which is what the
 written mixes of older releases did (`write_copies`, kept to rebuild them):
@@ -68,20 +74,30 @@ def handwritten_sources(lang: str) -> set[str]:
 # --------------------------------------------------------------------------- weighted
 
 
+def swapped(rows: Iterable[Row]) -> list[Row]:
+    """Rows with source and target exchanged (a reversed mix's view of a part)."""
+    return [(kind, tgt, src) for kind, src, tgt in rows]
+
+
 def write_weighted(folder: Path, parts: list[tuple[str, Path, int]],
-                   held_sources: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+                   held_sources: set[str] | frozenset[str] = frozenset(),
+                   reverse: bool = False) -> dict[str, Any]:
     """One pair's weighted mix from (source name, corpus folder, weight) parts;
-    returns its corpus.json."""
+    returns its corpus.json. `reverse`: translate the parts' targets into their
+    sources (de-en from the en-de corpora)."""
     if any(weight < 1 for _, _, weight in parts):
         raise ValueError(f"weights must be >= 1, got {[w for _, _, w in parts]}")
     folder.mkdir(parents=True)
-    counts = {split: _write_rows(folder, split, [row for _, corpus, _ in parts
-                                                 for row in read_rows(corpus, split)])
+    turn = swapped if reverse else list
+    counts = {split: _write_rows(folder, split, turn([row for _, corpus, _ in parts
+                                                      for row in read_rows(corpus, split)]))
               for split in ("test", "valid")}
     (folder / EXCLUDE_FILE).write_text("".join(f"{s}\n" for s in sorted(held_sources)),
                                        encoding="utf-8", newline="\n")
     info = json.loads((parts[0][1] / "corpus.json").read_text("utf-8"))
     info = {k: info[k] for k in ("task", "src_lang", "tgt_lang") if k in info}
+    if reverse:
+        info.update(src_lang=info["tgt_lang"], tgt_lang=info["src_lang"], reverse=True)
     info["parts"] = [{"corpus": str(corpus), "source": name, "weight": weight}
                      for name, corpus, weight in parts]
     train: dict[str, int] = {}
@@ -89,6 +105,9 @@ def write_weighted(folder: Path, parts: list[tuple[str, Path, int]],
         train[kind] = train.get(kind, 0) + 1
     info.update(counts={**counts, "train": train}, split_rule=SPLIT_RULE,
                 exclude=f"{EXCLUDE_FILE}: pairs with this English are not trained on")
+    if reverse:
+        info["reverse_rule"] = ("every part's rows read target -> source; train leaves out "
+                                "what the forward mix leaves out")
     (folder / "corpus.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n",
                                         encoding="utf-8")
     return info
@@ -102,6 +121,11 @@ def is_weighted(folder: str | Path) -> bool:
     """Whether a corpus folder is a weighted mix (its corpus.json has parts)."""
     path = Path(folder) / "corpus.json"
     return path.is_file() and "parts" in read_info(folder)
+
+
+def is_reversed(info: dict[str, Any]) -> bool:
+    """Whether a weighted mix reads its parts target -> source."""
+    return bool(info.get("reverse", False))
 
 
 def parts_of(info: dict[str, Any]) -> list[tuple[Path, int]]:
@@ -119,11 +143,13 @@ def exclusions(folder: str | Path, info: dict[str, Any] | None = None
     return held_pairs(p for p, _ in parts_of(info)), sources
 
 
-def part_train_rows(corpus: Path, pairs: set[tuple[str, str]], sources: set[str]
-                    ) -> list[Row]:
-    """A part's train rows that a mix keeps (each once)."""
-    return [r for r in read_rows(corpus, "train")
+def part_train_rows(corpus: Path, pairs: set[tuple[str, str]], sources: set[str],
+                    reverse: bool = False) -> list[Row]:
+    """A part's train rows that a mix keeps (each once), swapped for a reversed
+    mix (what is kept is decided on the part's own rows)."""
+    kept = [r for r in read_rows(corpus, "train")
             if (r[1], r[2]) not in pairs and r[1] not in sources]
+    return swapped(kept) if reverse else kept
 
 
 def train_rows(folder: str | Path, info: dict[str, Any] | None = None) -> Iterator[Row]:
@@ -131,7 +157,7 @@ def train_rows(folder: str | Path, info: dict[str, Any] | None = None) -> Iterat
     info = info or read_info(folder)
     pairs, sources = exclusions(folder, info)
     for corpus, weight in parts_of(info):
-        rows = part_train_rows(corpus, pairs, sources)
+        rows = part_train_rows(corpus, pairs, sources, is_reversed(info))
         for _ in range(weight):
             yield from rows
 

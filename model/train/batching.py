@@ -135,7 +135,7 @@ def tokenize_mix(data_dir: Path, tokenizer: Tokenizer, cache_dir: Path, max_src_
     def read_part(corpus: Path) -> tuple[list[str], list[str]]:
         nonlocal excluded
         excluded = excluded or mix.exclusions(data_dir, info)
-        rows = mix.part_train_rows(corpus, *excluded)
+        rows = mix.part_train_rows(corpus, *excluded, reverse=mix.is_reversed(info))
         return [r[1] for r in rows], [r[2] for r in rows]
 
     datas = []
@@ -145,6 +145,7 @@ def tokenize_mix(data_dir: Path, tokenizer: Tokenizer, cache_dir: Path, max_src_
             "version": CACHE_VERSION, "tokenizer": _file_sha256(tokenizer.path),
             "files": _stats(files), "held_out": _stats([f for f in held_files if f.is_file()]),
             "max_src_len": max_src_len, "max_tgt_len": max_tgt_len,
+            "reverse": mix.is_reversed(info),
         }, sort_keys=True)
         name = hashlib.sha256(str(corpus.resolve()).encode("utf-8")).hexdigest()[:12]
         data = _tokenize_cached(cache_dir / f"train-{name}.npz", fingerprint,

@@ -259,9 +259,14 @@ def model_config(args: argparse.Namespace, vocab_size: int, corpus: dict[str, An
         encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn,
         max_positions=max(512, args.max_src_len, args.max_tgt_len + 1),
         dropout=args.dropout, pre_norm=args.pre_norm,
-        extra={"task": task, "src_lang": corpus.get("src_lang"),
-               "tgt_lang": corpus.get("tgt_lang")},
+        extra=model_extra(corpus, task),
     ).validate()
+
+
+def model_extra(corpus: dict[str, Any], task: str) -> dict[str, Any]:
+    """What a model config records of its task and languages: its corpus's, also
+    for a run started from another direction's checkpoint (de-en from en-de)."""
+    return {"task": task, "src_lang": corpus.get("src_lang"), "tgt_lang": corpus.get("tgt_lang")}
 
 
 DATA_ROOT = Path("data/ddtp")  # where `seq2serve data` writes by default
@@ -440,7 +445,8 @@ class Trainer:
             cfg = ModelConfig.from_dict({**init["model"],
                                          "src_vocab_size": self.tokenizer.vocab_size,
                                          "tgt_vocab_size": self.tokenizer.vocab_size,
-                                         "decoder_layers": args.decoder_layers or layers})
+                                         "decoder_layers": args.decoder_layers or layers,
+                                         "extra": model_extra(self.corpus, self.task)})
         else:
             cfg = model_config(args, self.tokenizer.vocab_size, self.corpus, self.task)
         self.model = Seq2SeqTransformer(cfg).to(self.device)

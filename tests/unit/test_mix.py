@@ -158,3 +158,56 @@ def test_trainer_trains_on_a_weighted_mix(parts: list[tuple[str, Path, int]],
     assert (tmp_path / "run" / "tokenizer.model").is_file()
     assert len(list((tmp_path / "run" / "cache").glob("train-*.npz"))) == 3
     assert not list((tmp_path / "run").glob(".mix-text-*"))
+
+
+def test_reversed_mix_reads_the_parts_backwards(parts: list[tuple[str, Path, int]],
+                                                tokenizer: Tokenizer, tmp_path: Path) -> None:
+    forward, backward = tmp_path / "en-de", tmp_path / "de-en"
+    mix.write_weighted(forward, parts, HELD_ENGLISH)
+    info = mix.write_weighted(backward, parts, HELD_ENGLISH, reverse=True)
+    assert (info["src_lang"], info["tgt_lang"], mix.is_reversed(info)) == ("de", "en", True)
+    assert not mix.is_reversed(mix.read_info(forward))
+    # train: the forward mix's pairs, each the other way round (the English held out of
+    # en-de is held out of de-en, where it is the target)
+    rows = list(mix.train_rows(backward))
+    assert [(t, s) for _, s, t in rows] == [(s, t) for _, s, t in mix.train_rows(forward)]
+    assert ("Speichern", "Save") not in {(s, t) for _, s, t in rows}
+    assert not any(t in HELD_ENGLISH for _, _, t in rows)
+    for split in ("valid", "test"):
+        assert (backward / f"{split}.src").read_bytes() == (forward / f"{split}.tgt").read_bytes()
+        assert (backward / f"{split}.tgt").read_bytes() == (forward / f"{split}.src").read_bytes()
+    assert info["counts"] == mix.read_info(forward)["counts"]
+    # tokenized: the same examples with source and target exchanged
+    ahead = batching.tokenize_mix(forward, tokenizer, tmp_path / "c1", 200, 200)
+    back = batching.tokenize_mix(backward, tokenizer, tmp_path / "c2", 200, 200)
+    assert _examples(back) == Counter({(t, s): n for (s, t), n in _examples(ahead).items()})
+    with mix.train_text(backward, tmp_path / "scratch") as files:
+        assert files[0].read_text().split("\n")[:-1] == [s for _, s, _ in rows]
+
+
+def test_trainer_takes_the_direction_of_its_data_not_of_its_start(
+        parts: list[tuple[str, Path, int]], tmp_path: Path) -> None:
+    """de-en started from an en-de checkpoint records de-en (export reads it)."""
+    from seq2serve.model import checkpoint as ckpt
+
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    common = ["--vocab-size", "120", "--character-coverage", "1.0", "--d-model", "32",
+              "--layers", "1", "--heads", "2", "--ffn", "64", "--max-tokens", "256",
+              "--max-src-len", "24", "--max-tgt-len", "24", "--warmup", "5", "--threads", "1",
+              "--no-progress", "--eval-max-sentences", "2", "--max-steps", "2",
+              "--eval-every", "0"]
+    mix.write_weighted(tmp_path / "en-de", parts, HELD_ENGLISH)
+    mix.write_weighted(tmp_path / "de-en", parts, HELD_ENGLISH, reverse=True)
+    assert train.run(parser.parse_args(
+        ["--data", str(tmp_path / "en-de"), "--out", str(tmp_path / "fwd"), *common])) == 0
+    start = ckpt.latest_checkpoint(tmp_path / "fwd")
+    assert start is not None
+    assert train.run(parser.parse_args(
+        ["--data", str(tmp_path / "de-en"), "--out", str(tmp_path / "back"),
+         "--init-from", str(start), *common])) == 0
+    latest = ckpt.latest_checkpoint(tmp_path / "back")
+    assert latest is not None
+    meta = ckpt.read_meta(latest)
+    assert (meta["src_lang"], meta["tgt_lang"]) == ("de", "en")
+    assert meta["model"]["extra"] == {"task": "translate", "src_lang": "de", "tgt_lang": "en"}
