@@ -196,10 +196,12 @@ def finetune_command(args: dict[str, Any], data: str, run: str, init: str, token
         "no_progress", *more), if_changed=("autocast",))
 
 
-def score_command(checkpoint: str, data: str, split: str, out: str) -> str:
+def score_command(checkpoint: str, data: str, split: str, out: str,
+                  reverse: bool = False) -> str:
+    values = {"score": checkpoint, "data": data, "split": split, "score_out": out,
+              "reverse": reverse}
     return "seq2serve train " + trainer_flags(
-        {"score": checkpoint, "data": data, "split": split, "score_out": out},
-        ("score", "data", "split", "score_out"))
+        values, ("score", "data", "split", "reverse", "score_out"))
 
 
 # --------------------------------------------------------------------------- data
@@ -460,7 +462,7 @@ def reproduce_commands(lin: Lineage, td: TrainingData, rel: str, bytes_: bool,
         run = f"{run}/averaged"
     score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
                    [f"{rel}/test-{_test_set_name(r['data'])}.json" for r in reports])
-    score_cmds = [score_command(rel, r["data"], r["split"], out)
+    score_cmds = [score_command(rel, r["data"], r["split"], out, r.get("reverse", False))
                   for r, out in zip(reports, score_files, strict=True)]
     return commands, score_cmds, run
 

@@ -166,10 +166,12 @@ def evaluate(checkpoint: str | os.PathLike[str], data_dir: str | os.PathLike[str
              split: str = "test", max_sentences: int | None = None, max_len: int | None = None,
              max_tokens: int = 4096, device: str = "cpu",
              output: str | os.PathLike[str] | None = None, samples: int = 10,
-             kind: str | None = None) -> dict[str, Any]:
+             kind: str | None = None, reverse: bool = False) -> dict[str, Any]:
     """Score a checkpoint and the copy-the-source baseline on a corpus split.
 
-    `kind` keeps only the segments whose `{split}.kind` line is `kind`;
+    `reverse` reads the split backwards (targets as sources: de-en on
+    data/ddtp/en-de's test split). `kind` keeps only the segments whose
+    `{split}.kind` line is `kind`;
     `max_sentences` then keeps the first that many. With `output`, writes the
     report (JSON) there and the hypotheses, one a line, next to it (`.hyp`).
     """
@@ -178,6 +180,8 @@ def evaluate(checkpoint: str | os.PathLike[str], data_dir: str | os.PathLike[str
     task = meta.get("task") or read_corpus_info(data_dir)["task"]
     args = meta.get("train_args", {})
     sources, references = read_split(data_dir, split)
+    if reverse:
+        sources, references = references, sources
     kinds = read_kinds(data_dir, split)
     if kinds is not None and len(kinds) != len(sources):
         raise ValueError(f"{data_dir}/{split}.kind has {len(kinds)} lines but the split has "
@@ -218,6 +222,7 @@ def evaluate(checkpoint: str | os.PathLike[str], data_dir: str | os.PathLike[str
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
         "task": task, "src_lang": meta.get("src_lang"), "tgt_lang": meta.get("tgt_lang"),
         "data": str(data_dir), "split": split, "kind": kind, "segments": len(sources),
+        **({"reverse": True} if reverse else {}),
         "checkpoint": {
             "path": str(checkpoint), "step": meta.get("step"),
             "training_seconds": train_seconds, "training_seconds_source": train_seconds_source,

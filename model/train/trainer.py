@@ -136,6 +136,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "copy-the-source baseline on --data --split instead of training; prints "
                     "a summary")
     sc.add_argument("--split", default="test")
+    sc.add_argument("--reverse", action="store_true", help="read the split backwards, its "
+                    "targets as sources (a de-en checkpoint on data/ddtp/en-de)")
     sc.add_argument("--kind", choices=registry.all_kinds(), metavar="KIND",
                     help="only the segments of this kind (needs {split}.kind): any kind of "
                     "a registered corpus source, " + ", ".join(registry.all_kinds()))
@@ -332,7 +334,8 @@ def run_score(args: argparse.Namespace) -> int:
     try:
         result = evaluate(args.score, args.data, args.split, args.score_max_sentences,
                           max_tokens=args.max_tokens, device=str(resolve_device(args.device)),
-                          output=args.score_out, samples=args.samples, kind=args.kind)
+                          output=args.score_out, samples=args.samples, kind=args.kind,
+                          reverse=args.reverse)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

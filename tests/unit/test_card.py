@@ -60,6 +60,11 @@ def test_train_commands_parse_back_to_the_runs_settings() -> None:
     score = card.score_command("models/checkpoints/x", "data/ddtp/en-de", "test", "o.json")
     assert score == ("seq2serve train --score models/checkpoints/x --data data/ddtp/en-de "
                      "--split test --score-out o.json")
+    back = card.score_command("models/checkpoints/x", "data/ddtp/en-de", "test", "o.json",
+                              reverse=True)
+    assert back == ("seq2serve train --score models/checkpoints/x --data data/ddtp/en-de "
+                    "--split test --reverse --score-out o.json")
+    assert _parse(back).reverse and not _parse(score).reverse
 
 
 WEIGHTED = {"task": "translate", "src_lang": "en", "tgt_lang": "de",

@@ -365,6 +365,11 @@ def test_score_report_has_model_baseline_samples_and_settings(
     again = evaluate(trained / "best", CORPUS, "test", samples=3)
     for key in ("scores", "samples", "signatures", "by_kind", "decoding", "segments"):
         assert again[key] == report[key], key
+    # backwards (--reverse): the split's targets are the sources, its sources the references
+    back = evaluate(trained / "best", CORPUS, "test", samples=3, reverse=True)
+    assert back["reverse"] is True and "reverse" not in report
+    assert [(s["source"], s["reference"]) for s in back["samples"]] == [
+        (references[i], sources[i]) for i in (0, 2, 3)]
 
 
 def test_copy_source_baseline_is_perfect_when_source_is_target(trained: Path,
