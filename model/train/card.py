@@ -262,6 +262,9 @@ def data_section(td: TrainingData, base_data: str | None) -> str:
         text = (f"`{td.data}`, built by `seq2serve data`: "
                 + _and([s.card_phrase.format(link=_card_link(s)) for s in td.sources()])
                 + ", valid and test being each corpus's own"
+                + (f", every pair read backwards ({corpus['src_lang']}->{corpus['tgt_lang']} "
+                   f"from the {corpus['tgt_lang']}-{corpus['src_lang']} corpora)"
+                   if corpus and corpus.get("reverse") else "")
                 + ("; training pairs appear " + ", ".join(
                     f"{registry.get(n).label if n in registry.SOURCES else n} x{w}"
                     for n, w in td.repeats.items())

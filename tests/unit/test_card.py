@@ -98,6 +98,12 @@ def test_a_weighted_mix_in_the_card_data_and_commands() -> None:
     assert elsewhere[-1] == ("seq2serve data --corpora weighted-mix --mix-of ddtp,messages "
                              "--mix-out data/mix-two --ddtp-repeat 4")
     assert card._corpus_repeats(WEIGHTED)["data/general/en-de"] == 3
+    assert "read backwards" not in text
+    back = card.training_data("data/mix/de-en", {**WEIGHTED, "src_lang": "de", "tgt_lang": "en",
+                                                 "reverse": True})
+    assert ", every pair read backwards (de->en from the en-de corpora)" in \
+        card.data_section(back, None)
+    assert card.data_commands(back) == card.data_commands(td)  # the build writes de-en too
 
 
 def test_a_written_four_corpus_mix_gets_the_command_that_writes_it() -> None:
