@@ -1,11 +1,11 @@
-"""Benchmarks (see docs/benchmarks.md).
+"""Benchmarks (see docs/benchmarks.md), one subpackage per group:
 
-The peer comparison, `seq2serve bench` / `python -m seq2serve.bench`: this
-engine against Hugging Face `generate()` and CTranslate2 on the same inputs and
-thread count. `harness` is the command (`configure`/`run`), `workload` builds
-the seeded Marian model and its cached conversions, `systems` puts each system
-behind one `generate(batch, beam, new_tokens) -> tokens per source` call.
-
-`load.py` (server under concurrent clients) and `quality.py` (scores of
-package variants) are stand-alone scripts beside it.
+- `engine`: this engine against its peers (Hugging Face `generate()`, CTranslate2,
+  ONNX Runtime's BeamSearch operator) on the same inputs and thread count:
+  `seq2serve bench`, `python -m seq2serve.bench`;
+- `server`: a real `seq2serve serve` under load (batching modes, the soak, the
+  HTTP door beside LibreTranslate);
+- `quality`: what a package translates (`python -m seq2serve.bench.quality`:
+  scores of package variants; `quality.placeholders`: placeholders and markup);
+- `profile`: where a decoding's time goes (`python -m seq2serve.bench.profile`).
 """

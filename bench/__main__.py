@@ -1,7 +1,7 @@
-"""`python -m seq2serve.bench` (or `python -m bench` from the repository root)."""
+"""`python -m seq2serve.bench`: `seq2serve bench` (bench/engine/harness.py)."""
 
 import sys
 
-from seq2serve.bench.harness import main
+from seq2serve.bench.engine.harness import main
 
 sys.exit(main())

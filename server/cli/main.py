@@ -22,8 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Marian model to a verified ONNX model package"),
     "serve": ("seq2serve.server.app", "serve model packages over gRPC (health, reflection, "
               "Prometheus metrics)"),
-    "bench": ("seq2serve.bench.harness", "benchmark the engine side by side with Hugging Face "
-              "generate() and CTranslate2 (tokens/s, Markdown table, --json)"),
+    "bench": ("seq2serve.bench.engine.harness", "benchmark the engine side by side with "
+              "Hugging Face generate() and CTranslate2 (tokens/s, Markdown table, --json)"),
     "translate": ("seq2serve.server.cli.translate", "translate texts on a running seq2serve "
                   "server"),
     "translate-file": ("seq2serve.server.cli.translate_file", "translate a whole file (gettext "

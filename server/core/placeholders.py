@@ -14,8 +14,9 @@ less-than, and only a `<` followed by a tag name and a closing `>` is a tag.
 The sentinel: span k of a text becomes `{k}` (numbered from 0 in source order).
 The shipped models were trained on messages whose placeholders were kept
 verbatim (docs/data-card-messages.md), so brace indices are what they learned
-to copy: `{0}` to `{3}` are single vocabulary pieces, and `bench/placeholders.py`
-measures how often each candidate form comes through (docs/placeholders.md).
+to copy: `{0}` to `{3}` are single vocabulary pieces, and
+`bench/quality/placeholders.py` measures how often each candidate form comes
+through (docs/placeholders.md).
 Every brace placeholder of the source is masked too, so a `{k}` in the masked
 text is always a sentinel.
 

@@ -1,4 +1,5 @@
-"""bench/load.py: the arrival schedule, reading /metrics, and a tiny run of every mode."""
+"""bench/server/load.py: the arrival schedule, reading /metrics, and a tiny run of every
+mode."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seq2serve.bench import load
+from seq2serve.bench.server import load
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.metrics import Metrics
 

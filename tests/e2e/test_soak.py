@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2serve.bench import soak
+from seq2serve.bench.server import soak
 from seq2serve.server.config import MAX_BEAM_SIZE
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "ddtp_en_test_sample.txt"

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-try:
-    from seq2serve.bench import harness, systems, workload
-except ImportError:  # pyproject does not map seq2serve.bench yet: the folder itself
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from bench import harness, systems, workload
+from seq2serve.bench.engine import harness, systems, workload
 
 TINY = ["--shape", "tiny", "--threads", "1", "--repeats", "1", "--new-tokens", "5",
         "--source-length", "6"]
@@ -264,7 +259,7 @@ def test_model_mode_agreement_counts_the_timed_outputs(
 
 
 def test_agreement_table_pairs_the_systems_outputs() -> None:
-    from seq2serve.bench.model import agreement_table
+    from seq2serve.bench.engine.model import agreement_table
 
     def record(system: str, precision: str, batch: int, outputs: list[list[int]]
                ) -> harness.Record:

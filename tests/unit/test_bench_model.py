@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2serve.bench import harness
+from seq2serve.bench.engine import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = ROOT / "tests" / "fixtures" / "ddtp_en_test_sample.txt"

@@ -1,9 +1,10 @@
-"""bench/ctranslate2_model.py: a seq2serve checkpoint converted for CTranslate2
-decodes exactly as the seq2serve engine does on the fp32 package exported from
-the same checkpoint (greedy, token for token), for the shipped en-de model and
-for tiny random pre- and post-norm checkpoints; and the LibreTranslate peer built
-on that conversion (bench/libretranslate_peer.py): its sentence splitter, its
-Argos package, and, where .venv-lt holds LibreTranslate, an offline start."""
+"""bench/engine/ctranslate2_model.py: a seq2serve checkpoint converted for
+CTranslate2 decodes exactly as the seq2serve engine does on the fp32 package
+exported from the same checkpoint (greedy, token for token), for the shipped en-de
+model and for tiny random pre- and post-norm checkpoints; and the LibreTranslate
+peer built on that conversion (bench/server/libretranslate_peer.py): its sentence
+splitter, its Argos package, and, where .venv-lt holds LibreTranslate, an offline
+start."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 import torch
 from conftest import CORPUS
 
-from seq2serve.bench import ctranslate2_model as ct2_model
-from seq2serve.bench import libretranslate_peer
+from seq2serve.bench.engine import ctranslate2_model as ct2_model
+from seq2serve.bench.server import libretranslate_peer
 from seq2serve.export.exporter import export
 from seq2serve.export.package import load_package
 from seq2serve.export.tokenizer import PackageTokenizer
@@ -84,7 +85,7 @@ def test_shipped_en_de_greedy_equals_the_engine(shipped: tuple[Path, Path]) -> N
 def test_bench_systems_return_the_same_ids_with_eos(shipped: tuple[Path, Path]) -> None:
     """`seq2serve bench --model`'s two systems, batched as it batches (sorted by
     length): the same greedy ids, each ended by the EOS both generated."""
-    from seq2serve.bench.systems import CheckpointCTranslate2, Seq2Serve
+    from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve
     from seq2serve.server.core.registry import package_tokenizer
 
     package, ct2_dir = shipped
@@ -231,9 +232,9 @@ def test_libretranslate_serves_the_checkpoint_offline(tmp_path: Path) -> None:
 
 def test_profile_times_ctranslate2_beside_the_graphs(shipped: tuple[Path, Path], tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """`bench/profile.py --ctranslate2`: CTranslate2's whole decoding of the same
+    """`python -m seq2serve.bench.profile --ctranslate2`: CTranslate2's whole decoding of the same
     batches beside seq2serve's, and the bound that the graphs alone set."""
-    from seq2serve.bench import profile
+    from seq2serve.bench.profile import decoding as profile
 
     package, ct2_dir = shipped
     out = tmp_path / "profile.json"
@@ -255,11 +256,11 @@ def test_profile_times_ctranslate2_beside_the_graphs(shipped: tuple[Path, Path],
 
 def test_onnx_runtime_beam_search_equals_the_engine_one_sentence_at_a_time(
         shipped: tuple[Path, Path], tmp_path: Path) -> None:
-    """bench/ort_beam_search.py's graph follows ONNX Runtime's BeamSearch contract:
+    """bench/engine/ort_beam_search.py's graph follows ONNX Runtime's BeamSearch contract:
     on the shipped en-de (fp32), one real sentence per call, its best hypotheses are
     the engine's, EOS and length limit included."""
-    from seq2serve.bench.ort_beam_search import OrtBeamSearch, build
-    from seq2serve.bench.systems import Seq2Serve
+    from seq2serve.bench.engine.ort_beam_search import OrtBeamSearch, build
+    from seq2serve.bench.engine.systems import Seq2Serve
     from seq2serve.server.core.registry import package_tokenizer
 
     package, _ = shipped

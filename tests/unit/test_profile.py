@@ -1,5 +1,5 @@
-"""bench/profile.py on a model package: the wall time split into the runner's
-calls and Python, and ONNX Runtime's operator profile of both graphs."""
+"""`python -m seq2serve.bench.profile` on a model package: the wall time split into
+the runner's calls and Python, and ONNX Runtime's operator profile of both graphs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS
 
-from seq2serve.bench import profile
+from seq2serve.bench.profile import decoding as profile
 
 
 def test_profile_of_a_package_on_sentences(marian_package: Path, tmp_path: Path,

@@ -48,7 +48,8 @@ def decode(package_dir: Path, sources: list[str], beam: int, threads: int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.quality",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("packages", nargs="+", type=Path)
     parser.add_argument("--data", type=Path, required=True, help="corpus directory")
     parser.add_argument("--split", default="valid")

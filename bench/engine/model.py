@@ -2,7 +2,7 @@
 
 The engine runs the package models/NAME (the shipped int8) and an fp32 export of
 its checkpoint models/checkpoints/NAME; CTranslate2 runs the checkpoint's
-conversion (bench/ctranslate2_model.py) at `compute_type` int8 and float32. Both
+conversion (bench/engine/ctranslate2_model.py) at `compute_type` int8 and float32. Both
 get the same token ids of the same real sentences (the first `--sentences`
 lines of --data, sorted by length so that a batch pads little, as a server's
 length-sorted batches do), the package's length limits and suppressed tokens, and
@@ -17,7 +17,7 @@ best; the figure is what one core serves), and how many best hypotheses of the
 timed passes agree between the engine and CTranslate2.
 
 With `--ort-beam-search`, ONNX Runtime's BeamSearch operator over the same
-checkpoint (bench/ort_beam_search.py) runs as a third system, with its own
+checkpoint (bench/engine/ort_beam_search.py) runs as a third system, with its own
 per-core and agreement tables.
 """
 
@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from seq2serve.bench.systems import CheckpointCTranslate2, Seq2Serve, System
-from seq2serve.bench.workload import read_sentences
+from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve, System
+from seq2serve.bench.engine.workload import read_sentences
 
 if TYPE_CHECKING:
-    from seq2serve.bench.harness import Record
+    from seq2serve.bench.engine.harness import Record
 
 
 def model_problems(args: argparse.Namespace) -> list[str]:
@@ -66,7 +66,7 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
     """The engine's packages by precision, CTranslate2's model, and the sentences' ids;
     the fp32 export and the conversions are cached in --work by the package's digest
     (with --ort-beam-search, the BeamSearch graphs in WORK/ort-beam-search-PRECISION)."""
-    from seq2serve.bench.ctranslate2_model import convert
+    from seq2serve.bench.engine.ctranslate2_model import convert
     from seq2serve.export.exporter import export
     from seq2serve.export.package import load_package
     from seq2serve.server.core.registry import package_tokenizer
@@ -89,7 +89,7 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
     if not (ct2 / "model.bin").is_file():
         convert(checkpoint, ct2, force=True)
     if args.ort_beam_search:
-        from seq2serve.bench.ort_beam_search import GRAPH_FILE, build
+        from seq2serve.bench.engine.ort_beam_search import GRAPH_FILE, build
 
         for precision in args.precisions:
             if not (work / f"ort-beam-search-{precision}" / GRAPH_FILE).is_file():
@@ -109,7 +109,7 @@ def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
         systems.append(Seq2Serve(packages[precision], threads, name=f"seq2serve@{args.model}"))
         systems.append(CheckpointCTranslate2(ct2, packages[precision], precision, threads))
         if args.ort_beam_search:
-            from seq2serve.bench.ort_beam_search import GRAPH_FILE, OrtBeamSearch
+            from seq2serve.bench.engine.ort_beam_search import GRAPH_FILE, OrtBeamSearch
 
             graph = ct2.parent / f"ort-beam-search-{precision}" / GRAPH_FILE  # _prepared's
             systems.append(OrtBeamSearch(graph, packages[precision], precision, threads))
@@ -123,7 +123,7 @@ def _workload(args: argparse.Namespace, count: int) -> str:
 
 
 def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
-    from seq2serve.bench.harness import run_systems
+    from seq2serve.bench.engine.harness import run_systems
 
     packages, ct2, ids = _prepared(args)
     settings = [(d, b) for d in args.decodings for b in args.batch_sizes]

@@ -1,6 +1,6 @@
 """A seq2serve checkpoint directory as a CTranslate2 model directory.
 
-`python -m seq2serve.bench.ctranslate2_model CHECKPOINT OUT` writes OUT with
+`python -m seq2serve.bench.engine.ctranslate2_model CHECKPOINT OUT` writes OUT with
 CTranslate2's own spec API (a `TransformerSpec` filled by a `Converter`
 subclass, saved by `Converter.convert`), the way its fairseq and OpenNMT-py
 converters do. The conversion is exact:
@@ -200,7 +200,7 @@ def translate_pieces(translator: Any, sources: Sequence[Sequence[str]], beam_siz
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m seq2serve.bench.ctranslate2_model",
+        prog="python -m seq2serve.bench.engine.ctranslate2_model",
         description="Convert a seq2serve checkpoint directory to a CTranslate2 model "
                     "directory (float32; quantize at load with compute_type).")
     parser.add_argument("checkpoint", type=Path, help="seq2serve checkpoint directory")

@@ -1,6 +1,6 @@
 """Placeholders and markup on real catalogs: do they survive, and what does masking cost?
 
-    python -m seq2serve.bench.placeholders --models models --deb-cache data/debs \
+    python -m seq2serve.bench.quality.placeholders --models models --deb-cache data/debs \
         --json placeholders.json
 
 The entries: every message of the program-messages *test* packages (the same

@@ -1,9 +1,9 @@
 """Soak: many distinct texts at high concurrency against a real server; every
 answer is checked against the same text translated alone.
 
-    python -m seq2serve.bench.soak --texts data/ddtp/en-de/test.src \
+    python -m seq2serve.bench.server.soak --texts data/ddtp/en-de/test.src \
         --texts data/ddtp/en-de/valid.src --concurrency 64 --json soak.json
-    python -m seq2serve.bench.soak --quick --texts tests/fixtures/ddtp_en_test_sample.txt
+    python -m seq2serve.bench.server.soak --quick --texts tests/fixtures/ddtp_en_test_sample.txt
 
 Starts `seq2serve serve` (the shipped models unless --models-dir), translates
 every text alone, one call at a time (the reference), then sends them all
@@ -36,7 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from seq2serve.bench.serving import served
+from seq2serve.bench.server.serving import served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 

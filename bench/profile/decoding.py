@@ -15,7 +15,7 @@ naturally. Reported:
    steps (the decoder graph, select, the cache's move/reorder and resize) and
    the rest (Python and NumPy between steps), from timers around those calls;
 2. with `--ctranslate2 DIR` (the package's checkpoint converted by
-   `python -m seq2serve.bench.ctranslate2_model`), CTranslate2's whole decoding of
+   `python -m seq2serve.bench.engine.ctranslate2_model`), CTranslate2's whole decoding of
    the same batches at the package's precision and the same beam and threads, in
    the same rounds, beside seq2serve's encoder and decoder graphs alone: the most
    seq2serve could reach against CTranslate2 if nothing at all ran between its
@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.workload import SHAPES, prepare_models, random_sources, read_sentences
+from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources, read_sentences
 
 GROUPS = {
     "matrix products": {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger",
@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     peer = None
     prepared: list[Any] = []
     if args.ctranslate2 is not None:
-        from seq2serve.bench.systems import CheckpointCTranslate2
+        from seq2serve.bench.engine.systems import CheckpointCTranslate2
 
         peer = CheckpointCTranslate2(args.ctranslate2, package, engine.package.manifest.precision,
                                      runner.threads)

@@ -41,14 +41,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from seq2serve.bench.model import (
+from seq2serve.bench.engine.model import (
     agreement_table,
     model_benchmark,
     model_problems,
     per_core_table,
 )
-from seq2serve.bench.systems import CTranslate2, Seq2Serve, System, Transformers
-from seq2serve.bench.workload import SHAPES, prepare_models, random_sources, read_sentences
+from seq2serve.bench.engine.systems import CTranslate2, Seq2Serve, System, Transformers
+from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources, read_sentences
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
            "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
@@ -345,7 +345,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         default=["int8", "fp32"], help="--model's precisions (default: both)")
     parser.add_argument("--ort-beam-search", action="store_true",
                         help="with --model: also ONNX Runtime's BeamSearch operator over the "
-                        "checkpoint (bench/ort_beam_search.py), the decoding loop in C++")
+                        "checkpoint (bench/engine/ort_beam_search.py), the decoding loop in C++")
     parser.add_argument("--only-sentences", action="store_true",
                         help="with --data DIR: only the lines DIR/test.kind marks `sentence`")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")

@@ -1,10 +1,10 @@
 """Load test: batching off, request-level and iteration-level side by side in one run.
 
-    python -m seq2serve.bench.load --texts data/ddtp/en-de/test.src \
+    python -m seq2serve.bench.server.load --texts data/ddtp/en-de/test.src \
         --modes iteration,request,off --beams 1,4 --concurrency 8,32,64 \
         --rates auto --requests 256 --json load.json
 
-Each mode is a fresh `seq2serve serve` on loopback (bench/serving.py), with a
+Each mode is a fresh `seq2serve serve` on loopback (bench/server/serving.py), with a
 metrics port:
 
 - `off`: SEQ2SERVE_MAX_BATCH_SIZE=1, one text at a time;
@@ -59,7 +59,7 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from seq2serve.bench.serving import free_port, served
+from seq2serve.bench.server.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.config import MAX_BEAM_SIZE

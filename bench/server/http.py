@@ -1,12 +1,12 @@
 """seq2serve's HTTP API beside LibreTranslate's, through the same LibreTranslate API.
 
-    python -m seq2serve.bench.http --texts data/messages/en-de/test.src \
+    python -m seq2serve.bench.server.http --texts data/messages/en-de/test.src \
         --concurrency 1,8,32,64 --batch 1,16 --requests 512 --json http.json
 
 Starts both servers on 127.0.0.1 on the same model (the shipped en-de: seq2serve
 serves models/en-de with its cache off, so that every text is translated;
 LibreTranslate an Argos package made from the same checkpoint,
-bench/libretranslate_peer.py, at `--lt-inter-threads` x `--lt-intra-threads`),
+bench/server/libretranslate_peer.py, at `--lt-inter-threads` x `--lt-intra-threads`),
 or takes running ones with `--seq2serve URL` / `--libretranslate URL`. The
 systems: `seq2serve` (its HTTP API), `seq2serve-grpc` (the same server's gRPC
 Translate, for what HTTP costs) and `libretranslate`. One closed-loop load
@@ -39,8 +39,8 @@ import grpc
 import httpx
 import numpy as np
 
-from seq2serve.bench.libretranslate_peer import PeerSettings, libretranslate
-from seq2serve.bench.serving import free_port, served
+from seq2serve.bench.server.libretranslate_peer import PeerSettings, libretranslate
+from seq2serve.bench.server.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
@@ -224,7 +224,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.http",
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.http",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--texts", type=Path, required=True, help="English sentences, one a line")
     parser.add_argument("--seq2serve", help="a running seq2serve HTTP API (else one is started)")

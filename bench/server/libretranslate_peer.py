@@ -1,6 +1,6 @@
 """LibreTranslate on a seq2serve checkpoint, offline: the HTTP peer of the benchmarks.
 
-    python -m seq2serve.bench.libretranslate_peer models/checkpoints/en-de \
+    python -m seq2serve.bench.server.libretranslate_peer models/checkpoints/en-de \
         --work /tmp/lt-peer --port 5050 --intra-threads 2
 
 LibreTranslate (installed in its own virtualenv, `.venv-lt`, beside the
@@ -9,7 +9,7 @@ translates with Argos Translate, which runs a CTranslate2 model from an Argos
 package. `build_package` makes that package from a seq2serve checkpoint:
 
     <name>/metadata.json            languages and package type
-    <name>/model/                   the CTranslate2 conversion (bench/ctranslate2_model.py)
+    <name>/model/                   the CTranslate2 conversion (bench/engine/ctranslate2_model.py)
     <name>/sentencepiece.model      the checkpoint's tokenizer
     <name>/minisbd/rules.onnx       the sentence splitter (below)
 
@@ -65,7 +65,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIBRETRANSLATE_VERSION = "1.9.6"
 SBD_FILE = "rules.onnx"
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French"}
@@ -156,7 +156,7 @@ def _checkpoint_languages(checkpoint: Path) -> tuple[str, str]:
 
 def build_package(checkpoint: Path, out: Path) -> Path:
     """Write the Argos package (.argosmodel zip) of a seq2serve checkpoint to `out`."""
-    from seq2serve.bench import ctranslate2_model
+    from seq2serve.bench.engine import ctranslate2_model
 
     source, target = _checkpoint_languages(checkpoint)
     name = f"translate-{source}_{target}-seq2serve"
@@ -172,7 +172,7 @@ def build_package(checkpoint: Path, out: Path) -> Path:
         (root / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
         (root / "README.md").write_text(
             f"{source} -> {target}: the seq2serve checkpoint {checkpoint.resolve().name}, "
-            "converted by seq2serve.bench.libretranslate_peer.\n")
+            "converted by seq2serve.bench.server.libretranslate_peer.\n")
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(f".{out.name}.partial")
         # Stored, not deflated: float32 weights hardly shrink and deflating 36 MB takes seconds.
@@ -263,7 +263,7 @@ def libretranslate_command() -> Path:
 def package_key(checkpoint: Path) -> str:
     """A digest of the checkpoint's files and of the code that converts it: a
     cached package is reused only while both are unchanged."""
-    from seq2serve.bench import ctranslate2_model
+    from seq2serve.bench.engine import ctranslate2_model
 
     digest = hashlib.sha256()
     files = [*sorted(p for p in checkpoint.iterdir() if p.is_file() and p.suffix != ".pt"),
@@ -362,7 +362,7 @@ def start(checkpoint: Path, work: Path, port: int | None = None,
     """Build (or reuse) the package, install it into `work/argos`, start
     LibreTranslate on 127.0.0.1, wait for it (at most `start_timeout_s`) and warm
     it up with one translation. Stop it with `.stop()` or a `with` block."""
-    from seq2serve.bench.serving import free_port
+    from seq2serve.bench.server.serving import free_port
 
     settings = settings or PeerSettings()
     work.mkdir(parents=True, exist_ok=True)
@@ -400,7 +400,7 @@ def libretranslate(checkpoint: Path, work: Path, port: int | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.libretranslate_peer",
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.libretranslate_peer",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", type=Path, help="seq2serve checkpoint directory")
     parser.add_argument("--work", type=Path, default=Path("/tmp/seq2serve-libretranslate"),

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.workload import EOS_ID, vocabulary
+from seq2serve.bench.engine.workload import EOS_ID, vocabulary
 
 Tokens = list[list[int]]
 
@@ -193,7 +193,7 @@ def engine_defaults(manifest: Any) -> Any:
 
 
 class CheckpointCTranslate2(System):
-    """CTranslate2 on a seq2serve checkpoint's conversion (bench/ctranslate2_model.py),
+    """CTranslate2 on a seq2serve checkpoint's conversion (bench/engine/ctranslate2_model.py),
     given the same token ids as the engine: a piece's CTranslate2 index is its
     SentencePiece id, the source EOS is CTranslate2's to add (`add_source_eos`),
     and the target EOS comes back (`return_end_token`) as the engine's does.
@@ -209,7 +209,7 @@ class CheckpointCTranslate2(System):
     name = "ctranslate2"
 
     def __init__(self, model_dir: Path, package: Path, precision: str, threads: int):
-        from seq2serve.bench.ctranslate2_model import TOKENIZER_FILE, spm_pieces
+        from seq2serve.bench.engine.ctranslate2_model import TOKENIZER_FILE, spm_pieces
         from seq2serve.export.package import load_package
 
         self.model_dir = Path(model_dir)
@@ -224,7 +224,7 @@ class CheckpointCTranslate2(System):
         self.translator: Any = None
 
     def load(self) -> None:
-        from seq2serve.bench.ctranslate2_model import load_translator
+        from seq2serve.bench.engine.ctranslate2_model import load_translator
 
         self.translator = load_translator(self.model_dir, self.precision, self.threads)
 

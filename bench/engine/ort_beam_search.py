@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.systems import System, Tokens, engine_defaults
+from seq2serve.bench.engine.systems import System, Tokens, engine_defaults
 
 GRAPH_FILE = "beam_search.onnx"
 OPSET = 17

@@ -1,0 +1,7 @@
+"""`python -m seq2serve.bench.profile`: bench/profile/decoding.py."""
+
+import sys
+
+from seq2serve.bench.profile.decoding import main
+
+sys.exit(main())
