@@ -1,4 +1,5 @@
-"""`seq2serve serve` as a real process on 127.0.0.1, for start-up, drain and TLS tests."""
+"""`seq2serve serve` as a real process on 127.0.0.1, for start-up, drain and TLS tests;
+`free_port` is the benchmarks' (one for the whole repository)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,24 +17,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# The tests' free_port is the benchmarks': one home for the whole repository.
+from seq2serve.bench.server.serving import free_port as free_port
 from seq2serve.server.app import Server
 from seq2serve.server.config import ServerConfig
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (the OS's pick for port 0), and none this
-    process was given before: the OS may pick a port again as soon as its socket is
-    closed, so two calls in a row (a server's port and its metrics port) could get
-    the same one, and the server refuses that configuration."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def serve_env(models_dir: Path, port: int, **settings: object) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""A real `seq2serve serve` process on loopback, for the load and soak benchmarks."""
+"""Ports on loopback, and a real `seq2serve serve` process there, for the server
+benchmarks; `free_port` is also the tests' (tests/serving.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,21 @@ import grpc
 
 from seq2serve.server.client import Seq2ServeClient
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now (the OS's pick for port 0), and none this
+    process was given before: the OS may pick a port again as soon as its socket is
+    closed, so two calls in a row (a server's port and its metrics port) could get
+    the same one, and the server refuses that configuration."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @contextmanager

@@ -3,13 +3,13 @@ implementation) on loopback: exit status and the one line it prints."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from serving import free_port
 
 from seq2serve.server.cli import health as health_cli
 from seq2serve.server.cli.main import main
@@ -68,9 +68,7 @@ def test_unknown_service_exits_1_naming_it(health_server, capsys) -> None:
 
 
 def test_no_server_exits_1_with_unavailable(capsys) -> None:
-    with socket.socket() as probe:  # a free port, closed again: nobody listens there
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nobody listens there
     assert main(["health", "--server", f"127.0.0.1:{port}", "--timeout", "2"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("seq2serve health: ") and "UNAVAILABLE" in err
