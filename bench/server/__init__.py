@@ -8,5 +8,6 @@
   the same model (`libretranslate_peer` builds and starts that peer,
   `python -m seq2serve.bench.server.libretranslate_peer`).
 
-`serving` starts the server on loopback.
+`clients` is their one closed loop (and the open loop), told how to send one
+request; `serving` starts the server on loopback and holds `free_port`.
 """

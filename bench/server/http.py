@@ -10,8 +10,9 @@ bench/server/libretranslate_peer.py, at `--lt-inter-threads` x `--lt-intra-threa
 or takes running ones with `--seq2serve URL` / `--libretranslate URL`. The
 systems: `seq2serve` (its HTTP API), `seq2serve-grpc` (the same server's gRPC
 Translate, for what HTTP costs) and `libretranslate`. One closed-loop load
-generator drives them all: N clients, each sending its next `POST /translate` (`q` a list of
-`--batch` texts, source en, target de) when the last one is answered. Levels run
+generator (bench/server/clients.py) drives them all: N clients, each sending its
+next `POST /translate` (`q` a list of `--batch` texts, source en, target de) when
+the last one is answered. Levels run
 round robin over the systems, `--repeats` times; the table shows medians.
 Every level is bounded: at most `--requests` requests, none sent after
 `--level-seconds`.
@@ -29,7 +30,6 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -39,6 +39,7 @@ import grpc
 import httpx
 import numpy as np
 
+from seq2serve.bench.server.clients import closed_loop
 from seq2serve.bench.server.libretranslate_peer import PeerSettings, libretranslate
 from seq2serve.bench.server.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
@@ -96,35 +97,24 @@ class Target:
         return [str(t) for t in translated]
 
 
-async def closed_loop(system: str, url: str, texts: Sequence[str], batch: int, clients: int,
-                      max_requests: int, max_seconds: float) -> Level:
-    latencies: list[float] = []
-    errors = 0
-    sent = 0
+# What a failed request raises: a transport error, an error status, a malformed answer.
+FAILURES = (httpx.HTTPError, grpc.RpcError, RuntimeError, KeyError, ValueError)
+
+
+async def measure_level(system: str, url: str, texts: Sequence[str], batch: int,
+                        clients: int, max_requests: int, max_seconds: float) -> Level:
+    """One closed-loop level (bench/server/clients.py): request i sends the `batch`
+    texts from text i * batch on; seconds run from the first send to the last answer."""
     async with Target(system, url, clients) as target:
-        started = time.perf_counter()
-        deadline = started + max_seconds
 
-        async def one_client() -> None:
-            nonlocal sent, errors
-            while sent < max_requests and time.perf_counter() < deadline:
-                start = sent * batch
-                sent += 1
-                chunk = [texts[(start + j) % len(texts)] for j in range(batch)]
-                t0 = time.perf_counter()
-                try:
-                    await target.translate(chunk)
-                except (httpx.HTTPError, grpc.RpcError, RuntimeError, KeyError, ValueError):
-                    errors += 1
-                    continue
-                latencies.append(time.perf_counter() - t0)
+        async def send(i: int) -> None:
+            await target.translate([texts[(i * batch + j) % len(texts)] for j in range(batch)])
 
-        await asyncio.gather(*(one_client() for _ in range(clients)))
-        seconds = time.perf_counter() - started
-    done = len(latencies)
-    lat = np.array(latencies or [float("nan")]) * 1000
-    return Level(system=system, batch=batch, clients=clients, requests=done, errors=errors,
-                 seconds=round(seconds, 3), requests_per_s=round(done / seconds, 2),
+        run = await closed_loop(send, clients, max_requests, max_seconds, failures=FAILURES)
+    done, seconds = len(run.answers), max(run.seconds, 1e-9)
+    lat = np.array(run.latencies or [float("nan")]) * 1000
+    return Level(system=system, batch=batch, clients=clients, requests=done, errors=run.errors,
+                 seconds=round(run.seconds, 3), requests_per_s=round(done / seconds, 2),
                  texts_per_s=round(done * batch / seconds, 2),
                  p50_ms=round(float(np.percentile(lat, 50)), 1),
                  p99_ms=round(float(np.percentile(lat, 99)), 1))
@@ -186,10 +176,10 @@ async def run(urls: dict[str, str], texts: Sequence[str], batches: Sequence[int]
             for clients in concurrency:
                 order = names if repeat % 2 == 0 else names[::-1]  # round robin
                 for name in order:
-                    level = await closed_loop(name, urls[name], texts, batch, clients,
-                                              max_requests, max_seconds)
-                    print(f"  {asdict(level)}", file=sys.stderr, flush=True)
-                    levels.append(level)
+                    measured = await measure_level(name, urls[name], texts, batch, clients,
+                                                   max_requests, max_seconds)
+                    print(f"  {asdict(measured)}", file=sys.stderr, flush=True)
+                    levels.append(measured)
     return levels
 
 

@@ -12,7 +12,8 @@ metrics port:
 - `iteration`: SEQ2SERVE_MAX_RUNNING_ROWS=256 (`--iteration-rows`), new work joins
   the running batch at step boundaries.
 
-Workloads, for each decoding in `--beams` (1 is greedy):
+Workloads (the loops of bench/server/clients.py), for each decoding in `--beams`
+(1 is greedy):
 
 - closed loop: N clients, each sends its next request when its last one is answered;
 - open loop: Poisson arrivals at R requests/s (exponential inter-arrival times
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import sys
 import time
@@ -59,6 +59,7 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from seq2serve.bench.server.clients import Run, closed_loop, open_loop
 from seq2serve.bench.server.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
@@ -142,20 +143,20 @@ def auto_rates(saturation: float, fractions: Sequence[float]) -> list[float]:
     return [round(saturation * f, 3) for f in fractions if saturation * f > 0]
 
 
-def summarize(mode: str, beam: int, workload: str, level: float, sent: int,
-              outcomes: Sequence[Outcome], unfinished: int, errors: int, wall_s: float,
+def summarize(mode: str, beam: int, workload: str, level: float, run: Run[Outcome],
               rows_per_step: float) -> Record:
+    outcomes = list(run.answers.values())
     latency = np.array([o.latency_s for o in outcomes]) * 1000
     ttft = np.array([o.ttft_s for o in outcomes]) * 1000
 
     def pct(values: np.ndarray, q: float) -> float:
         return float(np.percentile(values, q)) if len(values) else float("nan")
 
-    wall = max(wall_s, 1e-9)
-    return Record(mode, beam, workload, level, sent, len(outcomes), unfinished, errors, wall_s,
-                  len(outcomes) / wall, sum(o.tokens for o in outcomes) / wall,
-                  pct(latency, 50), pct(latency, 99), pct(ttft, 50), pct(ttft, 99),
-                  rows_per_step)
+    wall = max(run.seconds, 1e-9)
+    return Record(mode, beam, workload, level, run.sent, len(outcomes), run.unfinished,
+                  run.errors, run.seconds, len(outcomes) / wall,
+                  sum(o.tokens for o in outcomes) / wall, pct(latency, 50), pct(latency, 99),
+                  pct(ttft, 50), pct(ttft, 99), rows_per_step)
 
 
 def table(records: Sequence[Record]) -> str:
@@ -221,70 +222,6 @@ def scrape(url: str) -> tuple[float, float]:
         return histogram_totals(response.read().decode(), ROWS_METRIC)
 
 
-async def closed_loop(stub: pb_grpc.TranslatorStub, target: Target, clients: int,
-                      requests: int, level_s: float, drain_s: float
-                      ) -> tuple[list[Outcome], int, int, int, float]:
-    """(outcomes, sent, unfinished, errors, wall seconds)."""
-    counter = itertools.count()
-    outcomes: list[Outcome] = []
-    errors = 0
-    sent = 0
-    start = time.perf_counter()
-    last = start
-
-    async def client() -> None:
-        nonlocal errors, sent, last
-        while (i := next(counter)) < requests and time.perf_counter() - start < level_s:
-            sent += 1
-            try:
-                text = target.texts[i % len(target.texts)]
-                outcomes.append(await one_request(stub, target, text, level_s + drain_s))
-                last = time.perf_counter()
-            except grpc.RpcError:
-                errors += 1
-
-    tasks = [asyncio.create_task(client()) for _ in range(clients)]
-    _, pending = await asyncio.wait(tasks, timeout=level_s + drain_s)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    unfinished = sent - len(outcomes) - errors
-    return outcomes, sent, unfinished, errors, last - start
-
-
-async def open_loop(stub: pb_grpc.TranslatorStub, target: Target, rate: float,
-                    requests: int, level_s: float, drain_s: float, rng: np.random.Generator
-                    ) -> tuple[list[Outcome], int, int, int, float]:
-    """(outcomes, sent, unfinished, errors, wall seconds)."""
-    outcomes: list[Outcome] = []
-    errors = 0
-    start = time.perf_counter()
-    last = start
-
-    async def arrival(text: str) -> None:
-        nonlocal errors, last
-        try:
-            outcomes.append(await one_request(stub, target, text, level_s + drain_s))
-            last = time.perf_counter()
-        except grpc.RpcError:
-            errors += 1
-
-    tasks = []
-    for i, at in enumerate(arrival_times(rate, requests, rng)):
-        if at > level_s:
-            break
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        tasks.append(asyncio.create_task(arrival(target.texts[i % len(target.texts)])))
-    if tasks:
-        remaining = start + level_s + drain_s - time.perf_counter()
-        _, pending = await asyncio.wait(tasks, timeout=max(remaining, 0.0))
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    unfinished = len(tasks) - len(outcomes) - errors
-    return outcomes, len(tasks), unfinished, errors, last - start
-
-
 @dataclass
 class Plan:
     beams: list[int]
@@ -312,12 +249,17 @@ async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
                 beam_size=beam, max_length=plan.max_length, return_token_ids=True))
             for text in texts[:WARMUP_REQUESTS]:
                 await one_request(stub, target, text, plan.level_s + plan.drain_s)
+
+            async def send(i: int, target: Target = target) -> Outcome:
+                return await one_request(stub, target, target.texts[i % len(target.texts)],
+                                         plan.level_s + plan.drain_s)
+
             for clients in plan.concurrency:
                 before = scrape(metrics_url)
-                outcomes, sent, unfinished, errors, wall = await closed_loop(
-                    stub, target, clients, plan.requests, plan.level_s, plan.drain_s)
-                record = summarize(mode, beam, "closed", clients, sent, outcomes, unfinished,
-                                   errors, wall, mean_between(before, scrape(metrics_url)))
+                run = await closed_loop(send, clients, plan.requests, plan.level_s,
+                                        plan.drain_s, failures=(grpc.RpcError,))
+                record = summarize(mode, beam, "closed", clients, run,
+                                   mean_between(before, scrape(metrics_url)))
                 _progress(record)
                 records.append(record)
             if mode == "iteration" and records:
@@ -331,10 +273,10 @@ async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
                 # Same seed per (decoding, rate) in every mode: the same arrival schedule.
                 rng = np.random.default_rng([plan.seed, beam, k])
                 before = scrape(metrics_url)
-                outcomes, sent, unfinished, errors, wall = await open_loop(
-                    stub, target, rate, plan.requests, plan.level_s, plan.drain_s, rng)
-                record = summarize(mode, beam, "poisson", rate, sent, outcomes, unfinished,
-                                   errors, wall, mean_between(before, scrape(metrics_url)))
+                run = await open_loop(send, arrival_times(rate, plan.requests, rng),
+                                      plan.level_s, plan.drain_s, failures=(grpc.RpcError,))
+                record = summarize(mode, beam, "poisson", rate, run,
+                                   mean_between(before, scrape(metrics_url)))
                 _progress(record)
                 records.append(record)
     return records
@@ -349,7 +291,8 @@ def _numbers(text: str, kind: type) -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.load",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--models-dir", type=Path, help="default: the shipped models/")
     parser.add_argument("--model", default="",
                         help="model name (default: en-de when served, else the only "

@@ -7,9 +7,9 @@ answer is checked against the same text translated alone.
 
 Starts `seq2serve serve` (the shipped models unless --models-dir), translates
 every text alone, one call at a time (the reference), then sends them all
-again in shuffled order from `--concurrency` concurrent callers, half greedy
-and half beam 4, so they share batches with mates of every length. Each
-answer of the concurrent phase is one of:
+again in shuffled order from `--concurrency` concurrent callers (the closed loop
+of bench/server/clients.py), half greedy and half beam 4, so they share batches
+with mates of every length. Each answer of the concurrent phase is one of:
 - lost: the call failed or came back without a translation;
 - mixed: it equals the reference of another text (an answer delivered to the
   wrong caller);
@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from seq2serve.bench.server.clients import closed_loop
 from seq2serve.bench.server.serving import served
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
@@ -123,19 +124,16 @@ async def soak(target: str, model: str, texts: list[str], concurrency: int, max_
                  for i, t in enumerate(texts)]
         order = list(range(len(texts)))
         random.Random(seed).shuffle(order)
-        queue = iter(order)
-        together: list[Answer] = [None] * len(texts)
-        latencies: list[float] = []
 
-        async def caller() -> None:
-            for i in queue:  # shared iterator: each index is taken once
-                start = time.perf_counter()
-                together[i] = await translate(stub, model, texts[i],
-                                              options_for(i, max_length), timeout_s)
-                latencies.append(time.perf_counter() - start)
+        async def send(k: int) -> Answer:
+            i = order[k]
+            return await translate(stub, model, texts[i], options_for(i, max_length), timeout_s)
 
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return alone, together, latencies
+        run = await closed_loop(send, concurrency, len(texts))
+    together: list[Answer] = [None] * len(texts)
+    for k, answer in run.answers.items():
+        together[order[k]] = answer
+    return alone, together, run.latencies
 
 
 def classify(alone: list[Answer], together: list[Answer]) -> dict[str, int]:
@@ -183,7 +181,8 @@ def read_texts(paths: list[Path], count: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.soak",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=Path, action="append", required=True,
                         help="one source text per line (repeatable); repeated lines are "
                         "kept once")
