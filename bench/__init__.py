@@ -10,4 +10,6 @@
 - `quality`: what a package translates (`python -m seq2serve.bench.quality`:
   scores of package variants; `quality.placeholders`: placeholders and markup);
 - `profile`: where a decoding's time goes (`python -m seq2serve.bench.profile`).
+
+`inputs` is what every group reads: text lines, their token ids, comma lists.
 """

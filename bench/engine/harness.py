@@ -48,7 +48,8 @@ from seq2serve.bench.engine.model import (
     per_core_table,
 )
 from seq2serve.bench.engine.systems import CTranslate2, Seq2Serve, System, Transformers
-from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources, read_sentences
+from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
+from seq2serve.bench.inputs import read_sentences, source_ids
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
            "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
@@ -246,16 +247,23 @@ def markdown_table(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def instruction_sets() -> str:
-    """The vector instruction sets of this CPU that the engines' kernels use."""
-    flags: set[str] = set()
+def _cpuinfo(field: str) -> str | None:
+    """The first `field` line's value in /proc/cpuinfo (None: no such file or line)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
+        pass
+    return None
+
+
+def instruction_sets() -> str:
+    """The vector instruction sets of this CPU that the engines' kernels use."""
+    found = _cpuinfo("flags")
+    if found is None:
         return "unknown"
+    flags = set(found.split())
     wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
               "avx512_bf16", "amx_int8", "amx_bf16")
     return ", ".join(f for f in wanted if f in flags) or "none of AVX2/AVX-512/VNNI/AMX"
@@ -264,14 +272,7 @@ def instruction_sets() -> str:
 def machine_description(threads: Sequence[int]) -> list[str]:
     from seq2serve.server.engine.resources import usable_cores
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = _cpuinfo("model name") or platform.processor() or platform.machine()
     versions = []
     for module in ("onnxruntime", "torch", "transformers", "ctranslate2"):
         try:
@@ -465,10 +466,8 @@ def _package_runs(args: argparse.Namespace, threads: int,
                  if args.package else [])
     for path in args.package:
         package = load_package(path)
-        tokenizer = package_tokenizer(package)
-        limit = package.manifest.max_source_length
-        ids = [tokenizer.encode(s) for s in sentences]  # EOS appended
-        ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
+        ids = source_ids(package_tokenizer(package), sentences,
+                         package.manifest.max_source_length)
         key = (package.manifest.name, json.dumps(ids))
         system = Seq2Serve(path, threads, name=f"seq2serve@{package.manifest.name}",
                            device=args.device)

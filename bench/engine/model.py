@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve, System
-from seq2serve.bench.engine.workload import read_sentences
+from seq2serve.bench.inputs import read_sentences, source_ids
 
 if TYPE_CHECKING:
     from seq2serve.bench.engine.harness import Record
@@ -94,11 +94,8 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
         for precision in args.precisions:
             if not (work / f"ort-beam-search-{precision}" / GRAPH_FILE).is_file():
                 build(checkpoint, work / f"ort-beam-search-{precision}", precision)
-    tokenizer = package_tokenizer(package)
-    limit = package.manifest.max_source_length
     texts = read_sentences(args.data, args.sentences, args.only_sentences)
-    ids = [tokenizer.encode(t) for t in texts]
-    ids = [i if len(i) <= limit else i[: limit - 1] + [tokenizer.eos_id] for i in ids]
+    ids = source_ids(package_tokenizer(package), texts, package.manifest.max_source_length)
     return packages, ct2, sorted(ids, key=len)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.engine.systems import System, Tokens, engine_defaults
+from seq2serve.bench.engine.systems import System, Tokens, cpu_session, engine_defaults
 
 GRAPH_FILE = "beam_search.onnx"
 OPSET = 17
@@ -196,18 +196,7 @@ class OrtBeamSearch(System):
         self.session: Any = None
 
     def load(self) -> None:
-        import onnxruntime as ort
-
-        from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        for key, value in EXACT_INT8_CONFIG.items():
-            options.add_session_config_entry(key, value)
-        self.session = ort.InferenceSession(str(self.graph), options, providers=[CPU])
+        self.session = cpu_session(self.graph, self.threads)
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
         import numpy as np

@@ -158,12 +158,10 @@ class CTranslate2(System):
         self.translator: Any = None
 
     def load(self) -> None:
-        import ctranslate2
+        from seq2serve.bench.engine.ctranslate2_model import load_translator
 
-        compute_type = {"fp32": "float32", "fp16": "float16", "int8": "int8"}[self.precision]
-        self.translator = ctranslate2.Translator(
-            str(self.model_dir), device=self.device, compute_type=compute_type,
-            intra_threads=self.threads, inter_threads=1)
+        self.translator = load_translator(self.model_dir, self.precision, self.threads,
+                                          self.device)
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
         return [[self.pieces[i] for i in s] for s in sources]
@@ -179,6 +177,27 @@ class CTranslate2(System):
     def close(self) -> None:
         self.translator = None
         super().close()
+
+
+def cpu_session(path: Path, threads: int, profile_prefix: str | None = None) -> Any:
+    """An ONNX Runtime CPU session set up as the engine's runner sets up its own
+    (one inter-op thread, no spinning, exact int8 kernels), for a graph the runner
+    does not load; `profile_prefix` turns on ONNX Runtime's profiler."""
+    import onnxruntime as ort
+
+    from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in EXACT_INT8_CONFIG.items():
+        options.add_session_config_entry(key, value)
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(str(path), options, providers=[CPU])
 
 
 def engine_defaults(manifest: Any) -> Any:

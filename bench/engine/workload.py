@@ -221,15 +221,3 @@ def prepare_models(work: Path, shape: Shape, seed: int, precisions: set[str],
     ct2 = convert_ctranslate2(marian, root / "ctranslate2") if ctranslate2 else None
     return Models(marian, packages, ct2)
 
-
-def read_sentences(data: Path, limit: int, only_sentences: bool = False) -> list[str]:
-    """The first `limit` non-empty lines of DATA/test.src (or of DATA, a file);
-    only_sentences: only those DATA/test.kind marks `sentence` (DDTP's test split
-    also holds whole descriptions)."""
-    path = data / "test.src" if data.is_dir() else data
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    if only_sentences:
-        kinds = (data / "test.kind").read_text(encoding="utf-8").splitlines()
-        lines = [line for line, kind in zip(lines, kinds, strict=True)
-                 if kind.strip() == "sentence"]
-    return [line for line in lines if line][:limit]

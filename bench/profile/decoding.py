@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources, read_sentences
+from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
+from seq2serve.bench.inputs import read_sentences, source_ids
 
 GROUPS = {
     "matrix products": {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger",
@@ -96,21 +97,10 @@ def timed_calls(runner: Any) -> Iterator[dict[str, list[float]]]:
 def op_profile(path: Path, threads: int, run: Callable[[Any], None]) -> dict[str, Any]:
     """ONNX Runtime's profiler over one graph: `run(session)` puts the profiled
     session in place and decodes. Returns microseconds by operator and in all."""
-    import onnxruntime as ort
-
-    from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
+    from seq2serve.bench.engine.systems import cpu_session
 
     with tempfile.TemporaryDirectory() as tmp:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(Path(tmp) / path.stem)
-        opts.log_severity_level = 3
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        for key, value in EXACT_INT8_CONFIG.items():
-            opts.add_session_config_entry(key, value)
-        session = ort.InferenceSession(str(path), opts, providers=[CPU])
+        session = cpu_session(path, threads, profile_prefix=str(Path(tmp) / path.stem))
         run(session)
         events = json.loads(Path(session.end_profiling()).read_text())
     by_op: dict[str, float] = defaultdict(float)
@@ -156,12 +146,11 @@ def workload(args: argparse.Namespace) -> tuple[Path, list[list[list[int]]], Any
                 f"OPUS-MT shape, {args.precision}, batch {args.batch_size}, "
                 f"{args.new_tokens} new tokens")
     package = load_package(args.package)
-    tokenizer = package_tokenizer(package)
     # DDTP's test split also holds whole descriptions: its sentence lines only.
     texts = read_sentences(args.data, args.sentences,
                            only_sentences=(args.data / "test.kind").is_file())
-    limit = package.manifest.max_source_length
-    ids = sorted((tokenizer.encode(t)[:limit] for t in texts), key=len)
+    ids = sorted(source_ids(package_tokenizer(package), texts,
+                            package.manifest.max_source_length), key=len)
     batches = [ids[i:i + args.batch_size] for i in range(0, len(ids), args.batch_size)]
     return (args.package, batches, DecodingOptions(beam_size=args.beam),
             f"{package.manifest.name} ({package.manifest.precision}), {len(ids)} sentences "

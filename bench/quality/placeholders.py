@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from seq2serve.bench.quality.score import generate_sorted
 from seq2serve.export.package import load_package
 from seq2serve.server.core import placeholders as ph
 from seq2serve.server.core.pieces import join, plan
@@ -112,17 +113,11 @@ class Decoder:
     def __call__(self, texts: list[str]) -> list[str]:
         plans = [plan(t, self.language, self.tokenizer.encode, self.limit) for t in texts]
         sources = [p.source_ids for pl in plans for p in pl.pieces]
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        results: list[object] = [None] * len(sources)
-        for k in range(0, len(order), self.batch):
-            chunk = order[k:k + self.batch]
-            for i, result in zip(chunk, self.engine.generate([sources[i] for i in chunk],
-                                                             self.options), strict=True):
-                results[i] = result
-        out, it = [], iter(results)
+        results = iter(generate_sorted(self.engine, sources, self.options, self.batch))
+        out = []
         for pl in plans:
-            nbests = [next(it) for _ in pl.pieces]
-            out.append(join(pl, nbests, 1, self.tokenizer.decode)[0].text)  # type: ignore[arg-type]
+            nbests = [next(results) for _ in pl.pieces]
+            out.append(join(pl, nbests, 1, self.tokenizer.decode)[0].text)
         return out
 
 
@@ -233,7 +228,8 @@ def _share(flags: object) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.quality.placeholders",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=Path, default=Path("models"),
                         help="folder of the en-de and en-fr packages (default: %(default)s)")
     parser.add_argument("--langs", default="de,fr")

@@ -15,8 +15,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from seq2serve.bench.inputs import source_ids
 from seq2serve.export.package import load_package
 from seq2serve.model.train.batching import read_split
 from seq2serve.model.train.evaluate import score_with_signatures
@@ -24,6 +26,20 @@ from seq2serve.server.core.registry import package_tokenizer
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import RunnerConfig
+from seq2serve.server.engine.search import Result
+
+
+def generate_sorted(engine: Engine, ids: Sequence[Sequence[int]], options: DecodingOptions,
+                    batch_size: int) -> list[Result]:
+    """Each source's n-best, in the order of `ids`, decoded in batches of `batch_size`
+    sources sorted by length (as the server's scheduler forms them)."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    results: dict[int, Result] = {}
+    for k in range(0, len(order), batch_size):
+        chunk = order[k:k + batch_size]
+        results.update(zip(chunk, engine.generate([ids[i] for i in chunk], options),
+                           strict=True))
+    return [results[i] for i in range(len(ids))]
 
 
 def decode(package_dir: Path, sources: list[str], beam: int, threads: int,
@@ -31,20 +47,13 @@ def decode(package_dir: Path, sources: list[str], beam: int, threads: int,
     package = load_package(package_dir)
     tokenizer = package_tokenizer(package)
     engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads))
-    limit = package.manifest.max_source_length
-    ids = [tokenizer.encode(s) for s in sources]
-    ids = [x if len(x) <= limit else x[: limit - 1] + [tokenizer.eos_id] for x in ids]
+    ids = source_ids(tokenizer, sources, package.manifest.max_source_length)
     options = DecodingOptions(beam_size=beam, num_hypotheses=1, max_length_ratio=2.0,
                               max_length=256)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # length-sorted batches
-    outputs = [""] * len(ids)
     start = time.perf_counter()
-    for k in range(0, len(order), batch_size):
-        chunk = order[k:k + batch_size]
-        for i, result in zip(chunk, engine.generate([ids[i] for i in chunk], options),
-                             strict=True):
-            outputs[i] = tokenizer.decode(result[0].token_ids)
-    return outputs, time.perf_counter() - start
+    results = generate_sorted(engine, ids, options, batch_size)
+    seconds = time.perf_counter() - start
+    return [tokenizer.decode(result[0].token_ids) for result in results], seconds
 
 
 def main() -> int:

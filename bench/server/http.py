@@ -39,6 +39,7 @@ import grpc
 import httpx
 import numpy as np
 
+from seq2serve.bench.inputs import numbers, read_sentences
 from seq2serve.bench.server.clients import closed_loop
 from seq2serve.bench.server.libretranslate_peer import PeerSettings, libretranslate
 from seq2serve.bench.server.serving import free_port, served
@@ -209,10 +210,6 @@ def peers(seq2serve: str | None, libre: str | None, checkpoint: Path, models_dir
         yield urls
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.http",
                                      description=__doc__.split("\n")[0])
@@ -224,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=None,
                         help="seq2serve's packages (default: the shipped models/)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/seq2serve-bench-http"))
-    parser.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64])
-    parser.add_argument("--batch", type=_ints, default=[1, 16])
+    parser.add_argument("--concurrency", type=numbers(int), default=[1, 8, 32, 64])
+    parser.add_argument("--batch", type=numbers(int), default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--level-seconds", type=float, default=20.0)
@@ -237,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="threads per LibreTranslate translation (ARGOS_INTRA_THREADS)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    texts = [line.strip() for line in args.texts.read_text().splitlines() if line.strip()]
+    texts = read_sentences(args.texts)
     peer = PeerSettings(inter_threads=args.lt_inter_threads,
                         intra_threads=args.lt_intra_threads)
     with peers(args.seq2serve, args.libretranslate, args.checkpoint, args.models_dir,

@@ -59,6 +59,7 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from seq2serve.bench.inputs import numbers, read_sentences
 from seq2serve.bench.server.clients import Run, closed_loop, open_loop
 from seq2serve.bench.server.serving import free_port, served
 from seq2serve.protos import translator_pb2 as pb
@@ -286,10 +287,6 @@ def _progress(record: Record) -> None:
     print(json.dumps(asdict(record)), file=sys.stderr, flush=True)
 
 
-def _numbers(text: str, kind: type) -> list:
-    return [kind(v) for v in text.split(",") if v.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m seq2serve.bench.server.load",
                                      description=__doc__.split("\n\n")[0])
@@ -300,13 +297,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--texts", type=Path, required=True, help="one source text per line")
     parser.add_argument("--modes", default="iteration,request,off",
                         help=f"comma-separated, of {', '.join(MODES)}")
-    parser.add_argument("--beams", default="1,4", help="beam widths (1: greedy)")
-    parser.add_argument("--concurrency", default="8,32,64", help="closed-loop client counts")
+    parser.add_argument("--beams", type=numbers(int), default="1,4",
+                        help="beam widths (1: greedy)")
+    parser.add_argument("--concurrency", type=numbers(int), default="8,32,64",
+                        help="closed-loop client counts")
     parser.add_argument("--rates", default="auto",
                         help="Poisson arrival rates in requests/s, or 'auto' (fractions of "
                         "iteration mode's closed-loop throughput at the highest concurrency), "
                         "or '' for none")
-    parser.add_argument("--fractions", default="0.3,0.5,0.7,0.9", help="for --rates auto")
+    parser.add_argument("--fractions", type=numbers(float), default="0.3,0.5,0.7,0.9",
+                        help="for --rates auto")
     parser.add_argument("--requests", type=int, default=256, help="at most, per level")
     parser.add_argument("--level-seconds", type=float, default=120.0,
                         help="no request is sent later than this into a level")
@@ -332,14 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rates auto needs the iteration mode (its saturation sets the rates)")
     if auto:  # the rates come from iteration's closed loop
         modes = ["iteration"] + [m for m in modes if m != "iteration"]
-    plan = Plan(beams=_numbers(args.beams, int), concurrency=_numbers(args.concurrency, int),
-                rates=None if auto else _numbers(args.rates, float),
-                fractions=_numbers(args.fractions, float), requests=args.requests,
+    plan = Plan(beams=args.beams, concurrency=args.concurrency,
+                rates=None if auto else numbers(float)(args.rates),
+                fractions=args.fractions, requests=args.requests,
                 level_s=args.level_seconds, drain_s=args.drain_seconds, seed=args.seed,
                 max_length=args.max_length)
     if auto and not plan.concurrency:
         parser.error("--rates auto needs a closed-loop level (--concurrency)")
-    lines = [t for t in args.texts.read_text(encoding="utf-8").splitlines() if t.strip()]
+    lines = read_sentences(args.texts)
     if not lines:
         parser.error(f"{args.texts} holds no text")
     texts = [lines[i] for i in np.random.default_rng(args.seed).permutation(len(lines))]

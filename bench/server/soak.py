@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from seq2serve.bench.inputs import read_sentences
 from seq2serve.bench.server.clients import closed_loop
 from seq2serve.bench.server.serving import served
 from seq2serve.protos import translator_pb2 as pb
@@ -171,12 +172,8 @@ def run(texts: list[str], *, models_dir: Path | None = None, model: str = "",
 
 
 def read_texts(paths: list[Path], count: int) -> list[str]:
-    seen: dict[str, None] = {}
-    for path in paths:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                seen.setdefault(line.strip())
-    texts = list(seen)
+    """The first `count` (0: all) distinct lines of `paths`."""
+    texts = list(dict.fromkeys(line for path in paths for line in read_sentences(path)))
     return texts[:count] if count else texts
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from seq2serve.bench import inputs
 from seq2serve.bench.engine import harness, systems, workload
 
 TINY = ["--shape", "tiny", "--threads", "1", "--repeats", "1", "--new-tokens", "5",
@@ -89,7 +90,7 @@ def test_package_run_on_real_sentences(work: Path, models: workload.Models,
     records = json.loads(out.read_text())
     assert [(r["system"], r["precision"]) for r in records] == [
         ("seq2serve", "fp32"), ("seq2serve@marian", "int8")]
-    assert workload.read_sentences(data, 10) == ["Open the file.", "Save your changes.",
+    assert inputs.read_sentences(data, 10) == ["Open the file.", "Save your changes.",
                                                  "A library."]
 
 
