@@ -7,6 +7,7 @@ into place only after every check passed, so a failed export leaves nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -27,18 +28,26 @@ from seq2serve.export.package import (
     GRAPH_FILES,
     MANIFEST,
     PRECISIONS,
+    SHORTLIST_DECODER_FILE,
+    SHORTLIST_FILE,
     Manifest,
+    ShortlistSpec,
     SpecialTokens,
     TokenizerFiles,
     format_version,
     load_package,
     sha256_file,
+    shortlist_graph,
     standard_graphs,
 )
+from seq2serve.export.shortlist import ShortlistSettings
 from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
 
 FP32_LOG_PROB_TOLERANCE = 1e-4
 FP16_KEPT_FP32 = ["LogSoftmax"]  # log-probabilities are compared and summed in fp32
+# The shortlist decoder's log-probs against the full decoder's renormalised over the
+# same candidates: the same logits, another normalisation (fp16: its rounding).
+SHORTLIST_TOLERANCE = {"fp32": 1e-4, "int8": 1e-4, "fp16": 0.05}
 
 
 class ExportError(RuntimeError):
@@ -93,10 +102,16 @@ def _exporter_version() -> str:
 
 def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "fp32",
            name: str | None = None, opset: int = 17, progress: bool = True,
-           attention: str = DEFAULT_ATTENTION) -> ExportReport:
+           attention: str = DEFAULT_ATTENTION, shortlist_from: str | Path | None = None,
+           shortlist: ShortlistSettings | None = None,
+           shortlist_default: bool = False) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
-    "plain" (the traced chain of standard operators, format 6)."""
+    "plain" (the traced chain of standard operators, format 6).
+    shortlist_from: training data (a corpus directory with train.src/train.tgt, or
+    a mix's directory whose corpus.json lists its parts) to learn a vocabulary
+    shortlist from (package format 8, export/shortlist.py), with `shortlist`'s
+    settings, used by default when `shortlist_default`."""
     import onnx
     import torch
 
@@ -116,6 +131,13 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         problems.append(f"--attention must be one of {ATTENTIONS}, got {attention!r}")
     if output_dir.exists():
         problems.append(f"{output_dir}: output directory exists (choose a new one)")
+    settings = shortlist or ShortlistSettings()
+    if shortlist_from is not None:
+        problems += settings.problems()
+        if not Path(shortlist_from).is_dir():
+            problems.append(f"--shortlist-from {shortlist_from}: not a directory")
+    elif shortlist_default:
+        problems.append("--shortlist-default needs --shortlist-from")
     source: Source | None = None
     try:
         source = load_source(source_dir)
@@ -185,6 +207,11 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             check_cache_graphs(tmp)
         except ValueError as e:
             raise ExportError(f"verification failed: {e}") from None
+        shortlist_spec = None
+        if shortlist_from is not None:
+            steps.set_postfix_str("vocabulary shortlist")
+            shortlist_spec = _write_shortlist(tmp, model, tokenizer, Path(shortlist_from),
+                                              settings, precision, opset)
         deviation = fp32
         if precision == "int8":
             deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
@@ -203,6 +230,12 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         cfg = model.cfg
         dtypes = {name: dtype for graph in GRAPH_FILES
                   for name, dtype in _graph_dtypes(tmp / graph).items()}
+        generation = source.generation
+        if shortlist_spec is not None:
+            shortlist_dtypes = _graph_dtypes(tmp / SHORTLIST_DECODER_FILE)
+            shortlist_spec = dataclasses.replace(shortlist_spec, decoder=shortlist_graph(
+                cfg.decoder_layers, opset, shortlist_dtypes))
+            generation = dataclasses.replace(generation, shortlist=shortlist_default)
         manifest = Manifest(
             name=name or source.name,
             task=source.task,
@@ -212,7 +245,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             special_tokens=SpecialTokens.of(cfg),
             tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
                                      vocab="vocab.json"),
-            generation=source.generation,
+            generation=generation,
             precision=precision,
             # Longer inputs were never seen in training: summarization refuses them
             # (or truncates on request), translation splits them into sentences.
@@ -222,7 +255,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
             exporter={"name": "seq2serve", "version": _exporter_version(),
                       "source": source.origin, "deviation": deviation.as_dict(),
                       "fp32_deviation": fp32.as_dict()},
-            format_version=format_version(attention),
+            format_version=format_version(attention, shortlist_spec is not None),
+            attention=attention if shortlist_spec is not None else None,
+            shortlist=shortlist_spec,
         )
         manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
@@ -238,6 +273,45 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         steps.close()
     sizes = {p.name: p.stat().st_size for p in sorted(output_dir.iterdir())}
     return ExportReport(output_dir, precision, sizes, deviation.as_dict(), fp32.as_dict())
+
+
+def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
+                     settings: ShortlistSettings, precision: str, opset: int) -> ShortlistSpec:
+    """Learn the lexical table from `data`'s training pairs, write shortlist.npz and
+    decoder_shortlist.onnx (from the finished decoder.onnx) into `tmp`, and check
+    the new graph against the full decoder (and PyTorch, for fp32)."""
+    import onnx
+
+    from seq2serve.export import shortlist as lexical
+    from seq2serve.export.shortlist_graph import shortlist_decoder
+    from seq2serve.export.verify import check_shortlist
+
+    cfg = model.cfg
+    try:
+        files = lexical.training_pairs(data)
+    except (ValueError, OSError, KeyError) as e:
+        raise ExportError(f"--shortlist-from: {e}") from None
+    special = sorted({cfg.pad_id, cfg.eos_id, cfg.unk_id, cfg.bos_id, cfg.decoder_start_id})
+    pairs = ((tokenizer.encode(s), tokenizer.encode_target(t))
+             for s, t in lexical.read_pairs(files))
+    table = lexical.learn_table(pairs, cfg.src_vocab_size, cfg.tgt_vocab_size, special)
+    try:
+        graph = shortlist_decoder(onnx.load(str(tmp / DECODER_FILE)))
+    except ValueError as e:
+        raise ExportError(f"shortlist decoder: {e}") from None
+    onnx.save(graph.model, str(tmp / SHORTLIST_DECODER_FILE))
+    projection = lexical.Projection(graph.weight, graph.bias)
+    lexical.save(tmp / SHORTLIST_FILE, table, projection)
+    try:
+        deviation = check_shortlist(tmp, projection, SHORTLIST_TOLERANCE[precision],
+                                    model if precision == "fp32" else None)
+    except ValueError as e:
+        raise ExportError(f"verification failed: {e}") from None
+    return ShortlistSpec(decoder=shortlist_graph(cfg.decoder_layers, opset),
+                         first=settings.first, best=settings.best,
+                         threshold=settings.threshold,
+                         learned_from=f"{data} ({len(files)} training file pairs, p(t | s); "
+                         f"verified: log-prob deviation {deviation:.2e})")
 
 
 # -- command line ---------------------------------------------------------------
@@ -259,6 +333,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "
                         "the cache written in place (package format 7); plain: standard "
                         f"ONNX operators only (format 6). Default {DEFAULT_ATTENTION}")
+    parser.add_argument("--shortlist-from", type=Path, metavar="DATA",
+                        help="learn a vocabulary shortlist (package format 8) from DATA's "
+                        "training pairs: a corpus directory (train.src, train.tgt) or a mix "
+                        "whose corpus.json lists its parts")
+    defaults = ShortlistSettings()
+    parser.add_argument("--shortlist-first", type=int, default=defaults.first,
+                        help="candidates: the N most frequent target pieces (default "
+                        f"{defaults.first})")
+    parser.add_argument("--shortlist-best", type=int, default=defaults.best,
+                        help="candidates: each source piece's N best translations (default "
+                        f"{defaults.best})")
+    parser.add_argument("--shortlist-threshold", type=float, default=defaults.threshold,
+                        help="... scoring at least this (p(t | s), default "
+                        f"{defaults.threshold:g})")
+    parser.add_argument("--shortlist-default", action="store_true",
+                        help="decode over the shortlist unless a request says otherwise "
+                        "(only where `seq2serve shortlist gate` passed)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -267,7 +358,13 @@ def run(args: argparse.Namespace) -> int:
         report = export(args.source, args.output, precision=args.precision, name=args.name,
                         opset=args.opset, progress=not args.quiet,
                         # Namespaces built without the option (older callers) export plain.
-                        attention=getattr(args, "attention", DEFAULT_ATTENTION))
+                        attention=getattr(args, "attention", DEFAULT_ATTENTION),
+                        shortlist_from=getattr(args, "shortlist_from", None),
+                        shortlist=ShortlistSettings(
+                            getattr(args, "shortlist_first", 100),
+                            getattr(args, "shortlist_best", 100),
+                            getattr(args, "shortlist_threshold", 0.0)),
+                        shortlist_default=getattr(args, "shortlist_default", False))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

@@ -38,10 +38,12 @@ from typing import Any, TypeVar
 
 from seq2serve.model.config import ModelConfig
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 # Format 6 packages have the same graph inputs and outputs with plain attention
-# (export/fused_attention.py says what changed); the runner serves both.
-READABLE_FORMATS = (6, FORMAT_VERSION)
+# (export/fused_attention.py says what changed); format 8 is format 6 or 7 (its
+# manifest says which attention) with a vocabulary shortlist (export/shortlist.py):
+# a lexical table and a second decoder graph. The runner serves all three.
+READABLE_FORMATS = (6, 7, FORMAT_VERSION)
 # How the exporter builds the attention: "fused" writes format 7, "plain" format 6.
 ATTENTIONS = ("fused", "plain")
 # Plain until tests/unit/test_export.py's format 6 assertions (the ScatterND that
@@ -49,9 +51,12 @@ ATTENTIONS = ("fused", "plain")
 DEFAULT_ATTENTION = "plain"
 
 
-def format_version(attention: str) -> int:
-    """The package format of graphs exported with `attention` (one of ATTENTIONS)."""
-    return FORMAT_VERSION if attention == "fused" else 6
+def format_version(attention: str, shortlist: bool = False) -> int:
+    """The package format of graphs exported with `attention` (one of ATTENTIONS),
+    with or without a vocabulary shortlist."""
+    if shortlist:
+        return FORMAT_VERSION
+    return 7 if attention == "fused" else 6
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -59,6 +64,9 @@ REORDER_FILE = "reorder.onnx"
 MOVE_FILE = "move.onnx"
 SELECT_FILE = "select.onnx"
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, MOVE_FILE, SELECT_FILE)
+# Format 8: the decoder over each source's candidates, and their table.
+SHORTLIST_DECODER_FILE = "decoder_shortlist.onnx"
+SHORTLIST_FILE = "shortlist.npz"
 TASKS = ("translate", "summarize")
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -246,11 +254,52 @@ class GenerationDefaults:
     sampling_temperature: float | None = None
     sampling_top_k: int | None = None
     sampling_top_p: float | None = None
+    # Decode over the vocabulary shortlist (a format 8 package's table) unless a
+    # request says otherwise; None or False: over the whole vocabulary.
+    shortlist: bool | None = None
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
         """The fields this package sets, by name."""
         return {f.name: value for f in dataclasses.fields(self)
                 if (value := getattr(self, f.name)) is not None}
+
+
+def shortlist_decoder_inputs(layers: int) -> list[TensorSpec]:
+    """The decoder's inputs, then each source's candidate columns of the output
+    projection (dtype: the decoder's weights) and their bias (-inf at padding)."""
+    return [*decoder_inputs(layers), _spec("shortlist_weight", FLOAT, "B", "D", "C"),
+            _spec("shortlist_bias", "float32", "B", "C")]
+
+
+def shortlist_decoder_outputs(layers: int) -> list[TensorSpec]:
+    """The decoder's outputs, log_probs over each row's candidates (N, C)."""
+    return [_spec("log_probs", "float32", "N", "C"), *decoder_outputs(layers)[1:]]
+
+
+def shortlist_graph(layers: int, opset: int,
+                    dtypes: Mapping[str, str] | None = None) -> GraphSpec:
+    dtypes = dtypes or {}
+    return GraphSpec(SHORTLIST_DECODER_FILE, opset,
+                     tuple(dataclasses.replace(s, dtype=dtypes.get(s.name, s.dtype))
+                           for s in shortlist_decoder_inputs(layers)),
+                     tuple(dataclasses.replace(s, dtype=dtypes.get(s.name, s.dtype))
+                           for s in shortlist_decoder_outputs(layers)))
+
+
+@dataclass(frozen=True)
+class ShortlistSpec:
+    """A format 8 package's vocabulary shortlist: its table (shortlist.npz), its
+    decoder graph, and how many candidates a sentence gets (Marian's `first best
+    prune`: the `first` most frequent target pieces, each source piece's `best`
+    translations scoring at least `threshold`, and the special pieces)."""
+
+    decoder: GraphSpec
+    table: str = SHORTLIST_FILE
+    first: int = 100
+    best: int = 100
+    threshold: float = 0.0
+    # Where the table was learned and the quality gate's verdict, for people.
+    learned_from: str = ""
 
 
 @dataclass
@@ -271,6 +320,17 @@ class Manifest:
     # deviation from PyTorch); the server does not read it.
     exporter: dict[str, object] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    # Format 8 only (None, and absent from the JSON, before it): the attention the
+    # graphs were built with (one of ATTENTIONS), and the vocabulary shortlist.
+    attention: str | None = None
+    shortlist: ShortlistSpec | None = None
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether the decoder's attention is ONNX Runtime's fused operators."""
+        if self.attention is not None:
+            return self.attention == "fused"
+        return self.format_version >= 7
 
     @property
     def digest(self) -> str:
@@ -344,6 +404,16 @@ class ModelPackage:
     def select_path(self) -> Path:
         return self.path / SELECT_FILE
 
+    @property
+    def shortlist_decoder_path(self) -> Path | None:
+        spec = self.manifest.shortlist
+        return None if spec is None else self.path / spec.decoder.file
+
+    @property
+    def shortlist_table_path(self) -> Path | None:
+        spec = self.manifest.shortlist
+        return None if spec is None else self.path / spec.table
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -405,6 +475,7 @@ def _manifest_problems(manifest: Manifest) -> list[str]:
     for required in (*GRAPH_FILES, *manifest.tokenizer.files()):
         if required not in manifest.files:
             problems.append(f"'files' does not list {required}")
+    problems += _format_problems(manifest)
     expected = standard_graphs(manifest.config.decoder_layers, 0)
     for name, graph in manifest.graphs.by_name().items():
         want = getattr(expected, name)
@@ -414,6 +485,37 @@ def _manifest_problems(manifest: Manifest) -> list[str]:
             problems += _name_problems(f"graphs.{name}.{kind}", getattr(graph, kind),
                                        getattr(want, kind), manifest.config.decoder_layers,
                                        manifest.format_version)
+    return problems
+
+
+def _format_problems(manifest: Manifest) -> list[str]:
+    """Format 8 says its attention and has a shortlist; formats 6 and 7 have neither."""
+    problems = []
+    if manifest.format_version < FORMAT_VERSION:
+        for key in ("attention", "shortlist"):
+            if getattr(manifest, key) is not None:
+                problems.append(f"{key}: not part of format {manifest.format_version}")
+        return problems
+    if manifest.attention not in ATTENTIONS:
+        problems.append(f"attention must be one of {', '.join(ATTENTIONS)}, "
+                        f"got {manifest.attention!r}")
+    spec = manifest.shortlist
+    if spec is None:
+        return problems + [f"shortlist: missing (format {FORMAT_VERSION} has one)"]
+    layers = manifest.config.decoder_layers
+    for required in (spec.table, spec.decoder.file):
+        if required not in manifest.files:
+            problems.append(f"'files' does not list {required}")
+    if spec.decoder.file != SHORTLIST_DECODER_FILE:
+        problems.append(f"shortlist.decoder.file must be {SHORTLIST_DECODER_FILE!r}, "
+                        f"got {spec.decoder.file!r}")
+    want = shortlist_graph(layers, 0)
+    for kind in ("inputs", "outputs"):
+        problems += _name_problems(f"shortlist.decoder.{kind}", getattr(spec.decoder, kind),
+                                   getattr(want, kind), layers, manifest.format_version)
+    if spec.first < 0 or spec.best < 0 or not 0.0 <= spec.threshold <= 1.0:
+        problems.append(f"shortlist: first and best must be >= 0 and threshold in [0, 1], "
+                        f"got {spec.first}, {spec.best}, {spec.threshold}")
     return problems
 
 

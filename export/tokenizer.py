@@ -35,6 +35,11 @@ class PackageTokenizer:
         pieces = code + self.source.encode(text, out_type=str)
         return [self.piece_to_id.get(p, self.unk_id) for p in pieces] + [self.eos_id]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target text -> ids, EOS appended (what the decoder is taught to produce)."""
+        pieces = self.target.encode(text, out_type=str)
+        return [self.piece_to_id.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
     def decode(self, ids: list[int]) -> str:
         """Target ids -> text; stops at EOS, skips pad and unknown ids."""
         pieces: list[str] = []

@@ -17,8 +17,10 @@ from seq2serve.export.package import (
     MOVE_FILE,
     REORDER_FILE,
     SELECT_FILE,
+    SHORTLIST_DECODER_FILE,
     decoder_inputs,
 )
+from seq2serve.export.shortlist import Projection, padded_candidates
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 
@@ -276,3 +278,91 @@ def check_fp16(model: Seq2SeqTransformer, encoder_path: Path, decoder_path: Path
     provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider"
                 in ort.get_available_providers() else "CPUExecutionProvider")
     return compare(model, encoder_path, decoder_path, sentences, provider=provider)
+
+
+def check_shortlist(package_dir: Path, projection: Projection, tolerance: float,
+                    model: Seq2SeqTransformer | None = None) -> float:
+    """The shortlist decoder against the full one on the same sample step: for
+    candidate sets of several sizes (padded to one width, one source with none
+    but the specials), each row's log-probs over its candidates must be the full
+    decoder's renormalised over them (within `tolerance`), every padded slot
+    -inf, and the cache and alignment outputs the full decoder's. With `model`,
+    the same against PyTorch's decode_step (fp32 graphs). Returns the largest
+    deviation; raises ValueError past the tolerance."""
+    full = cpu_session(package_dir / DECODER_FILE)
+    short = cpu_session(package_dir / SHORTLIST_DECODER_FILE)
+    layers = sum(1 for i in full.get_inputs() if i.name.startswith("self_k."))
+    feeds = _sample_step(full, layers)
+    sources = feeds["src_mask"].shape[0]
+    rows = feeds["tokens"].shape[0]
+    beams = rows // sources
+    vocab = projection.weight.shape[1]
+    rng = np.random.default_rng(2)
+    sets = [np.unique(rng.choice(vocab, size=max(1, vocab * (i + 1) // (2 * sources)),
+                                 replace=False)) for i in range(sources)]
+    sets[0] = np.arange(min(4, vocab))  # the specials alone
+    candidates = padded_candidates(sets)
+    weight, bias = projection.gather(candidates)
+    outputs = [o.name for o in full.get_outputs()]
+    want = dict(zip(outputs, full.run(None, feeds), strict=True))
+    got = dict(zip(outputs, short.run(outputs, {**feeds, "shortlist_weight": weight,
+                                                 "shortlist_bias": bias}), strict=True))
+    references = [want["log_probs"]]
+    if model is not None:
+        with torch.no_grad():
+            step = [torch.from_numpy(feeds[s.name].astype(np.float32)
+                                     if feeds[s.name].dtype == np.float16 else feeds[s.name])
+                    for s in decoder_inputs(layers)]
+            tokens, positions, *caches, mask = step
+            self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
+                                                for i in range(4))
+            references.append(model.decode_step(tokens, positions, self_k, self_v, cross_k,
+                                                cross_v, mask)[0].numpy())
+    worst = 0.0
+    for row in range(rows):
+        ids = sets[row // beams]
+        lp = got["log_probs"][row]
+        if not np.all(np.isneginf(lp[ids.size:])):
+            raise ValueError(f"{SHORTLIST_DECODER_FILE}: a padded candidate slot is not -inf")
+        for ref in references:
+            chosen = ref[row, ids].astype(np.float64)
+            renormalised = chosen - np.logaddexp.reduce(chosen)
+            worst = max(worst, float(np.abs(lp[:ids.size] - renormalised).max()))
+    if not worst <= tolerance:
+        raise ValueError(f"{SHORTLIST_DECODER_FILE}: log-probs over the candidates deviate "
+                         f"by {worst:.3g} from the full decoder's renormalised over them "
+                         f"(tolerance {tolerance:g})")
+    for name in outputs[1:]:
+        if not np.array_equal(got[name], want[name]):
+            raise ValueError(f"{SHORTLIST_DECODER_FILE}: output {name} differs from "
+                             f"{DECODER_FILE}'s")
+    return worst
+
+
+def _sample_step(decoder: ort.InferenceSession,
+                 layers: int) -> dict[str, np.ndarray]:
+    """A decoder step's inputs: three sources of two rows each at different
+    positions, drawn caches and cross K/V, one padded source position."""
+    rng = np.random.default_rng(1)
+    types = {i.name: _NP_TYPES.get(i.type, np.float32) for i in decoder.get_inputs()}
+    shapes = {i.name: i.shape for i in decoder.get_inputs()}
+    heads, head_dim = shapes["self_k.0"][1], shapes["self_k.0"][3]
+    if not isinstance(heads, int) or not isinstance(head_dim, int):
+        raise ValueError(f"{DECODER_FILE}: the cache's head axes are not fixed sizes")
+    sources, beams, src_len, slots = 3, 2, 7, 6
+    n = sources * beams
+    feeds: dict[str, np.ndarray] = {
+        "tokens": rng.integers(4, 8, size=n).astype(np.int64),
+        "positions": (np.arange(n) % (slots - 1)).astype(np.int64),
+    }
+    for i in range(layers):
+        for name, shape in ((f"self_k.{i}", (n, heads, slots, head_dim)),
+                            (f"self_v.{i}", (n, heads, slots, head_dim)),
+                            (f"cross_k.{i}", (sources, heads, src_len, head_dim)),
+                            (f"cross_v.{i}", (sources, heads, src_len, head_dim))):
+            feeds[name] = rng.standard_normal(shape).astype(types[name])
+    mask = np.ones((sources, src_len), dtype=np.int64)
+    mask[-1, -2:] = 0
+    feeds["src_mask"] = mask
+    return feeds
+

@@ -31,7 +31,7 @@ from seq2serve.server.engine.options import LENGTH_PENALTY_RANGE, DecodingOption
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "beam_size", "num_hypotheses", "length_penalty", "max_length", "max_length_ratio",
     "min_length", "no_repeat_ngram_size", "repetition_penalty", "sampling_temperature",
-    "sampling_top_k", "sampling_top_p", "seed",
+    "sampling_top_k", "sampling_top_p", "seed", "shortlist",
 )
 # Plain bools: unset and false are the same thing on the wire.
 RETURN_FIELDS: tuple[str, ...] = ("return_scores", "return_alignment", "return_token_ids")

@@ -13,9 +13,11 @@ from seq2serve.server.engine.options import ResolvedOptions
 
 
 class RunningRows(Protocol):
-    """A running batch of one beam width, which requests join at step boundaries."""
+    """A running batch of one beam width, over the vocabulary shortlist or the
+    whole vocabulary, which requests join at step boundaries."""
 
     beams: int
+    shortlist: bool
 
     @property
     def sources(self) -> int: ...
@@ -39,7 +41,7 @@ class BatchEngine(Protocol):
                 index: int = 0) -> Request:
         """A checked request (InvalidOptions for a bad source)."""
 
-    def start_batch(self, beams: int) -> RunningRows: ...
+    def start_batch(self, beams: int, shortlist: bool = False) -> RunningRows: ...
 
     def generate(self, sources: Sequence[Sequence[int]],
                  options: Sequence[ResolvedOptions], *,

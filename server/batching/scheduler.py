@@ -5,8 +5,9 @@ worker thread calls `next_batch()`. Everything here is pure Python and
 threading: the scheduler decides, as plain data (`Batch`), and never runs a model.
 
 How a batch is formed (request-level batching):
-- The oldest queued item picks the decoding shape (its beam width)
-  and is always in the batch, so no shape and no long text can starve.
+- The oldest queued item picks the decoding shape (its beam width, and whether
+  it decodes over the model's vocabulary shortlist: `group_of`) and is always
+  in the batch, so no shape and no long text can starve.
 - Once an item is queued, the scheduler waits up to `max_queue_delay_s` after it
   arrived for more work, unless the batch fills first.
 - Items of that shape join in FIFO order while the batch stays within
@@ -105,6 +106,12 @@ def shape_of(options: ResolvedOptions) -> int:
     return options.beam_size
 
 
+def group_of(options: ResolvedOptions) -> tuple[int, bool]:
+    """What batch-mates share: the shape, and the decoder (over the vocabulary
+    shortlist or the whole vocabulary; a batch runs one of the two graphs)."""
+    return shape_of(options), options.shortlist
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     """What one model's scheduler enforces. No defaults here: the server's are in
@@ -170,6 +177,14 @@ class WorkItem:
         return shape_of(self.options)
 
     @property
+    def group(self) -> tuple[int, bool]:
+        return group_of(self.options)
+
+    @property
+    def shortlist(self) -> bool:
+        return self.options.shortlist
+
+    @property
     def beam_size(self) -> int:
         return self.options.beam_size
 
@@ -233,6 +248,7 @@ class Batch:
     reason: BatchReason
     dropped: tuple[Dropped, ...] = ()
     formed_at: float = 0.0  # time.monotonic()
+    shortlist: bool = False  # its items decode over the vocabulary shortlist
 
     def __len__(self) -> int:
         return len(self.items)
@@ -246,6 +262,11 @@ class Running:
     sources: int  # texts now
     rows: int  # decoder rows now
     reach: int  # the cache length its rows may reach
+    shortlist: bool = False  # it decodes over the vocabulary shortlist
+
+    @property
+    def group(self) -> tuple[int, bool]:
+        return self.shape, self.shortlist
 
 
 def padded_tokens(items: Iterable[WorkItem]) -> int:
@@ -355,7 +376,8 @@ class Scheduler:
         return Batch(items=tuple(chosen), shape=running.shape if chosen else None,
                      tokens=padded_tokens(chosen),
                      source_tokens=sum(len(i.source) for i in chosen), reason=BatchReason.JOIN,
-                     dropped=_plain(dropped), formed_at=self._clock())
+                     dropped=_plain(dropped), formed_at=self._clock(),
+                     shortlist=running.shortlist)
 
     # -- internals (called with the lock held) --
 
@@ -366,7 +388,7 @@ class Scheduler:
         chosen: list[WorkItem] = []
         rows, reach, longest = running.rows, running.reach, 0
         for item in self._queue:  # FIFO; the first item that cannot join stops it
-            if (item.shape != running.shape
+            if (item.group != running.group
                     or running.sources + len(chosen) >= limits.max_batch_size):
                 break
             grown_rows = rows + item.beam_size
@@ -408,7 +430,7 @@ class Scheduler:
         for item in self._queue[1:]:
             if len(chosen) == limits.max_batch_size:
                 break
-            if item.shape != head.shape:
+            if item.group != head.group:
                 continue
             if rows_budget is not None:
                 rows, grown_reach = (len(chosen) + 1) * beam, max(reach, item.reach)
@@ -453,7 +475,8 @@ class Scheduler:
             return Batch(items=tuple(chosen), shape=chosen[0].shape,
                          tokens=padded_tokens(chosen),
                          source_tokens=sum(len(i.source) for i in chosen), reason=reason,
-                         dropped=_plain(dropped), formed_at=self._clock())
+                         dropped=_plain(dropped), formed_at=self._clock(),
+                         shortlist=chosen[0].shortlist)
 
 
 def _plain(dropped: list[tuple[WorkItem, Dropped]]) -> tuple[Dropped, ...]:

@@ -131,7 +131,7 @@ class ModelWorker:
         batch = self._running
         assert batch is not None
         return Running(shape=batch.beams, sources=batch.sources, rows=batch.rows,
-                       reach=batch.longest_reach)
+                       reach=batch.longest_reach, shortlist=batch.shortlist)
 
     def _start(self, batch: Batch) -> None:
         for dropped in batch.dropped:
@@ -140,7 +140,7 @@ class ModelWorker:
             return
         self.batches += 1
         self._observe_batch(batch)
-        self._running = self.engine.start_batch(batch.shape)
+        self._running = self.engine.start_batch(batch.shape, batch.shortlist)
         self._admit(batch, observed=True)
         if self._live:
             self._step()

@@ -50,6 +50,7 @@ class SourceOptions:
     seed: int  # a fresh one when the request set none
     return_scores: bool
     return_alignment: bool
+    shortlist: bool = False  # over the package's vocabulary shortlist
 
     @classmethod
     def of(cls, options: ResolvedOptions, source_length: int) -> SourceOptions:
@@ -70,7 +71,8 @@ class SourceOptions:
             top_p=float(options.sampling_top_p),
             seed=secrets.randbits(64) if options.seed is None else options.seed,
             return_scores=options.return_scores,
-            return_alignment=options.return_alignment)
+            return_alignment=options.return_alignment,
+            shortlist=options.shortlist)
 
 
 @dataclass(frozen=True)

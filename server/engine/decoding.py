@@ -245,6 +245,24 @@ def top_k(x: np.ndarray, k: int, group: int = 64) -> tuple[np.ndarray, np.ndarra
     return along_rows(vals, order), along_rows(cols, order)
 
 
+def top_k_exact(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values of each row, sorted descending, and their columns, ties
+    to the lower column (the select graph's contract), on rows that are narrow
+    enough to scan a few times (a shortlist's few hundred candidates): the k-th
+    value by a partition, every column above it, then the lowest columns equal to it."""
+    n, width = x.shape
+    k = min(k, width)
+    kth = -np.partition(-x, k - 1, axis=1)[:, k - 1]  # (N,)
+    above = x > kth[:, None]
+    tied = x == kth[:, None]
+    need = k - above.sum(axis=1)
+    take = above | (tied & (np.cumsum(tied, axis=1) <= need[:, None]))
+    cols = np.nonzero(take)[1].reshape(n, k)  # ascending within each row
+    vals = along_rows(x, cols)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return along_rows(vals, order), along_rows(cols, order)
+
+
 # Each row's k best values, sorted descending, and their columns: `top_k`, or the
 # runner's TopK graph.
 Select = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]

@@ -23,6 +23,12 @@ rows move only when rows moved: beam search every step (only the moved rows,
 in place on CPU), greedy and sampling only when the batch grows past its rows
 or compacts.
 
+A batch decodes over the whole vocabulary or, in a package with a vocabulary
+shortlist, over each source's candidates (a request's `shortlist` option, the
+model's default otherwise): the two never share a batch. A shortlist source's
+candidates are fixed when it is admitted (runner.shortlist_columns), so its
+output never depends on its batch-mates.
+
 An Engine runs one batch at a time (the runner reuses its buffers between
 steps); the model's worker thread is its caller.
 
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import overload
 
@@ -69,6 +75,7 @@ from seq2serve.server.engine.runner import (
 )
 from seq2serve.server.engine.search import (
     BeamSearch,
+    Candidates,
     GreedySearch,
     Hypothesis,
     Result,
@@ -158,9 +165,18 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------
 
+    @property
+    def has_shortlist(self) -> bool:
+        """Whether the package has a vocabulary shortlist (format 8)."""
+        return self.runner.shortlist is not None
+
     def resolve(self, options: DecodingOptions | None) -> ResolvedOptions:
-        """Options with the model's defaults filled in, validated for this engine."""
-        return (options or DecodingOptions()).resolve(self.defaults, self.limits)
+        """Options with the model's defaults filled in, validated for this engine.
+        A model without a shortlist decodes over its vocabulary whatever was asked."""
+        resolved = (options or DecodingOptions()).resolve(self.defaults, self.limits)
+        if resolved.shortlist and not self.has_shortlist:
+            resolved = replace(resolved, shortlist=False)
+        return resolved
 
     def check_source(self, source: Sequence[int], index: int = 0) -> None:
         if len(source) == 0:
@@ -188,8 +204,8 @@ class Engine:
             return GreedySearch(self.special, self.stop_rules)
         return BeamSearch(self.special, self.stop_rules, beams, select=self.runner.top_k)
 
-    def start_batch(self, beams: int) -> RunningBatch:
-        return RunningBatch(self, beams)
+    def start_batch(self, beams: int, shortlist: bool = False) -> RunningBatch:
+        return RunningBatch(self, beams, shortlist and self.has_shortlist)
 
     def terminate(self) -> None:
         """End the ONNX Runtime runs in progress (the server's grace period is over)."""
@@ -226,11 +242,11 @@ class Engine:
                     for i, (src, opt) in enumerate(zip(sources, options, strict=True))]
         stats = GenerateStats()
         results: list[Result] = [Result() for _ in range(count)]
-        groups: dict[int, list[Request]] = {}
+        groups: dict[tuple[int, bool], list[Request]] = {}
         for r in requests:
-            groups.setdefault(r.options.beam_size, []).append(r)
-        for beams, members in sorted(groups.items()):
-            batch = self.start_batch(beams)
+            groups.setdefault((r.options.beam_size, r.options.shortlist), []).append(r)
+        for (beams, shortlist), members in sorted(groups.items()):
+            batch = self.start_batch(beams, shortlist)
             stats.encode_seconds += batch.admit(members)
             while batch.rows:
                 outcome = batch.step()
@@ -262,10 +278,11 @@ class RunningBatch:
     owns a slot of the cross K/V (source_slots.py) and the K decoder rows
     slot*K .. slot*K+K-1; rows of holes run idle until a newcomer fills them."""
 
-    def __init__(self, engine: Engine, beams: int):
+    def __init__(self, engine: Engine, beams: int, shortlist: bool = False):
         self.engine = engine
         self.runner = engine.runner
         self.beams = beams
+        self.shortlist = shortlist
         self.search = engine.strategy(beams)
         self.placed: _Placed | None = None
         self.slots = SourceSlots(self.runner.to_device)
@@ -301,6 +318,10 @@ class RunningBatch:
             if r.options.beam_size != self.beams:
                 raise ValueError(f"a beam {r.options.beam_size} request cannot join a "
                                  f"beam {self.beams} batch")
+            if r.options.shortlist != self.shortlist:
+                raise ValueError("a request over the " + ("shortlist" if r.options.shortlist
+                                                          else "whole vocabulary")
+                                 + " cannot join a batch decoding over the other")
         start = time.perf_counter()
         lengths = [len(r.source) for r in requests]
         width = padded_width(max(lengths))
@@ -310,6 +331,9 @@ class RunningBatch:
             src_ids[i, : lengths[i]] = r.source
             src_mask[i, : lengths[i]] = 1
         enc = self.runner.encode(src_ids, src_mask)
+        if self.shortlist:
+            enc = replace(enc, shortlist=self.runner.shortlist_columns(
+                [r.source for r in requests]))
         state = self.search.start(requests)
         slots = self.slots.place(enc)
         placed = _Placed(state, slots, np.full(slots.size, -1, dtype=np.int64))
@@ -365,12 +389,14 @@ class RunningBatch:
             cache = self.cache  # nothing moved: the step writes in place
         else:
             cache = self.runner.reorder_cache(self.cache, origin)
-        log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache,
-                                                          self.slots.encoder_state())
+        enc = self.slots.encoder_state()
+        log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache, enc)
         t1 = time.perf_counter()
         length = self.cache.length
         sources = self.sources
-        state, done = self.search.step(state, log_probs[at], aligned[at])
+        candidates = None if enc.shortlist is None else \
+            Candidates(enc.shortlist.candidates[p.slots], self.runner.vocab_size)
+        state, done = self.search.step(state, log_probs[at], aligned[at], candidates)
         for i in np.flatnonzero(done):
             hypotheses = tuple(self.search.finish(state, int(i)))
             finished.append((state.requests[i].key, Result(hypotheses)))

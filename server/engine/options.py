@@ -75,6 +75,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "seed": None,
     "return_scores": True,
     "return_alignment": False,
+    "shortlist": False,
 }
 
 
@@ -97,6 +98,9 @@ class DecodingOptions:
     seed: int | None = None  # None = a fresh random seed per request
     return_scores: bool | None = None
     return_alignment: bool | None = None
+    # Decode over the model's vocabulary shortlist (where its package has one);
+    # False: over the whole vocabulary. None: the model's default.
+    shortlist: bool | None = None
 
     def resolve(self, defaults: Mapping[str, Any] | None,
                 limits: OptionLimits) -> ResolvedOptions:
@@ -144,6 +148,7 @@ class ResolvedOptions:
     seed: int | None
     return_scores: bool
     return_alignment: bool
+    shortlist: bool = False
 
     @property
     def sampling(self) -> bool:
@@ -230,7 +235,7 @@ def _check_types(values: dict[str, Any]) -> None:
                                                                    bool):
         raise InvalidOptions("early_stopping", "early_stopping must be one of False, True, "
                              f"'never', got {values['early_stopping']!r}")
-    for name in ("return_scores", "return_alignment"):
+    for name in ("return_scores", "return_alignment", "shortlist"):
         if not isinstance(values[name], bool):
             raise InvalidOptions(name, f"{name} must be true or false, got {values[name]!r}")
 

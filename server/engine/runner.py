@@ -52,6 +52,14 @@ source (source_slots.py), written when a source is admitted. On CUDA those go
 through the host (an upload per admission, not per step), as the server has
 no device array library to index with.
 
+A format 8 package also has a vocabulary shortlist (export/shortlist.py): its
+table, and a second decoder graph whose log-probs are over each source's
+candidates only. A batch runs one of the two decoders. For a shortlist batch
+`shortlist_columns` gathers each admitted source's candidates and their
+projection columns once (host arrays, padded to whole WIDTH_MULTIPLE blocks),
+which the source's slot keeps (source_slots.py) and every step binds, and the
+step returns log-probs (N, C) over the candidates.
+
 Every run gets the runner's RunOptions: `terminate()` ends the runs in
 progress (ONNX Runtime checks the flag between kernels) and fails every later
 one with RunTerminated, so a stopping server can join its engine threads.
@@ -61,14 +69,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from seq2serve.export import shortlist as lexical
 from seq2serve.export.package import MANIFEST, GraphSpec, ModelPackage, PackageError, TensorSpec
 from seq2serve.model.config import ModelConfig
 from seq2serve.server.engine.resources import PROVIDERS, Provider, usable_cores
@@ -173,15 +182,33 @@ def _load_cuda_libraries() -> None:
 
 
 @dataclass(frozen=True)
+class ShortlistColumns:
+    """Sources' vocabulary shortlists as a shortlist decoder step takes them:
+    candidates (B, C) int64 on the host (ascending ids, then PAD_CANDIDATE), the
+    output projection's columns of those ids, weight (B, D, C), and their bias
+    (B, C) float32, -inf at the padded slots, as OrtValues."""
+
+    candidates: np.ndarray
+    weight: ort.OrtValue
+    bias: ort.OrtValue
+
+    @property
+    def width(self) -> int:
+        return int(self.candidates.shape[1])
+
+
+@dataclass(frozen=True)
 class EncoderState:
     """One batch's encoder results, kept where the provider computed them.
     cross_k/cross_v, per layer (B, H, S, Dh), and src_mask (B, S) as OrtValues;
-    lengths (B,) the source lengths on the host."""
+    lengths (B,) the source lengths on the host; shortlist: the sources'
+    candidates when the batch decodes over its shortlist (None: the vocabulary)."""
 
     cross_k: tuple[ort.OrtValue, ...]
     cross_v: tuple[ort.OrtValue, ...]
     src_mask: ort.OrtValue
     lengths: np.ndarray
+    shortlist: ShortlistColumns | None = None
 
     @property
     def sources(self) -> int:
@@ -234,9 +261,23 @@ class Runner:
         self.select = self._session(str(package.select_path), cpu_only=True)
         cfg = package.manifest.config
         graphs = package.manifest.graphs
-        check_sessions(package, [(graphs.encoder, self.encoder), (graphs.decoder, self.decoder),
-                                 (graphs.reorder, self.reorder), (graphs.move, self.move),
-                                 (graphs.select, self.select)])
+        sessions = [(graphs.encoder, self.encoder), (graphs.decoder, self.decoder),
+                    (graphs.reorder, self.reorder), (graphs.move, self.move),
+                    (graphs.select, self.select)]
+        # Format 8: the decoder over each source's candidates, and their table.
+        self.shortlist: lexical.Shortlist | None = None
+        self.shortlist_decoder: ort.InferenceSession | None = None
+        spec = package.manifest.shortlist
+        if spec is not None:
+            self.shortlist_decoder = self._session(str(package.path / spec.decoder.file))
+            sessions.append((spec.decoder, self.shortlist_decoder))
+            try:
+                self.shortlist = lexical.load(
+                    package.path / spec.table,
+                    lexical.ShortlistSettings(spec.first, spec.best, spec.threshold))
+            except ValueError as e:
+                raise PackageError(package.path, [str(e)]) from None
+        check_sessions(package, sessions)
         self.layers = cfg.decoder_layers
         self.heads = cfg.decoder_heads
         self.head_dim = cfg.d_model // self.heads
@@ -250,7 +291,7 @@ class Runner:
         self.cache_outputs = [n for n in self.output_names if n.startswith("new_self_")]
         # Format 7's decoder writes the cache in place on every provider (its
         # GroupQueryAttention shares past and present); format 6's ScatterND on CPU.
-        self.fused_attention = package.manifest.format_version >= 7
+        self.fused_attention = package.manifest.fused_attention
         self.in_place = self.device == "cpu" or self.fused_attention
         # The move graph's ScatterND rewrites rows in place on CPU only.
         self.move_in_place = self.device == "cpu"
@@ -328,6 +369,12 @@ class Runner:
         cache = self.reorder_cache(cache, np.zeros(2, dtype=np.int64))
         self.reorder_cache(cache, np.array([1, 0], dtype=np.int64))  # the move graph
         self.top_k(np.zeros((2, self.vocab_size), dtype=np.float32), 2)
+        if self.shortlist is not None:
+            enc = replace(enc, shortlist=self.shortlist_columns([ids[0]]))
+            cache = self.empty_cache(1)
+            for step in range(2):
+                tokens = np.full(1, self.decoder_start_id, dtype=np.int64)
+                _, cache, _ = self.step(tokens, np.full(1, step, dtype=np.int64), cache, enc)
         return time.perf_counter() - start
 
     # -- tensors -----------------------------------------------------------------------
@@ -372,6 +419,19 @@ class Runner:
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
         return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
                             mask.sum(axis=1).astype(np.int64))
+
+    def shortlist_columns(self, sources: Sequence[Sequence[int] | np.ndarray],
+                          settings: lexical.ShortlistSettings | None = None
+                          ) -> ShortlistColumns:
+        """Each source's candidates (its table's setting, or `settings`) and their
+        projection columns, gathered once for the source's whole decoding."""
+        if self.shortlist is None:
+            raise ValueError(f"{self.package.path} has no vocabulary shortlist")
+        table = self.shortlist.table
+        use = settings or self.shortlist.settings
+        candidates = lexical.padded_candidates([table.candidates(s, use) for s in sources])
+        weight, bias = self.shortlist.projection.gather(candidates)
+        return ShortlistColumns(candidates, self.to_device(weight), self.to_device(bias))
 
     def reorder_cache(self, cache: DecoderCache, beam_origin: np.ndarray) -> DecoderCache:
         """The cache rows picked by beam_origin (N,), the row each new row
@@ -426,6 +486,8 @@ class Runner:
         in place (on CPU, and on CUDA for a format 7 package) the returned cache
         is `cache` itself (or its resized copy): the caller must not keep using
         the old one as it was.
+        With `enc.shortlist` the step runs the shortlist decoder: log_probs are
+        (N, C), over each row's source's candidates (`enc.shortlist.candidates`).
         Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
         until the next call, and free for the caller to modify in place), the new
         cache, and alignment (N,) int64 on the host: per row, the source position
@@ -441,16 +503,22 @@ class Runner:
         # slot costs each row attention, and in both each resize or reorder a copy.
         if cache.length < longest or cache.length > wanted:
             cache = self.resize_cache(cache, wanted)
-        size = rows * self.vocab_size
-        if self._log_probs.size < size:
-            self._log_probs = np.empty(size, dtype=np.float32)
-            self._alignment = np.empty(rows, dtype=np.int64)
-        log_probs = self._log_probs[:size].reshape(rows, self.vocab_size)
-        binding = self._decoder_binding(cache, enc, log_probs)
+        width = self.vocab_size if enc.shortlist is None else enc.shortlist.width
+        size = rows * width
+        if self._log_probs.size < size or self._alignment.size < rows:
+            self._log_probs = np.empty(max(size, self._log_probs.size), dtype=np.float32)
+            self._alignment = np.empty(max(rows, self._alignment.size), dtype=np.int64)
+        log_probs = self._log_probs[:size].reshape(rows, width)
+        decoder = self.decoder
+        if enc.shortlist is not None:
+            if self.shortlist_decoder is None:
+                raise ValueError(f"{self.package.path} has no vocabulary shortlist")
+            decoder = self.shortlist_decoder
+        binding = self._decoder_binding(cache, enc, log_probs, decoder)
         binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
         with self._terminable():
-            self.decoder.run_with_iobinding(binding, self._run_options)
+            decoder.run_with_iobinding(binding, self._run_options)
         if self.in_place:
             # Every output went into our buffers: the cache in place, the log-probs
             # and the alignment into the host buffers (no get_outputs() per step).
@@ -478,21 +546,25 @@ class Runner:
         return slots
 
     def _decoder_binding(self, cache: DecoderCache, enc: EncoderState,
-                         log_probs: np.ndarray) -> ort.IOBinding:
+                         log_probs: np.ndarray, decoder: ort.InferenceSession
+                         ) -> ort.IOBinding:
         """The decoder's binding of everything but tokens and positions: the last
         step's when it bound these very tensors (a new binding costs ~20 calls)."""
         last = self._step_binding
         if last is not None and last[0] is cache and last[1] is enc \
                 and last[2].ctypes.data == log_probs.ctypes.data \
-                and last[2].shape == log_probs.shape and last[3] is self.decoder:
+                and last[2].shape == log_probs.shape and last[3] is decoder:
             return last[4]
-        binding = self.decoder.io_binding()
+        binding = decoder.io_binding()
         for i, (sk, sv, ck, cv) in enumerate(self._layer_inputs):
             binding.bind_ortvalue_input(sk, cache.self_k[i])
             binding.bind_ortvalue_input(sv, cache.self_v[i])
             binding.bind_ortvalue_input(ck, enc.cross_k[i])
             binding.bind_ortvalue_input(cv, enc.cross_v[i])
         binding.bind_ortvalue_input("src_mask", enc.src_mask)
+        if enc.shortlist is not None:
+            binding.bind_ortvalue_input("shortlist_weight", enc.shortlist.weight)
+            binding.bind_ortvalue_input("shortlist_bias", enc.shortlist.bias)
         # Written straight into our host buffer: no per-step allocation or extra copy.
         binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
                             log_probs.ctypes.data)
@@ -508,7 +580,7 @@ class Runner:
         else:
             binding.bind_output("alignment", "cpu")
         # Only the in-place cache outlives the step as the same tensors.
-        self._step_binding = ((cache, enc, log_probs, self.decoder, binding) if self.in_place
+        self._step_binding = ((cache, enc, log_probs, decoder, binding) if self.in_place
                               else None)
         return binding
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from seq2serve.server.engine.decode_state import DecodeState, Request, Sampler
 from seq2serve.server.engine.decoding import (
+    NEG_INF,
     BeamParams,
     BeamState,
     Processing,
@@ -30,6 +31,7 @@ from seq2serve.server.engine.decoding import (
     sample_tokens,
     stops,
     top_k,
+    top_k_exact,
     warp_for_sampling,
 )
 
@@ -77,6 +79,71 @@ class Special:
     suppress: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """The log-prob columns of a shortlist step: ids (B, C), per source of the
+    state, the target id of each column (ascending, then padding whose log-probs
+    are -inf); `vocab` the model's target vocabulary."""
+
+    ids: np.ndarray
+    vocab: int
+
+    def expand(self, log_probs: np.ndarray, beams: int) -> np.ndarray:
+        """(N, V): each row's candidates' log-probs at their ids, -inf elsewhere:
+        what the history-reading processors and sampling take (a whole-vocabulary
+        row, as over the full vocabulary with every other piece impossible)."""
+        rows = log_probs.shape[0]
+        full = np.full((rows, self.vocab), NEG_INF, dtype=np.float32)
+        ids = np.repeat(self.ids, beams, axis=0)  # (N, C)
+        valid = ids >= 0
+        row_index = np.broadcast_to(np.arange(rows)[:, None], ids.shape)
+        full[row_index[valid], ids[valid]] = log_probs[valid]
+        return full
+
+    def columns_of(self, token_ids: Sequence[int]) -> np.ndarray | None:
+        """The column of each id, when it is the same column in every source's
+        candidates (the special pieces, lowest ids, are the first columns); None
+        when not."""
+        out = []
+        for token in token_ids:
+            col = np.argmax(self.ids == token, axis=1)  # (B,)
+            if not (bool(np.all(self.ids[np.arange(self.ids.shape[0]), col] == token))
+                    and bool(np.all(col == col[0]))):
+                return None
+            out.append(int(col[0]))
+        return np.asarray(out, dtype=np.int64)
+
+    def tokens(self, cols: np.ndarray, beams: int) -> np.ndarray:
+        """The ids of chosen columns (N,) or (N, k), row r of source r // beams."""
+        source = np.arange(cols.shape[0]) // beams
+        picked: np.ndarray = (self.ids[source, cols] if cols.ndim == 1
+                              else self.ids[source[:, None], cols])
+        return picked
+
+
+@dataclass(frozen=True)
+class _View:
+    """A step's log-probs as the search reads them: `log_probs` over the vocabulary
+    (candidates None) or over the candidates' columns, with the processing
+    parameters in the same terms (EOS and suppressed ids as columns)."""
+
+    log_probs: np.ndarray
+    processing: Processing
+    candidates: Candidates | None
+
+    def tokens(self, cols: np.ndarray, beams: int) -> np.ndarray:
+        return cols if self.candidates is None else self.candidates.tokens(cols, beams)
+
+
+def _candidate_select(candidates: Candidates, rows_per_source: int) -> Select:
+    """Beam search's per-row selection over a shortlist's columns, giving ids."""
+    def select(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values, cols = top_k_exact(x, k)  # ties to the lower column: the lower id
+        return values, candidates.tokens(cols, rows_per_source)
+
+    return select
+
+
 class SearchStrategy:
     beams: int
 
@@ -107,23 +174,42 @@ class SearchStrategy:
             # so the repetition penalty (once per token) cannot tell it is there.
             fill=self.special.start)
 
-    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
-             ) -> tuple[DecodeState, np.ndarray]:
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray,
+             candidates: Candidates | None = None) -> tuple[DecodeState, np.ndarray]:
         """log_probs (N, V) of the state's rows (modified in place), aligned (N,) the
-        source position each row's token attended to. Returns the next state
-        (all sources kept) and done (B,)."""
+        source position each row's token attended to. With `candidates` (a
+        shortlist step) log_probs are (N, C) over each source's candidates.
+        Returns the next state (all sources kept) and done (B,)."""
         raise NotImplementedError
+
+    def _view(self, state: DecodeState, log_probs: np.ndarray,
+              candidates: Candidates | None) -> _View:
+        """Shortlist log-probs stay over the candidates where the step needs only
+        EOS and suppressed ids as columns (greedy, beam); history processing and
+        sampling read them over the whole vocabulary (`Candidates.expand`)."""
+        if candidates is None:
+            return _View(log_probs, state.processing, None)
+        p = state.processing
+        sampling = state.sampler is not None and bool(state.sampler.sampling.any())
+        columns = None if p.reads_history or sampling else \
+            candidates.columns_of([p.eos_id, *p.suppress])
+        if columns is None:
+            return _View(candidates.expand(log_probs, state.beams), p, None)
+        return _View(log_probs, replace(p, eos_id=int(columns[0]),
+                                        suppress=tuple(int(c) for c in columns[1:])),
+                     candidates)
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         raise NotImplementedError
 
-    def _process(self, state: DecodeState, log_probs: np.ndarray) -> None:
-        if state.processing.reads_history:
-            process_log_probs(log_probs, state.history, state.row_generated(),
-                              state.row_processing())
+    def _process(self, state: DecodeState, view: _View) -> None:
+        if view.processing.reads_history:
+            process_log_probs(view.log_probs, state.history, state.row_generated(),
+                              view.processing.rows(np.repeat(np.arange(state.sources),
+                                                             state.beams)))
         else:  # the usual case: no per-row arrays needed
-            process_without_history(log_probs, state.generated, state.beams,
-                                    state.processing)
+            process_without_history(view.log_probs, state.generated, state.beams,
+                                    view.processing)
 
     def _hypotheses(self, state: DecodeState, source: int,
                     found: Sequence[tuple[np.ndarray, float]],
@@ -154,9 +240,11 @@ class GreedySearch(SearchStrategy):
         return replace(state, sampler=Sampler.of(opts) if any(o.sampling for o in opts)
                        else None)
 
-    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
-             ) -> tuple[DecodeState, np.ndarray]:
-        self._process(state, log_probs)
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray,
+             candidates: Candidates | None = None) -> tuple[DecodeState, np.ndarray]:
+        view = self._view(state, log_probs, candidates)
+        log_probs = view.log_probs
+        self._process(state, view)
         tokens = greedy_tokens(log_probs)
         sampler = state.sampler
         if sampler is not None:
@@ -167,6 +255,7 @@ class GreedySearch(SearchStrategy):
                 tokens[rows] = sample_tokens(warped,
                                              sampler.uniforms[rows, state.generated[rows]])
         scores = state.scores + log_probs[np.arange(state.rows), tokens]
+        tokens = view.tokens(tokens, 1)
         history = state.with_tokens(tokens)
         alignment = state.with_aligned(aligned)
         generated = state.generated + 1
@@ -207,13 +296,16 @@ class BeamSearch(SearchStrategy):
                 np.array([o.early_stopping for o in opts]),
                 np.array([o.never_stop_early for o in opts]), state.max_new))
 
-    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray
-             ) -> tuple[DecodeState, np.ndarray]:
+    def step(self, state: DecodeState, log_probs: np.ndarray, aligned: np.ndarray,
+             candidates: Candidates | None = None) -> tuple[DecodeState, np.ndarray]:
         assert state.beam is not None and state.beam_params is not None
-        self._process(state, log_probs)
+        view = self._view(state, log_probs, candidates)
+        self._process(state, view)
         alignment = state.with_aligned(aligned)  # the finished need this step's too
-        result = beam_step(state.beam, log_probs, state.history, state.generated,
-                           state.beam_params, self.rules, alignment, self.select)
+        select = self.select if view.candidates is None else _candidate_select(
+            view.candidates, view.log_probs.shape[0] // max(state.sources, 1))
+        result = beam_step(state.beam, view.log_probs, state.history, state.generated,
+                           state.beam_params, self.rules, alignment, select)
         origin = result.origin
         history = state.with_tokens(result.tokens, origin)
         return replace(

@@ -21,6 +21,11 @@ admission or a compaction, not per step). The source axis is always a whole
 number of SOURCE_WIDTH_MULTIPLE blocks, and a row's padded positions are
 masked, so a source's floats do not depend on its slot, its neighbours or the
 width (see runner.py).
+
+A shortlist batch's slots also keep each source's candidates and their
+projection columns (runner.ShortlistColumns), on a candidate axis of whole
+WIDTH_MULTIPLE blocks: a newcomer with more candidates widens it (padding
+-inf, never chosen, adding nothing to the normalisation), a compaction trims it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from seq2serve.server.engine.runner import EncoderState, padded_width
+from seq2serve.export.shortlist import PAD_CANDIDATE, padded_candidates
+from seq2serve.server.engine.runner import EncoderState, ShortlistColumns, padded_width
 
 # Compact once holes * COMPACT_WHEN > used slots.
 COMPACT_WHEN = 4
@@ -46,6 +52,10 @@ class SourceSlots:
         self._v: list[np.ndarray] = []
         self._mask = np.zeros((0, 0), dtype=np.int64)  # (capacity, W)
         self._lengths = np.zeros(0, dtype=np.int64)  # (capacity,) 0 marks a hole
+        # A shortlist batch's: (capacity, C) ids, (capacity, D, C) columns, (capacity, C) bias.
+        self._candidates: np.ndarray | None = None
+        self._columns: np.ndarray | None = None
+        self._bias: np.ndarray | None = None
         self.used = 0  # slots [0, used) are in the decoder call
         self._view: EncoderState | None = None
 
@@ -84,6 +94,8 @@ class SourceSlots:
         self._mask[slots] = 0
         self._mask[slots, :width] = enc.src_mask.numpy()
         self._lengths[slots] = enc.lengths
+        if enc.shortlist is not None:
+            self._place_shortlist(slots, used, enc.shortlist)
         self.used = used
         self._view = None
         return slots
@@ -109,6 +121,13 @@ class SourceSlots:
         self._v = [a[live, :, :width] for a in self._v]
         self._mask = self._mask[live, :width]
         self._lengths = self._lengths[live]
+        if self._candidates is not None and self._columns is not None \
+                and self._bias is not None:
+            own = (self._candidates[live] != PAD_CANDIDATE).sum(axis=1)
+            cols = padded_candidates([], int(own.max()) if own.size else 0).shape[1]
+            self._candidates = self._candidates[live, :cols]
+            self._columns = self._columns[live, :, :cols]
+            self._bias = self._bias[live, :cols]
         self.used = int(live.size)
         self._view = None
         return moved
@@ -119,11 +138,43 @@ class SourceSlots:
         """Slots [0, used) as the decoder's inputs (cached until the slots change)."""
         if self._view is None:
             used = self.used
+            shortlist = None
+            if self._candidates is not None and self._columns is not None \
+                    and self._bias is not None:
+                shortlist = ShortlistColumns(self._candidates[:used].copy(),
+                                             self._to_device(self._columns[:used]),
+                                             self._to_device(self._bias[:used]))
             self._view = EncoderState(
                 tuple(self._to_device(a[:used]) for a in self._k),
                 tuple(self._to_device(a[:used]) for a in self._v),
-                self._to_device(self._mask[:used]), self._lengths[:used].copy())
+                self._to_device(self._mask[:used]), self._lengths[:used].copy(), shortlist)
         return self._view
+
+    def _place_shortlist(self, slots: np.ndarray, used: int, new: ShortlistColumns) -> None:
+        """Write the newcomers' candidates and columns into their slots, widening
+        the candidate axis (or the slots, as `_reserve` did the rest) first."""
+        capacity = int(self._lengths.shape[0])
+        columns, bias = new.weight.numpy(), new.bias.numpy()
+        width = max(new.width, 0 if self._candidates is None else self._candidates.shape[1])
+        if (self._candidates is None or self._columns is None or self._bias is None
+                or self._candidates.shape != (capacity, width)):
+            candidates = np.full((capacity, width), PAD_CANDIDATE, dtype=np.int64)
+            stored = np.zeros((capacity, columns.shape[1], width), dtype=columns.dtype)
+            biases = np.full((capacity, width), -np.inf, dtype=np.float32)
+            if self._candidates is not None and self._columns is not None \
+                    and self._bias is not None:
+                rows, old = min(self.used, capacity), self._candidates.shape[1]
+                candidates[:rows, :old] = self._candidates[:rows]
+                stored[:rows, :, :old] = self._columns[:rows]
+                biases[:rows, :old] = self._bias[:rows]
+            self._candidates, self._columns, self._bias = candidates, stored, biases
+        cols = new.width
+        self._candidates[slots] = PAD_CANDIDATE
+        self._candidates[slots, :cols] = new.candidates
+        self._columns[slots] = 0
+        self._columns[slots, :, :cols] = columns
+        self._bias[slots] = -np.inf
+        self._bias[slots, :cols] = bias
 
     def _reserve(self, used: int, width: int, like: EncoderState) -> None:
         """Room for `used` slots at `width`: a new allocation (doubling the

@@ -151,6 +151,25 @@ def test_grouped_by_beam_width_oldest_shape_first() -> None:
     assert (b.shape, len(b)) == (1, 3)
 
 
+def test_shortlist_and_full_vocabulary_never_share_a_batch() -> None:
+    """A batch runs one decoder graph: over the vocabulary shortlist or the whole
+    vocabulary (issue 35); the oldest item picks, as it picks the beam width."""
+    s = sched(delay=0.0)
+    over = [WorkItem(source=[1, 2, 3], options=replace(opts(), shortlist=k % 2 == 1),
+                     deliver=Box()) for k in range(4)]
+    for i in over:
+        s.submit(i)
+    first, second = s.next_batch(), s.next_batch()
+    assert first.items == (over[0], over[2]) and not first.shortlist
+    assert second.items == (over[1], over[3]) and second.shortlist
+    s = sched(rows=10)
+    s.submit(over[1])
+    s.submit(over[0])
+    assert s.joining(Running(shape=1, sources=1, rows=1, reach=16)) is None  # head: shortlist
+    joined = s.joining(Running(shape=1, sources=1, rows=1, reach=16, shortlist=True))
+    assert joined is not None and joined.items == (over[1],) and joined.shortlist
+
+
 def test_fifo_fairness_across_shapes() -> None:
     """A steady stream of greedy items never starves an older beam item."""
     s = sched(size=2, delay=0.0)
@@ -347,6 +366,7 @@ class FakeRunning:
     engine: FakeEngine
     waiting: list[Request] = field(default_factory=list)
     steps: int = 0
+    shortlist: bool = False
 
     @property
     def sources(self) -> int:
@@ -406,8 +426,8 @@ class FakeEngine:
         return Request(key, list(source), SourceOptions.of(options, len(source)), cancelled,
                        on_token)
 
-    def start_batch(self, beams: int) -> FakeRunning:
-        return FakeRunning(beams, self)
+    def start_batch(self, beams: int, shortlist: bool = False) -> FakeRunning:
+        return FakeRunning(beams, self, shortlist=shortlist)
 
     def generate(self, sources: Sequence[Sequence[int]], options: Any, *,
                  cancelled: Any = None, on_token: Any = None) -> Generation:
