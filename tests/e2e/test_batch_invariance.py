@@ -4,7 +4,10 @@ Real sentences (tests/fixtures/ddtp_en_test_sample.txt: every fifth line of
 the en-de DDTP test split under 400 characters) through the shipped int8
 package and an fp32 export of the same checkpoint: decoded alone, then in
 shuffled batches of mixed sizes and lengths, through the engine and through
-the server. Tokens and scores must be identical, bit for bit.
+the server. Tokens and scores must be identical, bit for bit. The same over the
+vocabulary shortlist (issue 35), whose candidate sets differ from sentence to
+sentence: int8 and fp32 exports of the checkpoint with a table learned from the
+DDTP training pairs.
 """
 
 from __future__ import annotations
@@ -125,6 +128,23 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"int8": ROOT / "models" / "en-de", "fp32": fp32}
 
 
+@pytest.fixture(scope="module")
+def shortlisted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from seq2serve.export.exporter import export
+
+    root = tmp_path_factory.mktemp("shortlisted")
+    return {precision: export(ROOT / "models" / "checkpoints" / "en-de", root / precision,
+                              name=f"en-de-{precision}", precision=precision, progress=False,
+                              shortlist_from=ROOT / "data" / "ddtp" / "en-de").package
+            for precision in ("int8", "fp32")}
+
+
+def _engine(request: pytest.FixtureRequest, precision: str, shortlist: bool) -> Engine:
+    """The package of that precision, with a shortlist table when it is used."""
+    chosen = request.getfixturevalue("shortlisted" if shortlist else "packages")
+    return Engine(chosen[precision], RunnerConfig(provider="cpu", intra_op_threads=2))
+
+
 def _batches(count: int, seed: int) -> list[list[int]]:
     """Shuffled indices cut into batches of mixed sizes (1 to 16)."""
     rng = random.Random(seed)
@@ -139,14 +159,17 @@ def _batches(count: int, seed: int) -> list[list[int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shortlist", [False, True], ids=["vocabulary", "shortlist"])
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_engine_output_is_independent_of_the_batch(packages: dict[str, Path], precision: str,
-                                                   beam: int) -> None:
-    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=2))
+def test_engine_output_is_independent_of_the_batch(request: pytest.FixtureRequest,
+                                                   precision: str, beam: int,
+                                                   shortlist: bool) -> None:
+    engine = _engine(request, precision, shortlist)
     tokenizer = package_tokenizer(engine.package)
     sources = [tokenizer.encode(s)[:engine.max_source_length] for s in SENTENCES[:48]]
-    options = DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2), return_scores=True)
+    options = DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2), return_scores=True,
+                              shortlist=shortlist)
 
     def key(result: list) -> list[tuple[list[int], float | None]]:
         return [(h.token_ids, h.score) for h in result]
@@ -159,17 +182,21 @@ def test_engine_output_is_independent_of_the_batch(packages: dict[str, Path], pr
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shortlist", [False, True], ids=["vocabulary", "shortlist"])
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_joining_a_running_batch_changes_nothing(packages: dict[str, Path], precision: str,
-                                                 beam: int) -> None:
+def test_joining_a_running_batch_changes_nothing(request: pytest.FixtureRequest,
+                                                 precision: str, beam: int,
+                                                 shortlist: bool) -> None:
     """Iteration-level batching: sentences joining running batches of other sentences
     at different steps decode bit for bit as they do alone (tokens and scores)."""
-    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=2))
+    engine = _engine(request, precision, shortlist)
     tokenizer = package_tokenizer(engine.package)
     sources = [tokenizer.encode(s)[:engine.max_source_length] for s in SENTENCES[96:120]]
     options = engine.resolve(DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2),
-                                             return_scores=True, max_length=48))
+                                             return_scores=True, max_length=48,
+                                             shortlist=shortlist))
+    assert options.shortlist is shortlist
 
     def key(result: list) -> list[tuple[list[int], float | None]]:
         return [(h.token_ids, h.score) for h in result]
@@ -178,7 +205,7 @@ def test_joining_a_running_batch_changes_nothing(packages: dict[str, Path], prec
     rng = random.Random(beam)
     order = list(range(len(sources)))
     rng.shuffle(order)
-    batch = engine.start_batch(beam)
+    batch = engine.start_batch(beam, shortlist)
     got: dict[int, list[tuple[list[int], float | None]]] = {}
     waiting = list(order)
     while waiting or batch.rows:
