@@ -40,6 +40,13 @@ token ids (EOS not counted). Decoder rows per step (occupancy) is the mean of th
 server's `seq2serve_decoder_rows` histogram over the level: /metrics scraped
 before and after it, (sum after - sum before) / (count after - count before).
 
+`--pairs de-en,de-fr` asks by language instead of by model (the request names
+`source_language` and `target_language`, as LibreTranslate's clients do), each pair
+in turn on the same server and the same texts (so they must share a source
+language): a pair without a direct model is served through English, which is how
+a chained request's cost is set beside a direct one's. Tokens are then the last
+leg's.
+
 Prints one Markdown table; `--json` writes the records.
 """
 
@@ -87,6 +94,7 @@ class Outcome:
 @dataclass
 class Record:
     mode: str
+    target: str  # the model, or the language pair asked for (--pairs)
     beam: int
     workload: str  # "closed" or "poisson"
     level: float  # clients (closed) or offered requests/s (poisson)
@@ -144,8 +152,8 @@ def auto_rates(saturation: float, fractions: Sequence[float]) -> list[float]:
     return [round(saturation * f, 3) for f in fractions if saturation * f > 0]
 
 
-def summarize(mode: str, beam: int, workload: str, level: float, run: Run[Outcome],
-              rows_per_step: float) -> Record:
+def summarize(mode: str, target: str, beam: int, workload: str, level: float,
+              run: Run[Outcome], rows_per_step: float) -> Record:
     outcomes = list(run.answers.values())
     latency = np.array([o.latency_s for o in outcomes]) * 1000
     ttft = np.array([o.ttft_s for o in outcomes]) * 1000
@@ -154,7 +162,7 @@ def summarize(mode: str, beam: int, workload: str, level: float, run: Run[Outcom
         return float(np.percentile(values, q)) if len(values) else float("nan")
 
     wall = max(run.seconds, 1e-9)
-    return Record(mode, beam, workload, level, run.sent, len(outcomes), run.unfinished,
+    return Record(mode, target, beam, workload, level, run.sent, len(outcomes), run.unfinished,
                   run.errors, run.seconds, len(outcomes) / wall,
                   sum(o.tokens for o in outcomes) / wall, pct(latency, 50), pct(latency, 99),
                   pct(ttft, 50), pct(ttft, 99), rows_per_step)
@@ -163,15 +171,16 @@ def summarize(mode: str, beam: int, workload: str, level: float, run: Run[Outcom
 def table(records: Sequence[Record]) -> str:
     """Markdown, the modes of one decoding and workload level next to each other."""
     order = {m: i for i, m in enumerate(MODES)}
-    rows = sorted(records, key=lambda r: (r.beam, r.workload, r.level, order[r.mode]))
-    lines = ["| decoding | workload | mode | done/sent | requests/s | tokens/s | p50 ms "
-             "| p99 ms | TTFT p50 ms | TTFT p99 ms | rows/step |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = sorted(records, key=lambda r: (r.beam, r.workload, r.level, order[r.mode],
+                                          r.target))
+    lines = ["| decoding | workload | mode | model or pair | done/sent | requests/s | tokens/s "
+             "| p50 ms | p99 ms | TTFT p50 ms | TTFT p99 ms | rows/step |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         workload = (f"closed {r.level:g} clients" if r.workload == "closed"
                     else f"Poisson {r.level:g}/s")
         lines.append(
-            f"| {r.decoding} | {workload} | {r.mode} | {r.completed}/{r.sent} "
+            f"| {r.decoding} | {workload} | {r.mode} | {r.target} | {r.completed}/{r.sent} "
             f"| {r.requests_per_second:.2f} | {r.tokens_per_second:.1f} | {r.p50_ms:.0f} "
             f"| {r.p99_ms:.0f} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} "
             f"| {r.rows_per_step:.1f} |")
@@ -182,11 +191,22 @@ def table(records: Sequence[Record]) -> str:
 
 @dataclass
 class Target:
-    """What every request of a level asks for."""
+    """What every request of a level asks for: a model, or a language pair."""
 
     model: str
     texts: list[str]
     options: pb.DecodingOptions
+    pair: tuple[str, str] | None = None  # (source, target) languages instead of a model
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair[0]}-{self.pair[1]}" if self.pair else self.model
+
+    def request(self, text: str) -> pb.TranslateRequest:
+        if self.pair:
+            return pb.TranslateRequest(texts=[text], source_language=self.pair[0],
+                                       target_language=self.pair[1], options=self.options)
+        return pb.TranslateRequest(model=self.model, texts=[text], options=self.options)
 
 
 async def one_request(stub: pb_grpc.TranslatorStub, target: Target, text: str,
@@ -194,9 +214,7 @@ async def one_request(stub: pb_grpc.TranslatorStub, target: Target, text: str,
     start = time.perf_counter()
     first: float | None = None
     tokens = 0
-    call = stub.TranslateStream(pb.TranslateRequest(model=target.model, texts=[text],
-                                                    options=target.options),
-                                timeout=timeout_s)
+    call = stub.TranslateStream(target.request(text), timeout=timeout_s)
     async for chunk in call:
         if first is None and (chunk.text_delta or chunk.final):
             first = time.perf_counter() - start
@@ -237,17 +255,20 @@ class Plan:
 
 
 async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
-                   texts: list[str], plan: Plan, saturation: dict[int, float]
-                   ) -> list[Record]:
-    """Every (decoding, workload, level) on one server. Fills `saturation` in
-    iteration mode and reads it in the others when rates are auto."""
+                   texts: list[str], plan: Plan, saturation: dict[tuple[str, int], float],
+                   pairs: Sequence[tuple[str, str]] = ()) -> list[Record]:
+    """Every (target, decoding, workload, level) on one server: the model, or each
+    language pair. Fills `saturation` in iteration mode and reads it in the others
+    when rates are auto."""
     records = []
     async with grpc.aio.insecure_channel(grpc_target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
-        model = model or pick_model(await stub.ListModels(pb.ListModelsRequest()))
-        for beam in plan.beams:
+        if not pairs:
+            model = model or pick_model(await stub.ListModels(pb.ListModelsRequest()))
+        for pair, beam in [(p, b) for p in (pairs or [None]) for b in plan.beams]:
             target = Target(model, texts, pb.DecodingOptions(
-                beam_size=beam, max_length=plan.max_length, return_token_ids=True))
+                beam_size=beam, max_length=plan.max_length, return_token_ids=True), pair)
+            key = (target.label, beam)
             for text in texts[:WARMUP_REQUESTS]:
                 await one_request(stub, target, text, plan.level_s + plan.drain_s)
 
@@ -259,24 +280,25 @@ async def run_mode(mode: str, grpc_target: str, metrics_url: str, model: str,
                 before = scrape(metrics_url)
                 run = await closed_loop(send, clients, plan.requests, plan.level_s,
                                         plan.drain_s, failures=(grpc.RpcError,))
-                record = summarize(mode, beam, "closed", clients, run,
+                record = summarize(mode, target.label, beam, "closed", clients, run,
                                    mean_between(before, scrape(metrics_url)))
                 _progress(record)
                 records.append(record)
             if mode == "iteration" and records:
-                top = [r for r in records if r.beam == beam and r.workload == "closed"]
+                top = [r for r in records if (r.target, r.beam) == key
+                       and r.workload == "closed"]
                 if top:
-                    saturation[beam] = max(top, key=lambda r: r.level).requests_per_second
+                    saturation[key] = max(top, key=lambda r: r.level).requests_per_second
             rates = plan.rates
             if rates is None:
-                rates = auto_rates(saturation.get(beam, 0.0), plan.fractions)
+                rates = auto_rates(saturation.get(key, 0.0), plan.fractions)
             for k, rate in enumerate(rates):
                 # Same seed per (decoding, rate) in every mode: the same arrival schedule.
                 rng = np.random.default_rng([plan.seed, beam, k])
                 before = scrape(metrics_url)
                 run = await open_loop(send, arrival_times(rate, plan.requests, rng),
                                       plan.level_s, plan.drain_s, failures=(grpc.RpcError,))
-                record = summarize(mode, beam, "poisson", rate, run,
+                record = summarize(mode, target.label, beam, "poisson", rate, run,
                                    mean_between(before, scrape(metrics_url)))
                 _progress(record)
                 records.append(record)
@@ -294,6 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="",
                         help="model name (default: en-de when served, else the only "
                         "translation model)")
+    parser.add_argument("--pairs", default="",
+                        help="comma-separated language pairs (de-en,de-fr) to ask for by "
+                        "language instead of --model, each in turn on the same texts: a pair "
+                        "with no direct model is served through English")
     parser.add_argument("--texts", type=Path, required=True, help="one source text per line")
     parser.add_argument("--modes", default="iteration,request,off",
                         help=f"comma-separated, of {', '.join(MODES)}")
@@ -339,13 +365,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_length=args.max_length)
     if auto and not plan.concurrency:
         parser.error("--rates auto needs a closed-loop level (--concurrency)")
+    pairs = [tuple(p.strip().split("-")) for p in args.pairs.split(",") if p.strip()]
+    if any(len(p) != 2 or not all(p) for p in pairs) or len({p[0] for p in pairs}) > 1:
+        parser.error("--pairs must be SOURCE-TARGET language pairs with one source language "
+                     f"(the texts'), got {args.pairs[:80]!r}")
+    if pairs and args.model:
+        parser.error("--pairs and --model: name one")
     lines = read_sentences(args.texts)
     if not lines:
         parser.error(f"{args.texts} holds no text")
     texts = [lines[i] for i in np.random.default_rng(args.seed).permutation(len(lines))]
 
     records: list[Record] = []
-    saturation: dict[int, float] = {}
+    saturation: dict[tuple[str, int], float] = {}
     for mode in modes:
         metrics_port = free_port()
         own = MODES[mode]
@@ -355,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with served(args.models_dir, settings=settings) as (_, target):
             records += asyncio.run(run_mode(
                 mode, target, f"http://127.0.0.1:{metrics_port}/metrics", args.model, texts,
-                plan, saturation))
+                plan, saturation, [(p[0], p[1]) for p in pairs]))
     print(table(records))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in records], indent=2) + "\n")

@@ -70,6 +70,8 @@ def test_every_mode_runs_and_reports(marian_package: Path, tmp_path: Path,
                       "--requests", "4", "--level-seconds", "60", "--drain-seconds", "60",
                       "--max-length", "8", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
+    name = json.loads((marian_package / "manifest.json").read_text())["name"]
+    assert {r["target"] for r in records} == {name}  # the only model, picked
     seen = {(r["mode"], r["beam"], r["workload"]) for r in records}
     assert seen == {(m, b, w) for m in ("off", "request", "iteration") for b in (1, 2)
                     for w in ("closed", "poisson")}
@@ -86,7 +88,7 @@ def test_every_mode_runs_and_reports(marian_package: Path, tmp_path: Path,
         assert rates == {round(closed["requests_per_second"] * 0.5, 3)}
     table = capsys.readouterr().out
     assert table.count("\n") == 2 + len(records)  # header, rule, one line per record
-    assert "| greedy | closed 2 clients | off | 4/4 |" in table
+    assert f"| greedy | closed 2 clients | off | {name} | 4/4 |" in table
 
 
 def test_the_model_is_en_de_when_served_else_the_only_translation_model() -> None:
