@@ -294,10 +294,10 @@ class ShortlistSpec:
     translations scoring at least `threshold`, and the special pieces)."""
 
     decoder: GraphSpec
+    first: int  # the exporter's settings (export/shortlist.py ShortlistSettings)
+    best: int
+    threshold: float
     table: str = SHORTLIST_FILE
-    first: int = 100
-    best: int = 100
-    threshold: float = 0.0
     # Where the table was learned and the quality gate's verdict, for people.
     learned_from: str = ""
 
