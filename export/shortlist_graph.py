@@ -54,9 +54,12 @@ def shortlist_decoder(decoder: onnx.ModelProto) -> ShortlistGraph:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
-    [softmax] = [n for n in graph.node if n.op_type == "LogSoftmax"
-                 and n.output[0] == "log_probs"] or [None]
-    if softmax is None:
+    # The LogSoftmax that gives log_probs, maybe through Casts (an fp16 graph keeps
+    # it in fp32 and casts its output to fp16 and back: they stay, elementwise).
+    softmax = producers.get("log_probs")
+    while softmax is not None and softmax.op_type == "Cast":
+        softmax = producers.get(softmax.input[0])
+    if softmax is None or softmax.op_type != "LogSoftmax":
         raise ValueError("the decoder's log_probs is not a LogSoftmax output")
 
     # Walk back from the LogSoftmax to the projection: Casts and a row-scale Mul
@@ -138,7 +141,7 @@ def shortlist_decoder(decoder: onnx.ModelProto) -> ShortlistGraph:
         node_("Unsqueeze", [BIAS_INPUT, f"{p}/axis_1"], [f"{p}/bias"]),  # (B, 1, C)
         node_("Add", [f"{p}/grouped_logits", f"{p}/bias"], [f"{p}/biased"]),
         node_("LogSoftmax", [f"{p}/biased"], [f"{p}/log_probs"], axis=-1),
-        node_("Reshape", [f"{p}/log_probs", f"{p}/flat_shape"], ["log_probs"]),  # (N, C)
+        node_("Reshape", [f"{p}/log_probs", f"{p}/flat_shape"], [softmax.output[0]]),  # (N, C)
     ]
     for offset, n in enumerate(tail):
         graph.node.insert(softmax_index + offset, n)
@@ -158,6 +161,7 @@ def shortlist_decoder(decoder: onnx.ModelProto) -> ShortlistGraph:
     out.CopyFrom(helper.make_tensor_value_info("log_probs", onnx.TensorProto.FLOAT,
                                                ["N", "C"]))
     del graph.value_info[:]  # the traced shapes of the old tail no longer hold
+    _sort_topologically(graph)
     onnx.checker.check_model(model)
     return ShortlistGraph(model, np.ascontiguousarray(weight), bias.astype(np.float32))
 
@@ -167,3 +171,25 @@ def _rewire(graph: onnx.GraphProto, old: str, new: str) -> None:
         for i, name in enumerate(n.input):
             if name == old:
                 n.input[i] = new
+
+
+def _sort_topologically(graph: onnx.GraphProto) -> None:
+    """Nodes in an order where each comes after its inputs' producers (the fp16
+    converter appends its Casts at the end; the checker wants the order), else
+    in their given order."""
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        left = []
+        for node in pending:
+            if all(name in ready for name in node.input):
+                ordered.append(node)
+                ready.update(node.output)
+            else:
+                left.append(node)
+        if len(left) == len(pending):
+            raise ValueError("the decoder graph has a cycle or an input nobody produces")
+        pending = left
+    del graph.node[:]
+    graph.node.extend(ordered)
