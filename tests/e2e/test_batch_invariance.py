@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from invariance import decode_joining, result_key
 from onnx import TensorProto, helper, numpy_helper
 from serving import RunningServer, server_config
 
@@ -171,14 +172,12 @@ def test_engine_output_is_independent_of_the_batch(request: pytest.FixtureReques
     options = DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2), return_scores=True,
                               shortlist=shortlist)
 
-    def key(result: list) -> list[tuple[list[int], float | None]]:
-        return [(h.token_ids, h.score) for h in result]
 
-    alone = [key(engine.generate([s], options)[0]) for s in sources]
+    alone = [result_key(engine.generate([s], options)[0]) for s in sources]
     for seed in (0, 1):
         for batch in _batches(len(sources), seed):
             results = engine.generate([sources[i] for i in batch], options)
-            assert [key(r) for r in results] == [alone[i] for i in batch]
+            assert [result_key(r) for r in results] == [alone[i] for i in batch]
 
 
 @pytest.mark.slow
@@ -198,25 +197,13 @@ def test_joining_a_running_batch_changes_nothing(request: pytest.FixtureRequest,
                                              shortlist=shortlist))
     assert options.shortlist is shortlist
 
-    def key(result: list) -> list[tuple[list[int], float | None]]:
-        return [(h.token_ids, h.score) for h in result]
 
-    alone = [key(engine.generate([s], options)[0]) for s in sources]
+    alone = [result_key(engine.generate([s], options)[0]) for s in sources]
     rng = random.Random(beam)
     order = list(range(len(sources)))
     rng.shuffle(order)
     batch = engine.start_batch(beam, shortlist)
-    got: dict[int, list[tuple[list[int], float | None]]] = {}
-    waiting = list(order)
-    while waiting or batch.rows:
-        # A few sentences join at every few steps, whatever is running.
-        if waiting and rng.random() < 0.4:
-            count = rng.choice([1, 2, 5])
-            joining, waiting = waiting[:count], waiting[count:]
-            batch.admit([engine.request(i, sources[i], options) for i in joining])
-        if batch.rows:
-            got.update((k, key(r)) for k, r in batch.step().finished)
-    assert got == dict(enumerate(alone))
+    assert decode_joining(engine, batch, sources, options, order, rng) == dict(enumerate(alone))
 
 
 # -- and through the server ---------------------------------------------------------------

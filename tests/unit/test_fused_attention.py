@@ -15,6 +15,7 @@ import onnx
 import pytest
 import torch
 import transformers
+from invariance import decode_joining, result_key
 from test_engine import MAX_NEW, PARITY, SCORE_TOLERANCE, TEXTS, hf_generate
 
 from seq2serve.export.exporter import ExportError, export
@@ -234,10 +235,8 @@ def test_fused_output_is_independent_of_the_batch(en_de_fused: Path, beam: int) 
     options = engine.resolve(DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2),
                                              return_scores=True, max_length=64))
 
-    def key(result: list) -> list[tuple[list[int], float | None]]:  # type: ignore[type-arg]
-        return [(h.token_ids, h.score) for h in result]
 
-    alone = [key(engine.generate([s], options)[0]) for s in sources]
+    alone = [result_key(engine.generate([s], options)[0]) for s in sources]
     rng = random.Random(beam)
     order = list(range(len(sources)))
     rng.shuffle(order)
@@ -246,19 +245,11 @@ def test_fused_output_is_independent_of_the_batch(en_de_fused: Path, beam: int) 
         size = rng.choice([3, 7, 16])
         batch = order[start:start + size]
         start += size
-        assert [key(r) for r in engine.generate([sources[i] for i in batch], options)] == \
+        assert [result_key(r) for r in engine.generate([sources[i] for i in batch], options)] == \
             [alone[i] for i in batch]
     running = engine.start_batch(beam)
-    got: dict[int, list[tuple[list[int], float | None]]] = {}
-    waiting = list(order)
-    while waiting or running.rows:
-        if waiting and rng.random() < 0.4:
-            count = rng.choice([1, 2, 5])
-            joining, waiting = waiting[:count], waiting[count:]
-            running.admit([engine.request(i, sources[i], options) for i in joining])
-        if running.rows:
-            got.update((k, key(r)) for k, r in running.step().finished)
-    assert got == dict(enumerate(alone))
+    assert decode_joining(engine, running, sources, options, order, rng) == \
+        dict(enumerate(alone))
 
 
 def test_hashes_cover_the_new_graphs(fused_package: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CORPUS
+from invariance import decode_joining, result_key
 from test_export import drawn_checkpoint
 
 from seq2serve.export import shortlist as lexical
@@ -300,10 +301,8 @@ def test_shortlist_output_is_independent_of_the_batch(packages: dict[str, Path],
     options = engine.resolve(DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2),
                                              max_length=20, shortlist=True))
 
-    def key(result: list) -> list[tuple[list[int], float | None]]:
-        return [(h.token_ids, h.score) for h in result]
 
-    alone = [key(engine.generate([s], options)[0]) for s in srcs]
+    alone = [result_key(engine.generate([s], options)[0]) for s in srcs]
     chosen = {t for r in alone for h, _ in r for t in h}
     allowed = set().union(*(runner.shortlist.candidates(s).tolist() for s in srcs))
     assert chosen <= allowed  # never a padded slot, never outside the candidates
@@ -314,17 +313,9 @@ def test_shortlist_output_is_independent_of_the_batch(packages: dict[str, Path],
         for start in range(0, len(order), 5):
             batch = order[start:start + 5]
             got = engine.generate([srcs[i] for i in batch], options)
-            assert [key(r) for r in got] == [alone[i] for i in batch]
+            assert [result_key(r) for r in got] == [alone[i] for i in batch]
     running = engine.start_batch(beam, shortlist=True)
-    waiting, done = list(order), {}
-    while waiting or running.rows:
-        if waiting and rng.random() < 0.4:
-            count = rng.choice([1, 2, 5])
-            joining, waiting = waiting[:count], waiting[count:]
-            running.admit([engine.request(i, srcs[i], options) for i in joining])
-        if running.rows:
-            done.update((k, key(r)) for k, r in running.step().finished)
-    assert done == dict(enumerate(alone))
+    assert decode_joining(engine, running, srcs, options, order, rng) == dict(enumerate(alone))
 
 
 def test_shortlist_and_full_requests_in_one_generate(packages: dict[str, Path]) -> None:
