@@ -25,6 +25,11 @@ and a translation are limited to that many tokens (CTranslate2 raises past it;
 its default `max_decoding_length` 256 fits the shipped models' 512). Weights
 are stored in float32; int8 and the other precisions are
 CTranslate2's load-time quantization (`compute_type`).
+
+`--vmap-from PACKAGE` also writes CTranslate2's vocabulary map (`vmap.txt`,
+used with `translate_batch(use_vmap=True)`) built from a format 8 package's
+shortlist table (`vocabulary_map`), so that CTranslate2 decodes over the same
+candidates as the engine's shortlist.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import numpy as np
 from ctranslate2.converters.converter import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 
+from seq2serve.export import shortlist as lexical
+
 ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
     "gelu": common_spec.Activation.GELU,
@@ -48,6 +55,8 @@ ACTIVATIONS = {
     "swish": common_spec.Activation.SWISH,
 }
 TOKENIZER_FILE = "sentencepiece.model"
+# The vocabulary map's name in a model directory (ModelSpec.register_vocabulary_mapping).
+VMAP_FILE = "vmap.txt"
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8",
                  "int8_float32": "int8_float32"}
 
@@ -170,10 +179,85 @@ class CheckpointConverter(Converter):  # type: ignore[misc]  # ctranslate2 ships
 
 
 def convert(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
-            force: bool = False) -> Path:
+            force: bool = False, vmap: str | os.PathLike[str] | None = None) -> Path:
     """Write the float32 CTranslate2 model of `checkpoint` to `out`, with the
-    SentencePiece model beside it (TOKENIZER_FILE)."""
-    return Path(CheckpointConverter(checkpoint).convert(str(out), force=force))
+    SentencePiece model beside it (TOKENIZER_FILE) and, given `vmap` (a file),
+    that vocabulary map as VMAP_FILE."""
+    return Path(CheckpointConverter(checkpoint).convert(
+        str(out), vmap=None if vmap is None else str(vmap), force=force))
+
+
+# -- the vocabulary map of a shortlist -------------------------------------------------
+
+
+def vocabulary_map(table: lexical.LexicalTable, settings: lexical.ShortlistSettings,
+                   pieces: Sequence[str], every_source: Sequence[int]) -> str:
+    """CTranslate2's vocabulary map (vocabulary_map.cc: lines of `source n-gram<TAB>
+    target tokens`, the line with an empty source listing the tokens always
+    included) of a shortlist table with the engine's settings, tokens written as
+    the pieces (index = id) of the shared vocabulary of `model_spec`.
+
+    The always line holds what the table gives every source (`every_source`: the
+    ids every source ends with, the EOS the tokenizer appends): the special
+    pieces, the `first` most frequent and those ids' own translations, since
+    CTranslate2 adds the source EOS after its look-up. Then one line per source
+    piece: its translations by the table's rule (`LexicalTable.candidates` with no
+    frequent pieces, less the specials the always line holds). So for one source
+    the candidates CTranslate2 restricts the output to (the always line, the lines
+    of its pieces, its unknown, start and end tokens) are the engine's candidates
+    for it. CTranslate2 takes the union over a batch, so a batch's sources share
+    their candidates there, unlike the engine's."""
+    for name, ids in (("special", table.special), ("frequent", table.frequent)):
+        if ids.size and int(ids.max()) >= len(pieces):
+            raise ValueError(f"the table's {name} ids reach {int(ids.max())}, past the "
+                             f"{len(pieces)} pieces")
+    if table.source_vocab > len(pieces):
+        raise ValueError(f"the table has {table.source_vocab} source ids, the vocabulary "
+                         f"{len(pieces)} pieces")
+    bad = [p for p in pieces if not p or any(c.isspace() for c in p)]
+    if bad:  # a map's tokens are separated by spaces and tabs
+        raise ValueError(f"pieces a vocabulary map cannot hold: {bad[:5]!r}")
+
+    def tokens(ids: np.ndarray) -> str:
+        return " ".join(pieces[i] for i in ids.tolist())
+
+    lines = ["\t" + tokens(table.candidates(every_source, settings))]
+    alone = lexical.ShortlistSettings(first=0, best=settings.best,
+                                      threshold=settings.threshold)
+    for source in range(table.source_vocab):
+        own = np.setdiff1d(table.candidates([source], alone), table.special)
+        if own.size:
+            lines.append(f"{pieces[source]}\t{tokens(own)}")
+    return "\n".join(lines) + "\n"
+
+
+def package_vocabulary_map(package: str | os.PathLike[str], pieces: Sequence[str]) -> str:
+    """`vocabulary_map` of a format 8 package's shortlist table and settings (its
+    manifest's `shortlist`); ValueError if the package has none."""
+    from seq2serve.export.package import load_package
+
+    loaded = load_package(Path(package))
+    spec, path = loaded.manifest.shortlist, loaded.shortlist_table_path
+    if spec is None or path is None:
+        raise ValueError(f"{loaded.path}: no vocabulary shortlist (format 8 has one)")
+    settings = lexical.ShortlistSettings(spec.first, spec.best, spec.threshold)
+    table = lexical.load(path, settings).table
+    return vocabulary_map(table, settings, pieces, [loaded.manifest.special_tokens.eos])
+
+
+def convert_with_vmap(checkpoint: str | os.PathLike[str], package: str | os.PathLike[str],
+                      out: str | os.PathLike[str], force: bool = False) -> Path:
+    """`convert`, with the vocabulary map of `package`'s shortlist as VMAP_FILE."""
+    import tempfile
+
+    from seq2serve.model.checkpoint import read_meta
+
+    pieces = spm_pieces(Path(checkpoint) / read_meta(Path(checkpoint))["tokenizer"]["file"])
+    text = package_vocabulary_map(package, pieces)
+    with tempfile.TemporaryDirectory(prefix="seq2serve-vmap-") as tmp:
+        vmap = Path(tmp) / VMAP_FILE
+        vmap.write_text(text, encoding="utf-8")
+        return convert(checkpoint, out, force=force, vmap=vmap)
 
 
 def load_translator(model_dir: str | os.PathLike[str], precision: str = "fp32",
@@ -206,9 +290,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path, help="seq2serve checkpoint directory")
     parser.add_argument("out", type=Path, help="CTranslate2 model directory to write")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--vmap-from", type=Path, default=None, metavar="PACKAGE",
+                        help="also write the vocabulary map (vmap.txt, for use_vmap) of this "
+                        "format 8 package's shortlist table")
     args = parser.parse_args(argv)
     try:
-        path = convert(args.checkpoint, args.out, force=args.force)
+        if args.vmap_from is not None:
+            path = convert_with_vmap(args.checkpoint, args.vmap_from, args.out,
+                                     force=args.force)
+        else:
+            path = convert(args.checkpoint, args.out, force=args.force)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,9 @@ Workloads:
   OPUS-MT shape, the package models/NAME (int8) and an fp32 export of its
   checkpoint models/checkpoints/NAME beside CTranslate2 on the same checkpoint
   (int8 and float32), on real sentences sorted by length, decoding naturally;
-  sentences/s per thread count, the best per core, and how many outputs agree.
+  sentences/s per thread count, the best per core, and how many outputs agree;
+  where models/NAME has a vocabulary shortlist, CTranslate2 also with a
+  vocabulary map of the same table (`ctranslate2-vmap` rows).
 
 `--threads` takes several counts: the whole run is repeated for each.
 
@@ -47,7 +49,13 @@ from seq2serve.bench.engine.model import (
     model_problems,
     per_core_table,
 )
-from seq2serve.bench.engine.systems import CTranslate2, Seq2Serve, System, Transformers
+from seq2serve.bench.engine.systems import (
+    CTRANSLATE2_VMAP,
+    CTranslate2,
+    Seq2Serve,
+    System,
+    Transformers,
+)
 from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
 from seq2serve.bench.inputs import read_sentences, source_ids
 
@@ -512,6 +520,8 @@ def run(args: argparse.Namespace) -> int:
         others = {r.system.split("@")[0] for r in records} - {"ctranslate2", "seq2serve"}
         for system in ["seq2serve", *sorted(others)]:
             print(per_core_table(records, system))
+            if system == "seq2serve" and CTRANSLATE2_VMAP in others:  # the same shortlist table
+                print(per_core_table(records, system, CTRANSLATE2_VMAP))
             print(agreement_table(records, system))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,15 @@ timed passes agree between the engine and CTranslate2.
 With `--ort-beam-search`, ONNX Runtime's BeamSearch operator over the same
 checkpoint (bench/engine/ort_beam_search.py) runs as a third system, with its own
 per-core and agreement tables.
+
+When models/NAME has a vocabulary shortlist (a format 8 package), CTranslate2 also
+runs with a vocabulary map built from that same table and settings
+(ctranslate2_model.vocabulary_map, `use_vmap`): records `ctranslate2-vmap`, their
+own per-core and agreement tables, and the engine's per-core ratio to them. The
+engine decodes over its shortlist where the package's default says so
+(`--shortlist-default` at export), and the workload line says which; the fp32
+export made here has no shortlist, so compare the shortlist at the package's own
+precision (`--precisions`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve, System
 from seq2serve.bench.inputs import read_sentences, source_ids
@@ -62,11 +71,20 @@ def model_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[list[int]]]:
-    """The engine's packages by precision, CTranslate2's model, and the sentences' ids;
+class Prepared(NamedTuple):
+    packages: dict[str, Path]  # the engine's, by precision
+    ct2: Path  # CTranslate2's model
+    ct2_vmap: Path | None  # the same with the package's shortlist as its vocabulary map
+    ids: list[list[int]]  # the sentences' source ids, sorted by length
+    shortlist: str  # the shortlist's settings and whether the engine uses it ("": none)
+
+
+def _prepared(args: argparse.Namespace) -> Prepared:
+    """The engine's packages by precision, CTranslate2's models, and the sentences' ids;
     the fp32 export and the conversions are cached in --work by the package's digest
-    (with --ort-beam-search, the BeamSearch graphs in WORK/ort-beam-search-PRECISION)."""
-    from seq2serve.bench.engine.ctranslate2_model import convert
+    (with --ort-beam-search, the BeamSearch graphs in WORK/ort-beam-search-PRECISION;
+    with a shortlist, the conversion with its vocabulary map in WORK/ctranslate2-vmap)."""
+    from seq2serve.bench.engine.ctranslate2_model import VMAP_FILE, convert, convert_with_vmap
     from seq2serve.export.exporter import export
     from seq2serve.export.package import load_package
     from seq2serve.server.core.registry import package_tokenizer
@@ -88,6 +106,17 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
     ct2 = work / "ctranslate2"
     if not (ct2 / "model.bin").is_file():
         convert(checkpoint, ct2, force=True)
+    ct2_vmap, shortlist = None, ""
+    spec = package.manifest.shortlist
+    if spec is not None:
+        ct2_vmap = work / "ctranslate2-vmap"
+        if not (ct2_vmap / VMAP_FILE).is_file():
+            convert_with_vmap(checkpoint, shipped, ct2_vmap, force=True)
+        used = "over it" if package.manifest.generation.shortlist else \
+            "over the whole vocabulary (its default)"
+        shortlist = (f"shortlist first {spec.first}, best {spec.best}, threshold "
+                     f"{spec.threshold:g}: {package.manifest.precision} seq2serve {used}, "
+                     "ctranslate2-vmap over the same table as a vocabulary map")
     if args.ort_beam_search:
         from seq2serve.bench.engine.ort_beam_search import GRAPH_FILE, build
 
@@ -96,15 +125,18 @@ def _prepared(args: argparse.Namespace) -> tuple[dict[str, Path], Path, list[lis
                 build(checkpoint, work / f"ort-beam-search-{precision}", precision)
     texts = read_sentences(args.data, args.sentences, args.only_sentences)
     ids = source_ids(package_tokenizer(package), texts, package.manifest.max_source_length)
-    return packages, ct2, sorted(ids, key=len)
+    return Prepared(packages, ct2, ct2_vmap, sorted(ids, key=len), shortlist)
 
 
-def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
-             threads: int) -> list[System]:
+def _systems(args: argparse.Namespace, prepared: Prepared, threads: int) -> list[System]:
+    packages, ct2 = prepared.packages, prepared.ct2
     systems: list[System] = []
     for precision in args.precisions:
         systems.append(Seq2Serve(packages[precision], threads, name=f"seq2serve@{args.model}"))
         systems.append(CheckpointCTranslate2(ct2, packages[precision], precision, threads))
+        if prepared.ct2_vmap is not None:
+            systems.append(CheckpointCTranslate2(prepared.ct2_vmap, packages[precision],
+                                                 precision, threads, vmap=True))
         if args.ort_beam_search:
             from seq2serve.bench.engine.ort_beam_search import GRAPH_FILE, OrtBeamSearch
 
@@ -113,20 +145,22 @@ def _systems(args: argparse.Namespace, packages: dict[str, Path], ct2: Path,
     return systems
 
 
-def _workload(args: argparse.Namespace, count: int) -> str:
+def _workload(args: argparse.Namespace, count: int, shortlist: str = "") -> str:
     which = "sentence lines" if args.only_sentences else "lines"
     return (f"{args.model}: {count} {which} of {args.data}, sorted by length, natural length; "
-            "tokens: each system's own, EOS included")
+            "tokens: each system's own, EOS included" + (f"; {shortlist}" if shortlist else ""))
 
 
 def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
     from seq2serve.bench.engine.harness import run_systems
 
-    packages, ct2, ids = _prepared(args)
+    prepared = _prepared(args)
+    ids = prepared.ids
     settings = [(d, b) for d in args.decodings for b in args.batch_sizes]
     batches_for = {b: [ids[i: i + b] for i in range(0, len(ids), b)] for b in args.batch_sizes}
-    return run_systems(_systems(args, packages, ct2, threads), _workload(args, len(ids)),
-                       settings, batches_for, None, args.repeats, args.warmup, threads)
+    return run_systems(_systems(args, prepared, threads),
+                       _workload(args, len(ids), prepared.shortlist), settings, batches_for,
+                       None, args.repeats, args.warmup, threads)
 
 
 def agreement_table(records: Sequence[Record], system: str = "seq2serve") -> str:
@@ -154,25 +188,27 @@ def agreement_table(records: Sequence[Record], system: str = "seq2serve") -> str
     return "\n".join(lines)
 
 
-def per_core_table(records: Sequence[Record], system: str = "seq2serve") -> str:
+def per_core_table(records: Sequence[Record], system: str = "seq2serve",
+                   peer: str = "ctranslate2") -> str:
     """Each system's best sentences/s per core over the thread counts, and
-    `system`'s ratio to CTranslate2 at that best."""
+    `system`'s ratio to `peer` (CTranslate2, or ctranslate2-vmap) at that best."""
     best: dict[tuple[str, str, str, int], tuple[float, int]] = {}
     for r in records:
         key = (r.system.split("@")[0], r.precision, r.decoding, r.batch_size)
         per_core = r.sentences_per_second / max(r.threads, 1)
         if key not in best or per_core > best[key][0]:
             best[key] = (per_core, r.threads)
+    title = "CTranslate2" if peer == "ctranslate2" else peer
     lines = ["", "Per core, each system at its best thread count:", "",
              f"| precision | decoding | batch | {system} sentences/s per core (threads) "
-             f"| CTranslate2 (threads) | {system} / CTranslate2 |",
+             f"| {title} (threads) | {system} / {title} |",
              "|---|---|---:|---:|---:|---:|"]
     for (name, precision, decoding, batch), (ours, threads) in sorted(best.items()):
         if name != system:
             continue
-        peer = best.get(("ctranslate2", precision, decoding, batch))
-        if peer is None:
+        theirs = best.get((peer, precision, decoding, batch))
+        if theirs is None:
             continue
         lines.append(f"| {precision} | {decoding} | {batch} | {ours:.1f} ({threads}) | "
-                     f"{peer[0]:.1f} ({peer[1]}) | {ours / peer[0]:.2f}x |")
+                     f"{theirs[0]:.1f} ({theirs[1]}) | {ours / theirs[0]:.2f}x |")
     return "\n".join(lines)

@@ -20,6 +20,8 @@ from typing import Any
 from seq2serve.bench.engine.workload import EOS_ID, vocabulary
 
 Tokens = list[list[int]]
+# The records of CTranslate2 over a package's shortlist as its vocabulary map.
+CTRANSLATE2_VMAP = "ctranslate2-vmap"
 
 
 class System:
@@ -223,17 +225,31 @@ class CheckpointCTranslate2(System):
     hypothesis is then cut to its own source's: exactly the engine's limit for
     greedy decoding (a row's tokens do not depend on the limit), close to it for
     beam search. Only a source the model does not end costs CTranslate2 those
-    extra steps (batches are sorted by length, so their limits are close)."""
+    extra steps (batches are sorted by length, so their limits are close).
+
+    With `vmap`, CTranslate2 decodes over its vocabulary map (`use_vmap`; the model
+    directory holds one, ctranslate2_model.convert_with_vmap) and its records are
+    named `ctranslate2-vmap`."""
 
     name = "ctranslate2"
 
-    def __init__(self, model_dir: Path, package: Path, precision: str, threads: int):
-        from seq2serve.bench.engine.ctranslate2_model import TOKENIZER_FILE, spm_pieces
+    def __init__(self, model_dir: Path, package: Path, precision: str, threads: int,
+                 vmap: bool = False):
+        from seq2serve.bench.engine.ctranslate2_model import (
+            TOKENIZER_FILE,
+            VMAP_FILE,
+            spm_pieces,
+        )
         from seq2serve.export.package import load_package
 
         self.model_dir = Path(model_dir)
         self.precision = precision
         self.threads = threads
+        self.vmap = vmap
+        if vmap:
+            if not (self.model_dir / VMAP_FILE).is_file():
+                raise ValueError(f"{self.model_dir}: no vocabulary map ({VMAP_FILE})")
+            self.name = CTRANSLATE2_VMAP
         self.pieces = spm_pieces(self.model_dir / TOKENIZER_FILE)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         manifest = load_package(package).manifest
@@ -263,7 +279,8 @@ class CheckpointCTranslate2(System):
             min_decoding_length=new_tokens or o.min_length,
             length_penalty=o.length_penalty, repetition_penalty=o.repetition_penalty,
             no_repeat_ngram_size=o.no_repeat_ngram_size,
-            suppress_sequences=self.suppress or None, return_end_token=new_tokens is None)
+            suppress_sequences=self.suppress or None, return_end_token=new_tokens is None,
+            use_vmap=self.vmap)
         cut = limits if new_tokens is None else [new_tokens] * len(limits)
         return [[self.ids[p] for p in r.hypotheses[0][:limit]]
                 for r, limit in zip(results, cut, strict=True)]
