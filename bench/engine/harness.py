@@ -58,6 +58,7 @@ from seq2serve.bench.engine.systems import (
 )
 from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
 from seq2serve.bench.inputs import read_sentences, source_ids
+from seq2serve.server.engine.resources import cpuinfo
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
            "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
@@ -255,20 +256,9 @@ def markdown_table(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def _cpuinfo(field: str) -> str | None:
-    """The first `field` line's value in /proc/cpuinfo (None: no such file or line)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(field):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def instruction_sets() -> str:
     """The vector instruction sets of this CPU that the engines' kernels use."""
-    found = _cpuinfo("flags")
+    found = cpuinfo("flags")
     if found is None:
         return "unknown"
     flags = set(found.split())
@@ -280,7 +270,7 @@ def instruction_sets() -> str:
 def machine_description(threads: Sequence[int]) -> list[str]:
     from seq2serve.server.engine.resources import usable_cores
 
-    cpu = _cpuinfo("model name") or platform.processor() or platform.machine()
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
     versions = []
     for module in ("onnxruntime", "torch", "transformers", "ctranslate2"):
         try:

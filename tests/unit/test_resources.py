@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seq2serve.server.engine.resources import cgroup_cpu_quota, usable_cores
+from seq2serve.server.engine.resources import (
+    cgroup_cpu_quota,
+    int8_needs_exact_kernels,
+    usable_cores,
+)
 
 NODE = range(64)  # the CPUs of a 64-core node
 
@@ -75,3 +79,22 @@ def test_smt_siblings_count_once(tmp_path: Path) -> None:
 def test_this_machine() -> None:
     cores = usable_cores()
     assert 1 <= cores <= len(os.sched_getaffinity(0))
+
+
+def _cpuinfo(root: Path, text: str) -> Path:
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "cpuinfo").write_text(text)
+    return root
+
+
+def test_exact_int8_kernels_only_where_the_cpu_lacks_vnni(tmp_path: Path) -> None:
+    """The x64quantprecision option (runner.EXACT_INT8_CONFIG) on x86 without VNNI or
+    AMX alone: an AVX2 EPYC saturates in int16, VNNI and AMX CPUs and ARM do not."""
+    x86 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma {}\n"
+    assert int8_needs_exact_kernels(_cpuinfo(tmp_path / "zen3", x86.format("")))
+    assert int8_needs_exact_kernels(_cpuinfo(tmp_path / "skx", x86.format("avx512f avx512bw")))
+    for extra in ("avx512f avx512_vnni", "avx_vnni", "amx_int8 amx_tile"):
+        assert not int8_needs_exact_kernels(_cpuinfo(tmp_path / extra, x86.format(extra)))
+    arm = "processor\t: 0\nFeatures\t: fp asimd asimddp\nCPU implementer\t: 0x41\n"
+    assert not int8_needs_exact_kernels(_cpuinfo(tmp_path / "arm", arm))
+    assert not int8_needs_exact_kernels(tmp_path / "no-proc")
