@@ -79,6 +79,7 @@ def test_a_part_that_cannot_start_stops_the_ones_started_before_it() -> None:
 class Opts:
     beam_size: int = 4  # request-level batches
     max_length: int = 64
+    shortlist: bool = False  # the full vocabulary
 
     def max_new_tokens(self, source_length: int) -> int:
         return self.max_length
