@@ -19,7 +19,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
 
 import numpy as np
 
@@ -164,14 +163,10 @@ class DecodeState:
         return int(self.tokens.shape[0])
 
     def row_generated(self) -> np.ndarray:
-        """Tokens generated so far, per row (N,); read-only (computed once per state)."""
-        return self._row_generated
-
-    @cached_property
-    def _row_generated(self) -> np.ndarray:
-        rows = np.repeat(self.generated, self.beams)
-        rows.flags.writeable = False
-        return rows
+        """Tokens generated so far, per row (N,), a new array. Not cached: the usual
+        step asks once per state, and a cached_property (its lock, on Python 3.11)
+        costs more than the repeat."""
+        return self.generated.repeat(self.beams)
 
     def row_processing(self) -> Processing:
         """Processing parameters per row (N,)."""
@@ -183,16 +178,35 @@ class DecodeState:
 
     def with_tokens(self, tokens: np.ndarray, origin: np.ndarray | None = None) -> np.ndarray:
         """A new history: this state's rows (reordered by `origin`, rows of one
-        source among themselves) with each row's new token after its last one.
-        One allocation: the reordering, the widening or a copy."""
-        at = self.row_generated() + 1
+        source among themselves) with each row's new token after its last one:
+        a column appended when every row is at the same step, else written at
+        each row's own column (widened where needed)."""
         history = self.history if origin is None else self.history[origin]
+        if self.rows and int(self.generated.min()) + 1 == history.shape[1]:
+            # Every row's new token goes after the last column (all sources at one
+            # step, as in a batch that started together): a column appended.
+            return np.concatenate([history, tokens[:, None]], axis=1, dtype=history.dtype)
+        at = self.row_generated() + 1
         if self.rows and int(at.max()) >= history.shape[1]:
             history = _pad_last(history, int(at.max()) + 1, self.fill)
         elif origin is None:
             history = history.copy()
         history[np.arange(self.rows), at] = tokens
         return history
+
+    def advanced(self, tokens: np.ndarray, origin: np.ndarray, history: np.ndarray,
+                 alignment: np.ndarray | None, *, scores: np.ndarray | None = None,
+                 beam: BeamState | None = None) -> DecodeState:
+        """The state one decoder step on: every source one token longer, with the
+        step's rows (built directly: dataclasses.replace costs several times more,
+        and this runs every step)."""
+        return DecodeState(
+            requests=self.requests, beams=self.beams, generated=self.generated + 1,
+            tokens=tokens, origin=origin, history=history, alignment=alignment,
+            scores=self.scores if scores is None else scores, max_new=self.max_new,
+            streaming=self.streaming, processing=self.processing, sampler=self.sampler,
+            beam=self.beam if beam is None else beam, beam_params=self.beam_params,
+            fill=self.fill)
 
     def with_aligned(self, aligned: np.ndarray) -> np.ndarray | None:
         """The alignment with this step's source position (N,) per row after the

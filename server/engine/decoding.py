@@ -198,7 +198,9 @@ class LengthStop(StopRule):
 
     def __call__(self, tokens: np.ndarray, generated: np.ndarray | int,
                  limit: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(generated >= limit, tokens.shape)
+        reached = np.zeros(tokens.shape, dtype=bool)
+        reached[...] = generated >= limit  # broadcast (np.broadcast_to costs more)
+        return reached
 
 
 def stops(rules: Sequence[StopRule], tokens: np.ndarray, generated: np.ndarray | int,
@@ -225,10 +227,11 @@ def top_k(x: np.ndarray, k: int, group: int = 64) -> tuple[np.ndarray, np.ndarra
     n, width = x.shape
     k = min(k, width)
     groups = width // group
+    rows = np.arange(n)[:, None]  # along_rows' row index, made once
     if groups <= 4 * k:
-        cols = np.argpartition(x, width - k, axis=1)[:, width - k:] if k < width else \
+        cols = x.argpartition(width - k, axis=1)[:, width - k:] if k < width else \
             np.broadcast_to(np.arange(width), (n, width))
-        vals = along_rows(x, cols)
+        vals = x[rows, cols]
     else:
         main = groups * group
         maxima = x[:, :main].reshape(n, group, groups).max(axis=1)  # (N, G)
@@ -237,12 +240,12 @@ def top_k(x: np.ndarray, k: int, group: int = 64) -> tuple[np.ndarray, np.ndarra
         if main < width:
             cand = np.concatenate([cand, np.broadcast_to(np.arange(main, width),
                                                          (n, width - main))], axis=1)
-        cand_vals = along_rows(x, cand)
+        cand_vals = x[rows, cand]
         part = np.argpartition(cand_vals, cand_vals.shape[1] - k, axis=1)[:, -k:]
-        cols = along_rows(cand, part)
-        vals = along_rows(cand_vals, part)
-    order = np.argsort(-vals, axis=1, kind="stable")
-    return along_rows(vals, order), along_rows(cols, order)
+        cols = cand[rows, part]
+        vals = cand_vals[rows, part]
+    order = (-vals).argsort(axis=1, kind="stable")  # the method: np.argsort wraps it
+    return vals[rows, order], cols[rows, order]
 
 
 def top_k_exact(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -329,6 +332,13 @@ class BeamParams:
     never_stop_early: np.ndarray  # bool: HF's early_stopping="never"
     max_new: np.ndarray  # generated-token limit
 
+    @cached_property
+    def fixed_horizon(self) -> np.ndarray | None:
+        """The sources whose early-stop check normalises by max_new rather than the
+        current length (HF's "never" with length_penalty > 0); None when none does."""
+        fixed = self.never_stop_early & (self.length_penalty > 0)
+        return fixed if fixed.any() else None
+
     def sources(self, index: np.ndarray) -> BeamParams:
         return BeamParams(self.length_penalty[index], self.early_stopping[index],
                           self.never_stop_early[index], self.max_new[index])
@@ -373,6 +383,12 @@ class BeamState:
             improvable=np.ones(sources, dtype=bool),
             finished_alignment=np.zeros((sources, beams, max_new), dtype=np.int64),
         )
+
+    def advanced(self, running: np.ndarray, improvable: np.ndarray) -> BeamState:
+        """This finished set with a step's running scores and early-stop flags."""
+        return BeamState(running, self.finished_scores, self.finished_tokens,
+                         self.finished_lengths, self.finished, improvable,
+                         self.finished_alignment)
 
     def sources(self, index: np.ndarray) -> BeamState:
         return BeamState(self.running[index], self.finished_scores[index],
@@ -433,56 +449,77 @@ def beam_step(state: BeamState, log_probs: np.ndarray, history: np.ndarray,
     per row, the source position of each generated token, this step's included
     (at column `generated`); finished hypotheses keep theirs.
     `select` ranks the (N, V) log-probs (`top_k`'s contract).
+
+    A step runs a few dozen numpy calls on arrays of a few elements per source,
+    so each costs its call more than its arithmetic: candidates are addressed by
+    flat indices, and the usual step (no candidate stops, no source has finished
+    hypotheses yet) skips the work that would change nothing.
     """
     sources, beams = state.running.shape
-    rows, vocab = log_probs.shape
+    rows = log_probs.shape[0]
     k_in = rows // sources
     width = 2 * beams  # enough that K beams survive even if K candidates end
     # A source's best 2K candidates over K_in*V lie among each row's best 2K; adding
     # the row's running score after the per-row selection keeps the (N, V) work small.
-    row_vals, row_tokens = select(log_probs, width)  # (N, 2K)
-    acc = (row_vals + state.running[:, :k_in].reshape(rows, 1)).reshape(sources, -1)
+    row_vals, row_tokens = select(log_probs, width)  # (N, C), C = 2K
+    per_row = row_vals.shape[1]
+    acc = (row_vals + state.running[:, :k_in].reshape(rows, 1)).reshape(sources, k_in * per_row)
     values, flat = top_k(acc, width)  # (B, 2K) sorted descending
-    beam = flat // row_vals.shape[1]  # (B, 2K) beam index within the source
-    tokens = along_rows(row_tokens.reshape(sources, -1), flat)
-    new_len = np.broadcast_to(np.asarray(generated, dtype=np.int64) + 1, (sources,))
+    at = flat + np.arange(0, sources * k_in * per_row, k_in * per_row)[:, None]  # in (N, C)
+    tokens = row_tokens.reshape(-1)[at]  # (B, 2K)
+    cand_rows = at // per_row  # (B, 2K) the row each candidate extends
+    new_len = np.asarray(generated, dtype=np.int64) + 1
+    if new_len.ndim == 0:
+        new_len = np.full(sources, new_len)
     hits = stops(rules, tokens, new_len[:, None], params.max_new[:, None])  # (B, 2K)
 
-    # Live beams: the best K candidates that did not stop (a stable sort keeps order).
-    live = np.argsort(hits, axis=1, kind="stable")[:, :beams]  # (B, K)
-    live_hits = along_rows(hits, live)
-    live_values = along_rows(values, live)
-    running = np.where(live_hits, UNREACHABLE + live_values, live_values).astype(np.float32)
-    live_beam = along_rows(beam, live)
-    origin = (np.arange(sources)[:, None] * k_in + live_beam).reshape(-1)
-    next_tokens = along_rows(tokens, live).reshape(-1)
-
-    # Finished set: only the top K of the 2K may finish (the rest are backups).
-    just_finished = hits.copy()
-    just_finished[:, beams:] = False
     finished = state
-    if just_finished.any():
-        finished = _merge_finished(state, values, beam, tokens, history, just_finished,
-                                   new_len, params, k_in, alignment)
+    any_hit = bool(hits.any())
+    if any_hit:
+        # Live beams: the best K candidates that did not stop (a stable sort keeps order).
+        live = np.argsort(hits, axis=1, kind="stable")[:, :beams]  # (B, K)
+        live += np.arange(0, sources * width, width)[:, None]  # in (B, 2K)
+        live_values = values.reshape(-1)[live]
+        running = np.where(hits.reshape(-1)[live], UNREACHABLE + live_values,
+                           live_values).astype(np.float32)
+        origin = cand_rows.reshape(-1)[live].reshape(-1)
+        next_tokens = tokens.reshape(-1)[live].reshape(-1)
+        # Finished set: only the top K of the 2K may finish (the rest are backups).
+        just_finished = hits.copy()
+        just_finished[:, beams:] = False
+        if just_finished.any():
+            finished = _merge_finished(state, values, cand_rows, tokens, history, just_finished,
+                                       new_len, params, alignment)
+    else:  # the usual step: the best K candidates live on, none finishes
+        running = values[:, :beams].astype(np.float32)
+        origin = cand_rows[:, :beams].reshape(-1)
+        next_tokens = tokens[:, :beams].reshape(-1)
 
     # HF's early-stop heuristic (`_check_early_stop_heuristic`), per source.
-    hypothetical = np.where(params.never_stop_early & (params.length_penalty > 0),
-                            params.max_new, new_len)
+    hypothetical = new_len if params.fixed_horizon is None else \
+        np.where(params.fixed_horizon, params.max_new, new_len)
     best_running = running[:, 0] / length_normalizer(hypothetical, params.length_penalty) \
         .astype(np.float32)
-    worst = np.where(finished.finished, finished.finished_scores.min(axis=1, keepdims=True),
-                     UNREACHABLE)
-    improvable = finished.improvable & (best_running[:, None] > worst).any(axis=1)
-    done = ~improvable | (params.early_stopping & finished.finished.all(axis=1)) | hits.all(1)
-    new_state = replace(finished, running=running, improvable=improvable)
-    return BeamStep(new_state, next_tokens, origin, done)
+    if finished.finished.any():
+        worst = np.where(finished.finished,
+                         finished.finished_scores.min(axis=1, keepdims=True), UNREACHABLE)
+        improvable = finished.improvable & (best_running[:, None] > worst).any(axis=1)
+        done = ~improvable | (params.early_stopping & finished.finished.all(axis=1))
+    else:  # every worst finished score is UNREACHABLE, and no source is full
+        improvable = finished.improvable & (best_running > UNREACHABLE)
+        done = ~improvable
+    if any_hit:
+        done |= hits.all(axis=1)
+    return BeamStep(finished.advanced(running, improvable), next_tokens, origin, done)
 
 
-def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, tokens: np.ndarray,
-                    history: np.ndarray, just_finished: np.ndarray, new_len: np.ndarray,
-                    params: BeamParams, k_in: int, alignment: np.ndarray | None) -> BeamState:
+def _merge_finished(state: BeamState, values: np.ndarray, cand_rows: np.ndarray,
+                    tokens: np.ndarray, history: np.ndarray, just_finished: np.ndarray,
+                    new_len: np.ndarray, params: BeamParams, alignment: np.ndarray | None
+                    ) -> BeamState:
     """HF's `_update_finished_beams`: candidates normalised by length, impossible
-    ones pushed to -1e9, then the best K of old and new kept."""
+    ones pushed to -1e9, then the best K of old and new kept. cand_rows (B, 2K):
+    the row of history (and alignment) each candidate extends."""
     sources, beams = state.running.shape
     scores = values / length_normalizer(new_len, params.length_penalty).astype(np.float32)[:, None]
     full = params.early_stopping & state.finished.all(axis=1)
@@ -492,10 +529,10 @@ def _merge_finished(state: BeamState, values: np.ndarray, beam: np.ndarray, toke
     keep = top_k(merged_scores, beams)[1]  # (B, K) sorted by score
 
     width = state.finished_tokens.shape[2]
-    rows = (np.arange(sources)[:, None] * k_in + beam).reshape(-1)
+    rows = cand_rows.reshape(-1)
     cand_len = np.repeat(new_len, 2 * beams)  # (B*2K,)
     candidates = np.arange(rows.size)
-    cand_tokens = np.zeros((rows.size, width), dtype=np.int64)
+    cand_tokens: np.ndarray = np.zeros((rows.size, width), dtype=np.int64)
     # Each row's tokens (the start token dropped); what a shorter row holds past its
     # own length is overwritten by its new token or lies past its length.
     kept = min(history.shape[1] - 1, width)

@@ -261,15 +261,23 @@ class Engine:
 class _Placed:
     """The decode state and where its sources' rows are: `slots` in the next
     decoder call, `prev` in the last one (-1 for sources that have not run;
-    they differ only after a compaction)."""
+    they differ only after a compaction). `settled`: every source ran in the
+    last call, in the slot it has now (prev is slots), as after most steps."""
 
     state: DecodeState
     slots: np.ndarray  # (B,)
     prev: np.ndarray  # (B,)
+    settled: bool = False
+
+    @classmethod
+    def ran(cls, state: DecodeState, slots: np.ndarray) -> _Placed:
+        """After a decoder call: every source ran, in the slot it keeps."""
+        return cls(state, slots, slots, settled=True)
 
     def only(self, keep: np.ndarray) -> _Placed:
         state = self.state.filter(keep) if keep.size < self.state.sources else self.state
-        return _Placed(state, self.slots[keep], self.prev[keep])
+        slots = self.slots[keep]
+        return _Placed(state, slots, slots if self.settled else self.prev[keep], self.settled)
 
 
 class RunningBatch:
@@ -361,34 +369,12 @@ class RunningBatch:
             p = self.placed
             self.placed = _Placed(p.state, moved[p.slots], p.prev)
         t0 = time.perf_counter()
-        beams = self.beams
-        rows = self.slots.used * beams
-        before = self.cache.rows if self.cache is not None else 0
-        # Holes' rows are idle: any token, position 0. A row that does not
-        # continue one (new, idle) stays where it is when the cache has that row:
-        # its slots are masked, so whatever they hold is never read.
-        tokens = np.full(rows, self.engine.pad_id, dtype=np.int64)
-        positions = np.zeros(rows, dtype=np.int64)
-        origin = np.arange(rows, dtype=np.int64)
-        origin[before:] = 0
         p = self.placed
         state = p.state
-        at = _rows(p.slots, beams)
-        tokens[at] = state.tokens
-        positions[at] = state.row_generated()
-        ran = np.flatnonzero(p.prev >= 0)
-        if ran.size and state.origin is not None:
-            # A row continues a row of its own source (beam search reorders
-            # within a source), which sat in the source's previous slot.
-            ran_rows = state.rows_of(ran)
-            origin[_rows(p.slots[ran], beams)] = \
-                np.repeat(p.prev[ran], beams) * beams + state.origin[ran_rows] % beams
-        if self.cache is None:
-            cache = self.runner.empty_cache(rows)
-        elif before == rows and bool(np.all(origin == np.arange(rows))):
-            cache = self.cache  # nothing moved: the step writes in place
-        else:
-            cache = self.runner.reorder_cache(self.cache, origin)
+        rows = self.slots.used * self.beams
+        at = _rows(p.slots, self.beams)
+        tokens, positions = self._inputs(state, at, rows)
+        cache = self._cache_for(p, at, rows)
         enc = self.slots.encoder_state()
         log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache, enc)
         t1 = time.perf_counter()
@@ -397,29 +383,77 @@ class RunningBatch:
         candidates = None if enc.shortlist is None else \
             Candidates(enc.shortlist.candidates[p.slots], self.runner.vocab_size)
         state, done = self.search.step(state, log_probs[at], aligned[at], candidates)
-        for i in np.flatnonzero(done):
-            hypotheses = tuple(self.search.finish(state, int(i)))
-            finished.append((state.requests[i].key, Result(hypotheses)))
-        keep = np.flatnonzero(~done)
-        self._adopt(_Placed(state, p.slots, p.slots).only(keep) if keep.size else None,
-                    p.slots[done])
+        if done.any():
+            for i in np.flatnonzero(done):
+                hypotheses = tuple(self.search.finish(state, int(i)))
+                finished.append((state.requests[i].key, Result(hypotheses)))
+            keep = np.flatnonzero(~done)
+            self._adopt(_Placed.ran(state, p.slots).only(keep) if keep.size else None,
+                        p.slots[done])
+        else:
+            self.placed = _Placed.ran(state, p.slots)
         stats = StepStats(self.steps, sources, rows, length, t1 - t0, time.perf_counter() - t1)
         self.steps += 1
         return StepOutcome(finished, stats)
+
+    def _inputs(self, state: DecodeState, at: slice | np.ndarray, rows: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Each decoder row's token and position: the state's rows at `at`; holes'
+        rows are idle (any token, position 0)."""
+        if _covers(at, rows):  # no holes: the state's rows are the call's, in order
+            return state.tokens, state.row_generated()
+        tokens = np.full(rows, self.engine.pad_id, dtype=np.int64)
+        positions = np.zeros(rows, dtype=np.int64)
+        tokens[at] = state.tokens
+        positions[at] = state.row_generated()
+        return tokens, positions
+
+    def _cache_for(self, p: _Placed, at: slice | np.ndarray, rows: int) -> DecoderCache:
+        """The cache whose row r is the row that decoder row r continues (the
+        last call's cache itself when no row moved: the step writes in place)."""
+        if self.cache is None:
+            return self.runner.empty_cache(rows)
+        return self.runner.reorder_cache(self.cache,
+                                         self._origin(p, at, rows, self.cache.rows))
+
+    def _origin(self, p: _Placed, at: slice | np.ndarray, rows: int, before: int
+                ) -> np.ndarray:
+        """The cache row (of the `before` rows of the last call) each of this
+        call's rows continues. A row continues a row of its own source (beam
+        search reorders within a source), which sat in the source's previous
+        slot. A row that does not continue one (new, idle) stays where it is
+        when the cache has that row: its slots are masked, so whatever they hold
+        is never read."""
+        beams = self.beams
+        state = p.state
+        if state.origin is not None and p.settled and _covers(at, rows):  # the usual step
+            settled: np.ndarray = (p.slots[:, None] * beams
+                                   + (state.origin % beams).reshape(-1, beams)).reshape(-1)
+            return settled
+        origin = np.arange(rows, dtype=np.int64)
+        origin[before:] = 0
+        ran = np.flatnonzero(p.prev >= 0)
+        if ran.size and state.origin is not None:
+            ran_rows = state.rows_of(ran)
+            origin[_rows(p.slots[ran], beams)] = \
+                np.repeat(p.prev[ran], beams) * beams + state.origin[ran_rows] % beams
+        return origin
 
     def _drop_cancelled(self, finished: list[tuple[int, Result]]) -> None:
         """Cancellation is checked at step boundaries, where a source leaves for free."""
         p = self.placed
         if p is None:
             return
-        gone = np.array([r.cancelled is not None and bool(r.cancelled())
-                         for r in p.state.requests], dtype=bool)
-        if not gone.any():
+        gone = [i for i, r in enumerate(p.state.requests)
+                if r.cancelled is not None and r.cancelled()]
+        if not gone:
             return
-        for i in np.flatnonzero(gone):
+        for i in gone:
             finished.append((p.state.requests[i].key, Result(cancelled=True)))
-        keep = np.flatnonzero(~gone)
-        self._adopt(p.only(keep) if keep.size else None, p.slots[gone])
+        left = np.zeros(p.state.sources, dtype=bool)
+        left[gone] = True
+        keep = np.flatnonzero(~left)
+        self._adopt(p.only(keep) if keep.size else None, p.slots[left])
 
     def _adopt(self, placed: _Placed | None, left: np.ndarray) -> None:
         self.placed = placed
@@ -433,6 +467,11 @@ class RunningBatch:
         self.placed = None
         self.slots.reset()
         self.cache = None
+
+
+def _covers(at: slice | np.ndarray, rows: int) -> bool:
+    """Whether the rows `at` (`_rows`) are all `rows` rows, in order."""
+    return isinstance(at, slice) and at.start == 0 and at.stop == rows
 
 
 def _rows(slots: np.ndarray, beams: int) -> slice | np.ndarray:

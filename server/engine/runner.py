@@ -69,9 +69,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -235,17 +236,37 @@ class DecoderCache:
     self_k: tuple[ort.OrtValue, ...]
     self_v: tuple[ort.OrtValue, ...]
 
-    @property
+    # An OrtValue's shape never changes; asked several times a step.
+    @cached_property
     def rows(self) -> int:
         return int(self.self_k[0].shape()[0])
 
-    @property
+    @cached_property
     def length(self) -> int:
         return int(self.self_k[0].shape()[2])
 
 
 class RunTerminated(RuntimeError):
     """A run ended, or was refused, because the runner was terminated."""
+
+
+class _Terminable:
+    """Around every run (each passes `options`): refused once terminated, and a
+    run the flag ended raises RunTerminated. A plain context manager, reused:
+    a generator-based one costs several microseconds, and a step makes 2-3 runs."""
+
+    def __init__(self, options: ort.RunOptions):
+        self.options = options
+
+    def __enter__(self) -> None:
+        if self.options.terminate:
+            raise RunTerminated("the runner was terminated: the server is stopping")
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        # ONNX Runtime's own error names only its flag
+        if isinstance(error, Exception) and self.options.terminate:
+            raise RunTerminated("the run was terminated: the server is stopping") from error
 
 
 class Runner:
@@ -262,6 +283,7 @@ class Runner:
         # sentence's decoding). -1 is its documented "no graph capture" value, which
         # is what this runner does anyway (no CUDA or WebGPU graphs).
         self._run_options.add_run_config_entry("gpu_graph_id", "-1")
+        self._terminable = _Terminable(self._run_options)  # around every run
         self.encoder = self._session(str(package.encoder_path))
         self.decoder = self._session(str(package.decoder_path))
         self.reorder = self._session(str(package.reorder_path))
@@ -311,13 +333,15 @@ class Runner:
                             *(f"self_v.{i}" for i in range(self.layers))]
         self.cross_outputs = [o.name for o in graphs.encoder.outputs
                               if o.name.startswith("cross_")]
-        self._log_probs = np.empty(0, dtype=np.float32)  # reused host buffers
+        self._buffer = np.empty(0, dtype=np.float32)  # reused host buffers
+        self._log_probs = self._buffer.reshape(0, 0)  # the step's view of _buffer
         self._alignment = np.empty(0, dtype=np.int64)
         # The decoder's binding of the last step and what it binds (cache, encoder
         # state, log-prob buffer): the next step over the same ones rebinds only
         # tokens and positions (on CPU the cache is written in place, so most steps).
         self._step_binding: tuple[DecoderCache, EncoderState, np.ndarray,
                                   ort.InferenceSession, ort.IOBinding] | None = None
+        self._moves: tuple[DecoderCache, ort.IOBinding] | None = None  # the move graph's
         self.warmup_seconds = 0.0
         if self.config.warmup:
             self.warmup_seconds = self._warmup()
@@ -332,19 +356,6 @@ class Runner:
     @property
     def terminated(self) -> bool:
         return bool(self._run_options.terminate)
-
-    @contextmanager
-    def _terminable(self) -> Iterator[None]:
-        """Around every run (each passes `self._run_options`): refused once
-        terminated, and a run the flag ended raises RunTerminated."""
-        if self.terminated:
-            raise RunTerminated("the runner was terminated: the server is stopping")
-        try:
-            yield
-        except Exception as error:
-            if self.terminated:  # ONNX Runtime's own error names only its flag
-                raise RunTerminated("the run was terminated: the server is stopping") from error
-            raise
 
     def _session(self, path: str, cpu_only: bool = False) -> ort.InferenceSession:
         opts = ort.SessionOptions()
@@ -422,7 +433,7 @@ class Runner:
         binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
         for name in self.cross_outputs:  # the memory output is not bound: nobody reads it
             binding.bind_output(name, self.device, self.device_id)
-        with self._terminable():
+        with self._terminable:
             self.encoder.run_with_iobinding(binding, self._run_options)
         cross = tuple(binding.get_outputs())
         mask = np.ascontiguousarray(src_mask, dtype=np.int64)
@@ -447,23 +458,21 @@ class Runner:
         continues (a row at position 0 may continue any row: its slots are
         masked). On the provider's device; the old cache must not be used after.
 
-        Same rows in and out on CPU: only the rows that moved are rewritten, in
-        place (the move graph). Otherwise one copy of the picked rows."""
+        Same rows in and out: `cache` itself when no row moved; on CPU only the
+        rows that moved are rewritten, in place (the move graph). Otherwise one
+        copy of the picked rows."""
         origin = np.ascontiguousarray(beam_origin, dtype=np.int64)
-        if self.move_in_place and origin.shape[0] == cache.rows:
+        if origin.shape[0] == cache.rows:
             moved = np.flatnonzero(origin != np.arange(origin.shape[0]))
             if moved.size == 0:
                 return cache
-            binding = self.move.io_binding()
-            for name, value in zip(self._move_names, (*cache.self_k, *cache.self_v),
-                                   strict=True):
-                binding.bind_ortvalue_input(name, value)
-                binding.bind_ortvalue_output(f"moved_{name}", value)  # in place
-            binding.bind_cpu_input("moved_rows", moved[:, None])
-            binding.bind_cpu_input("moved_from", origin[moved])
-            with self._terminable():
-                self.move.run_with_iobinding(binding, self._run_options)
-            return cache
+            if self.move_in_place:
+                binding = self._move_binding(cache)
+                binding.bind_cpu_input("moved_rows", moved[:, None])
+                binding.bind_cpu_input("moved_from", origin[moved])
+                with self._terminable:
+                    self.move.run_with_iobinding(binding, self._run_options)
+                return cache
         binding = self.reorder.io_binding()
         for i in range(self.layers):
             binding.bind_ortvalue_input(f"self_k.{i}", cache.self_k[i])
@@ -471,18 +480,31 @@ class Runner:
         binding.bind_cpu_input("beam_origin", origin)
         for output in self.reorder.get_outputs():
             binding.bind_output(output.name, self.device, self.device_id)
-        with self._terminable():
+        with self._terminable:
             self.reorder.run_with_iobinding(binding, self._run_options)
         moved_values = binding.get_outputs()  # reordered_self_k.*, reordered_self_v.*
         return DecoderCache(tuple(moved_values[:self.layers]),
                             tuple(moved_values[self.layers:]))
+
+    def _move_binding(self, cache: DecoderCache) -> ort.IOBinding:
+        """The move graph's binding of the cache's tensors, in place: the last
+        move's when it bound this very cache (written in place, it lives across
+        steps; a new binding costs ~20 calls)."""
+        if self._moves is not None and self._moves[0] is cache:
+            return self._moves[1]
+        binding = self.move.io_binding()
+        for name, value in zip(self._move_names, (*cache.self_k, *cache.self_v), strict=True):
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(f"moved_{name}", value)  # in place
+        self._moves = (cache, binding)
+        return binding
 
     def top_k(self, log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each row's k best values of log_probs (N, V) float32 on the host, sorted
         descending (ties: the lower id first), and their ids (N, k) int64."""
         feeds = {"log_probs": np.ascontiguousarray(log_probs, dtype=np.float32),
                  "k": np.array([min(k, log_probs.shape[1])], dtype=np.int64)}
-        with self._terminable():
+        with self._terminable:
             values, ids = self.select.run(None, feeds, self._run_options)
         return values, ids
 
@@ -513,11 +535,7 @@ class Runner:
         if cache.length < longest or cache.length > wanted:
             cache = self.resize_cache(cache, wanted)
         width = self.vocab_size if enc.shortlist is None else enc.shortlist.width
-        size = rows * width
-        if self._log_probs.size < size or self._alignment.size < rows:
-            self._log_probs = np.empty(max(size, self._log_probs.size), dtype=np.float32)
-            self._alignment = np.empty(max(rows, self._alignment.size), dtype=np.int64)
-        log_probs = self._log_probs[:size].reshape(rows, width)
+        log_probs = self._log_probs_buffer(rows, width)
         decoder = self.decoder
         if enc.shortlist is not None:
             if self.shortlist_decoder is None:
@@ -526,7 +544,7 @@ class Runner:
         binding = self._decoder_binding(cache, enc, log_probs, decoder)
         binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        with self._terminable():
+        with self._terminable:
             decoder.run_with_iobinding(binding, self._run_options)
         if self.in_place:
             # Every output went into our buffers: the cache in place, the log-probs
@@ -535,6 +553,19 @@ class Runner:
         _, *new_cache, alignment = binding.get_outputs()  # in binding order
         return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
                                         tuple(new_cache[self.layers:])), alignment.numpy())
+
+    def _log_probs_buffer(self, rows: int, width: int) -> np.ndarray:
+        """The (rows, width) view of the reused host buffer the decoder writes its
+        log-probs into: the same view object while the shape stays (the decoder's
+        binding of the last step is recognised by it). The alignment buffer grows
+        with it."""
+        if self._log_probs.shape != (rows, width):
+            size = rows * width
+            if self._buffer.size < size or self._alignment.size < rows:
+                self._buffer = np.empty(max(size, self._buffer.size), dtype=np.float32)
+                self._alignment = np.empty(max(rows, self._alignment.size), dtype=np.int64)
+            self._log_probs = self._buffer[:size].reshape(rows, width)
+        return self._log_probs
 
     def cache_slots(self, longest: int) -> int:
         """The cache length Tc for rows whose longest history is `longest` slots:
@@ -561,8 +592,7 @@ class Runner:
         step's when it bound these very tensors (a new binding costs ~20 calls)."""
         last = self._step_binding
         if last is not None and last[0] is cache and last[1] is enc \
-                and last[2].ctypes.data == log_probs.ctypes.data \
-                and last[2].shape == log_probs.shape and last[3] is decoder:
+                and last[2] is log_probs and last[3] is decoder:
             return last[4]
         binding = decoder.io_binding()
         for i, (sk, sv, ck, cv) in enumerate(self._layer_inputs):

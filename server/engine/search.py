@@ -264,9 +264,8 @@ class GreedySearch(SearchStrategy):
             on_token = state.requests[source].on_token
             if on_token is not None:  # always so: `streaming` marks the sources with one
                 on_token(int(tokens[source]))
-        return replace(state, generated=generated, tokens=tokens,
-                       origin=np.arange(state.rows, dtype=np.int64), history=history,
-                       alignment=alignment, scores=scores), done
+        return state.advanced(tokens, np.arange(state.rows, dtype=np.int64), history,
+                              alignment, scores=scores), done
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         end = int(state.generated[source]) + 1
@@ -308,10 +307,9 @@ class BeamSearch(SearchStrategy):
                            state.beam_params, self.rules, alignment, select)
         origin = result.origin
         history = state.with_tokens(result.tokens, origin)
-        return replace(
-            state, generated=state.generated + 1, tokens=result.tokens, origin=origin,
-            history=history, alignment=None if alignment is None else alignment[origin],
-            beam=result.state), result.done
+        return state.advanced(result.tokens, origin, history,
+                              None if alignment is None else alignment[origin],
+                              beam=result.state), result.done
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         assert state.beam is not None
