@@ -10,8 +10,12 @@ How a batch is formed (request-level batching):
   in the batch, so no shape and no long text can starve.
 - Once an item is queued, the scheduler waits up to `max_queue_delay_s` after it
   arrived for more work, unless the batch fills first.
-- Items of that shape join in FIFO order while the batch stays within
-  `max_batch_size` texts and `max_batch_tokens` tokens. Tokens counted are what
+- Items of that shape join while the batch stays within `max_batch_size` texts
+  and `max_batch_tokens` tokens: in FIFO order, or with `similar_lengths` the
+  queued items whose source lengths are nearest the oldest item's first (FIFO
+  among equal distances), so that a deep queue of mixed traffic forms batches of
+  like lengths (less padding, no batch kept running by one long text while the
+  rest of its rows sit finished). The oldest item still leads every batch. Tokens counted are what
   the engine allocates: longest source in the batch x texts x beam width (the
   padded encoder input and the per-beam cross-attention rows). An item that
   would burst the token budget is skipped, not waited for: it becomes the oldest
@@ -127,6 +131,9 @@ class BatchLimits:
     max_cache_tokens: int
     # The widest beam that runs iteration-level; wider ones run request-level.
     max_running_beam: int
+    # A new batch's mates: the nearest source lengths to its oldest item's first
+    # (else FIFO). Iteration-level joiners stay FIFO.
+    similar_lengths: bool
 
     def iterates(self, shape: int) -> bool:
         """Whether batches of this decoding shape (beam width) run iteration-level."""
@@ -427,11 +434,12 @@ class Scheduler:
         budget_hit = False
         rows_budget = limits.max_running_rows if limits.iterates(head.shape) else None
         reach = head.reach if rows_budget else 0
-        for item in self._queue[1:]:
+        mates = [item for item in self._queue[1:] if item.group == head.group]
+        if limits.similar_lengths:
+            mates.sort(key=lambda i: abs(len(i.source) - longest))  # stable: FIFO on ties
+        for item in mates:
             if len(chosen) == limits.max_batch_size:
                 break
-            if item.group != head.group:
-                continue
             if rows_budget is not None:
                 rows, grown_reach = (len(chosen) + 1) * beam, max(reach, item.reach)
                 if rows > rows_budget or rows * grown_reach > limits.max_cache_tokens:

@@ -120,7 +120,7 @@ def item() -> WorkItem:
 
 def test_terminate_ends_the_run_in_flight_fails_the_queue_and_joins_the_thread() -> None:
     engine = BlockingEngine()
-    scheduler = Scheduler(BatchLimits(1, 8192, 0.0, 1024, 0, 131072, 1))  # one text a batch
+    scheduler = Scheduler(BatchLimits(1, 8192, 0.0, 1024, 0, 131072, 1, False))  # one text a batch
     worker = ModelWorker("m", engine, scheduler, poll_s=0.02).start()  # type: ignore[arg-type]  # a stand-in engine
     running, queued = item(), item()
     scheduler.submit_many([running, queued])

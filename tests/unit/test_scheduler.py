@@ -190,6 +190,42 @@ def test_batch_is_length_sorted() -> None:
     assert b.tokens == 9 * 4 and b.source_tokens == 21
 
 
+def test_batch_mates_of_the_nearest_lengths_from_a_deep_queue() -> None:
+    """With similar_lengths the oldest item leads and takes the queued items whose
+    lengths are nearest its own (FIFO among equal distances); without, the next
+    ones in arrival order."""
+    queued = (5, 40, 6, 41, 4, 39, 6)
+    for similar, first, rest in ((True, [4, 5, 6, 6], [39, 40, 41]),
+                                 (False, [5, 6, 40, 41], [4, 6, 39])):
+        s = Scheduler(replace(sched(size=4, delay=0.0).limits, similar_lengths=similar))
+        items = [item(n) for n in queued]
+        for i in items:
+            s.submit(i)
+        b = s.next_batch()
+        assert lengths(b) == first
+        if similar:  # equal distances (6 and 4 from 5): the earlier arrivals won
+            assert [i.id for i in b.items if len(i.source) == 6] == [items[2].id, items[6].id]
+        assert lengths(s.next_batch()) == rest
+
+
+def test_similar_lengths_never_starve_an_outlier() -> None:
+    """A long text among a stream of short ones leads the batch after the one it
+    was passed over in: the oldest queued item is always in the next batch."""
+    s = Scheduler(replace(sched(size=2, delay=0.0).limits, similar_lengths=True))
+    outlier = item(50)
+    s.submit(item(5))
+    s.submit(outlier)
+    for _ in range(6):
+        s.submit(item(5))
+    first, second = s.next_batch(), s.next_batch()
+    assert lengths(first) == [5, 5] and outlier not in first.items
+    assert outlier in second.items and lengths(second) == [5, 50]
+
+
+def test_similar_lengths_is_the_server_default() -> None:
+    assert SERVER_LIMITS.similar_lengths
+
+
 # -- queue bounds, cancellation, drain ----------------------------------------------------
 
 def test_queue_full() -> None:
