@@ -14,6 +14,13 @@ ratio), then exact-pair dedupe. Splits go by English sentence, so every
 translation of one English sentence lands in one split, and the train split
 drops every pair whose English or target side is in another corpus's valid or
 test split (or in the hand-written everyday test set).
+
+`--general-expand-contractions` adds, beside each train pair whose English has
+contractions of one reading ("I'm", "don't", "we're", "they'll", ...), the pair
+with them spelled out ("I am", "do not", ...): ManyThings writes "I'm hungry." and
+people type "I am hungry." too. "'s" and "'d" (is or has, had or would) stay. A
+spelled-out English that the split rule puts outside train, or that is held out,
+is not added, so no valid or test sentence reaches train this way.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -68,6 +76,7 @@ class GeneralCorpus:
     splits: dict[str, list[Row]] = field(default_factory=lambda: {s: [] for s in SPLITS})
     dropped: Counter[str] = field(default_factory=Counter)
     read: Counter[str] = field(default_factory=Counter)  # pairs read per source
+    expanded: int = 0  # train pairs added with their contractions spelled out
 
     @property
     def name(self) -> str:
@@ -95,15 +104,50 @@ def read_pairs(directory: Path, source: str, lang: str) -> Iterator[tuple[str, s
             yield src.rstrip("\n"), tgt.rstrip("\n")
 
 
+# A word and its contraction of one reading; "'s" and "'d" have two and stay.
+_CONTRACTION = re.compile(r"\b([A-Za-z]+)(n['\u2019]t|['\u2019](?:re|ve|ll|m))\b")
+_NEGATIVE_STEMS = {"ca": "can", "wo": "will", "sha": "shall"}  # can't -> cannot (below)
+_SPELLED = {"re": "are", "ve": "have", "ll": "will", "m": "am"}
+
+
+def _spelled_out(match: re.Match[str], question: bool) -> str:
+    word, ending = match.group(1), match.group(2).replace("\u2019", "'")
+    if ending == "n't":
+        lower = word.lower()
+        # ain't has many readings; a question inverts ("Didn't you?" is "Did you
+        # not?", never "Did not you?").
+        if lower == "ai" or question:
+            return match.group(0)
+        stem = _NEGATIVE_STEMS.get(lower, lower)
+        if word[0].isupper():
+            stem = stem[0].upper() + stem[1:]
+        return f"{stem}not" if lower == "ca" else f"{stem} not"
+    if ending == "'m" and word.lower() != "i":
+        return match.group(0)
+    return f"{word} {_SPELLED[ending[1:]]}"
+
+
+def expand_contractions(english: str) -> str:
+    """`english` with its contractions of one reading spelled out: "I'm" -> "I am",
+    "don't" -> "do not", "Can't" -> "Cannot", "won't" -> "will not", "we're" ->
+    "we are", "they've" -> "they have", "you'll" -> "you will"; either apostrophe.
+    In a question "n't" stays, as its subject comes after it."""
+    question = "?" in english
+    return _CONTRACTION.sub(lambda m: _spelled_out(m, question), english)
+
+
 def available(directory: Path, lang: str) -> list[str]:
     return [s.name for s in SOURCES
             if (directory / f"{s.name}.en-{lang}.en.gz").is_file()
             and (directory / f"{s.name}.en-{lang}.{lang}.gz").is_file()]
 
 
-def build(directory: Path, lang: str, held_out: set[str]) -> GeneralCorpus:
+def build(directory: Path, lang: str, held_out: set[str],
+          expand: bool = False) -> GeneralCorpus:
     """One pair's corpus. `held_out`: sentences (either side) of other corpora's
-    valid and test splits and the hand-written set, never trained on."""
+    valid and test splits and the hand-written set, never trained on. `expand`:
+    each train pair's English with its contractions spelled out as one more pair
+    (`expand_contractions`), where that English belongs to train."""
     corpus = GeneralCorpus(lang)
     seen: set[tuple[str, str]] = set()
     by_split: dict[str, list[Row]] = {s: [] for s in SPLITS}
@@ -123,6 +167,14 @@ def build(directory: Path, lang: str, held_out: set[str]) -> GeneralCorpus:
                 corpus.dropped["in another corpus's valid/test split"] += 1
                 continue
             by_split[split].append((source, src, tgt))
+            if expand and split == "train":
+                longer = expand_contractions(src)
+                if longer != src and english_split(longer) == "train" \
+                        and longer not in held_out and (longer, tgt) not in seen \
+                        and reject_reason("sentence", longer, tgt) is None:
+                    seen.add((longer, tgt))
+                    by_split["train"].append((source, longer, tgt))
+                    corpus.expanded += 1
     corpus.splits = by_split
     return corpus
 
@@ -157,6 +209,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="the written DDTP + messages + everyday + general mix, rewritten "
                        "by --corpora general-mix (building the general corpus writes the "
                        "weighted mix, --mix-out) (default: %(default)s)")
+    group.add_argument("--general-expand-contractions", action="store_true",
+                       help="add each train pair again with its English contractions of "
+                       "one reading spelled out (\"I'm\" -> \"I am\", \"don't\" -> "
+                       "\"do not\"), where that English is not held out")
     group.add_argument("--general-repeat", type=int, default=3,
                        help="the general corpus's weight in a mix: its training pairs appear "
                        "this many times (default: %(default)s)")
@@ -178,7 +234,8 @@ def run(args: argparse.Namespace, langs: list[str]) -> int:
         return _fail(f"build {', '.join(unbuilt)} first: the general train split leaves out "
                      "every sentence of the other corpora's valid and test splits")
     corpora = [build(directory, lang, held_out_sentences(
-        (d / f"en-{lang}" for d in others), lang)) for lang in langs]
+        (d / f"en-{lang}" for d in others), lang), args.general_expand_contractions)
+        for lang in langs]
     messages_data.write_atomically(out, args.force, lambda tmp: write(tmp, corpora, directory))
     for corpus in corpora:
         counts = {s: len(rows) for s, rows in corpus.splits.items()}
@@ -200,6 +257,8 @@ def write(directory: Path, corpora: list[GeneralCorpus], source_dir: Path) -> No
             "counts": corpus.counts(), "read": dict(corpus.read),
             "dropped": dict(sorted(corpus.dropped.items())),
             "normalization": NORMALIZATION,
+            **({"contractions_spelled_out": corpus.expanded,
+                "build_flags": ["--general-expand-contractions"]} if corpus.expanded else {}),
             "split_rule": f"int(sha256(English)) % 100: 0-{TEST_PERCENT - 1} test, then "
                           f"{VALID_PERCENT} valid; train without any sentence of another "
                           "corpus's valid/test split",

@@ -98,8 +98,8 @@ def write_weighted(folder: Path, parts: list[tuple[str, Path, int]],
     info = {k: info[k] for k in ("task", "src_lang", "tgt_lang") if k in info}
     if reverse:
         info.update(src_lang=info["tgt_lang"], tgt_lang=info["src_lang"], reverse=True)
-    info["parts"] = [{"corpus": str(corpus), "source": name, "weight": weight}
-                     for name, corpus, weight in parts]
+    info["parts"] = [{"corpus": str(corpus), "source": name, "weight": weight,
+                      **_build_flags(corpus)} for name, corpus, weight in parts]
     train: dict[str, int] = {}
     for kind, _, _ in train_rows(folder, info):
         train[kind] = train.get(kind, 0) + 1
@@ -111,6 +111,14 @@ def write_weighted(folder: Path, parts: list[tuple[str, Path, int]],
     (folder / "corpus.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n",
                                         encoding="utf-8")
     return info
+
+
+def _build_flags(corpus: Path) -> dict[str, list[str]]:
+    """A part's `seq2serve data` flags that changed what it holds (its corpus.json's
+    build_flags), so that a model card's commands rebuild the same part."""
+    path = corpus / "corpus.json"
+    flags = json.loads(path.read_text("utf-8")).get("build_flags") if path.is_file() else None
+    return {"build_flags": list(flags)} if flags else {}
 
 
 def read_info(folder: str | Path) -> dict[str, Any]:

@@ -307,7 +307,7 @@ def data_commands(td: TrainingData) -> list[str]:
                             f"--ddtp-repeat {td.ddtp_repeat}")
         return commands
     names = _with_prerequisites(list(td.repeats))
-    weights = _weight_flags(td.repeats)
+    weights = " ".join([_weight_flags(td.repeats), *_part_build_flags(td.corpus)]).strip()
     count = {2: "two", 3: "three", 4: "four", 5: "five"}.get(len(names), str(len(names)))
     commands = [f"seq2serve data --corpora {','.join(names)} {weights}   # the {count} corpora "
                 f"and their {'weighted ' if td.weighted else ''}mix via apt-get"]
@@ -328,6 +328,12 @@ def data_commands(td: TrainingData) -> list[str]:
                 f" {out.option_strings[0]} {folder}"
             commands.append(f"seq2serve data --corpora {written.name}{where} {weights}")
     return commands
+
+
+def _part_build_flags(corpus: dict[str, Any] | None) -> list[str]:
+    """The build flags a weighted mix's parts record (`mix._build_flags`), once each."""
+    parts = (corpus or {}).get("parts") or []
+    return list(dict.fromkeys(f for p in parts for f in p.get("build_flags", [])))
 
 
 def _with_prerequisites(names: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from seq2serve.model.data import corpus, general, mix
+from seq2serve.model.train import card
 
 
 def _gz(path: Path, lines: list[str]) -> None:
@@ -135,3 +136,55 @@ def test_cli_needs_the_other_corpora_then_writes_corpus_and_mix(tmp_path: Path) 
                               "--general-repeat", "1"])) == 0
     pairs = (written / "train.src").read_text().split("\n")
     assert pairs.count(train_en) == 1
+
+
+@pytest.mark.parametrize(("english", "spelled"), [
+    ("I'm hungry.", "I am hungry."),
+    ("We're going to the beach tomorrow.", "We are going to the beach tomorrow."),
+    ("I don't know.", "I do not know."),
+    ("Don't touch that!", "Do not touch that!"),
+    ("I can't swim.", "I cannot swim."),
+    ("He won't come, but they'll wait.", "He will not come, but they will wait."),
+    ("You've won and I\u2019m glad.", "You have won and I am glad."),
+    ("It's late and I'd rather go.", "It's late and I'd rather go."),  # 's, 'd: two readings
+    ("Why don't you come?", "Why don't you come?"),  # inverted: not "do not you"
+    ("Where're you going?", "Where are you going?"),
+    ("He ain't here.", "He ain't here."),
+])
+def test_contractions_of_one_reading_are_spelled_out(english: str, spelled: str) -> None:
+    assert general.expand_contractions(english) == spelled
+
+
+def test_build_adds_spelled_out_train_pairs_but_never_a_held_out_or_other_split_one(
+        tmp_path: Path) -> None:
+    # an English "I'm ..." in train whose spelled-out form the split rule puts in test
+    to_test = next(f"I'm number {i}." for i in range(10_000)
+                   if general.english_split(f"I'm number {i}.") == "train"
+                   and general.english_split(f"I am number {i}.") == "test")
+    cold = next(f"I'm cold {i}." for i in range(10_000)
+                if general.english_split(f"I'm cold {i}.") == "train"
+                and general.english_split(f"I am cold {i}.") == "train")
+    hungry = next(f"I'm hungry {i}." for i in range(10_000)
+                  if general.english_split(f"I'm hungry {i}.") == "train"
+                  and general.english_split(f"I am hungry {i}.") == "train")
+    _source(tmp_path, "manythings", "fr", [(cold, "J'ai froid."), (hungry, "J'ai faim."),
+                                           (to_test, "Je suis le numéro.")])
+    held = {hungry.replace("I'm", "I am")}  # e.g. a hand-written test sentence
+    plain = general.build(tmp_path, "fr", held)
+    built = general.build(tmp_path, "fr", held, expand=True)
+    assert plain.expanded == 0 and built.expanded == 1
+    train = [(s, t) for _, s, t in built.splits["train"]]
+    assert train == [(cold, "J'ai froid."), (cold.replace("I'm", "I am"), "J'ai froid."),
+                     (hungry, "J'ai faim."), (to_test, "Je suis le numéro.")]
+    assert [s for _, s, _ in built.splits["test"]] == []
+    # what was built so is recorded, travels into a mix's parts and a card's command
+    general.write(tmp_path / "out", [built], tmp_path)
+    info = json.loads((tmp_path / "out" / "en-fr" / "corpus.json").read_text())
+    assert info["build_flags"] == ["--general-expand-contractions"]
+    assert info["contractions_spelled_out"] == 1
+    folder = tmp_path / "mix" / "en-fr"
+    mixed = mix.write_weighted(folder, [("general", tmp_path / "out" / "en-fr", 2)])
+    assert mixed["parts"][0]["build_flags"] == ["--general-expand-contractions"]
+    command = card.data_commands(card.training_data(str(folder), mixed))[0]  # the build
+    assert "--general-expand-contractions" in command.split("#")[0]
+    assert _parse(command.split("#")[0].split()[2:]).general_expand_contractions
