@@ -382,6 +382,9 @@ class Lineage:
     this_phase: str
     threads: list[Any]  # each phase's threads
     averaged: list[int] | None  # the steps averaged into this checkpoint
+    # (phase number or None when no phase of the chain matches, the record of
+    # `release average --interpolate-with`) where the mean was moved toward an ancestor
+    interpolated: tuple[int | None, dict[str, Any]] | None = None
 
 
 def lineage(meta: dict[str, Any], name: str, data: str, threads: Any) -> Lineage:
@@ -404,8 +407,31 @@ def lineage(meta: dict[str, Any], name: str, data: str, threads: Any) -> Lineage
     depths = [phase["model"]["decoder_layers"] for phase in chain] + [cfg["decoder_layers"]]
     this_phase = "fine-tune" if extended else f"{_nth(len(chain) + 1)} phase"
     by_phase = [c["train_args"].get("threads", threads) for c in chain] + [threads]
+    interpolated = None
+    if record := meta.get("interpolated_with"):
+        phase = next((k for k, c in enumerate(chain, start=1) if c.get("step") == record["step"]
+                      and _same_seconds(c.get("elapsed_seconds"), record["elapsed_seconds"])),
+                     None)
+        interpolated = (phase, record)
     return Lineage(name, meta, args, base, chain, grown, extended, base_data, depths,
-                   this_phase, by_phase, meta.get("averaged_steps"))
+                   this_phase, by_phase, meta.get("averaged_steps"), interpolated)
+
+
+def _same_seconds(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and abs(a - b) < 1.0
+
+
+def _interpolated_text(interpolated: tuple[int | None, dict[str, Any]] | None) -> str:
+    if not interpolated:
+        return ""
+    phase, record = interpolated
+    w = record["weight"]
+    which = ("the base run's checkpoint" if phase == 1 else
+             f"the {_nth(phase)} phase's checkpoint" if phase else "a checkpoint") \
+        + f" (step {record['step']})"
+    return (f", then moved toward {which}: {1 - w:g} × the mean + {w:g} × that checkpoint "
+            "(`release average --interpolate-with`, weight-space ensembling as in WiSE-FT: "
+            "it takes back some of the earlier phase's domain)")
 
 
 def reproduce_commands(lin: Lineage, td: TrainingData, rel: str, bytes_: bool,
@@ -465,9 +491,20 @@ def reproduce_commands(lin: Lineage, td: TrainingData, rel: str, bytes_: bool,
         commands.append(train_command(args, cfg, data, run, bytes_))
     if lin.averaged:  # the mean of the last run's resume checkpoints: keep them all
         commands[-1] += " " + trainer_flags({"keep": 0}, ("keep",))
+        toward = ""
+        if lin.interpolated:  # an earlier phase's release, which the commands above write
+            phase, record = lin.interpolated
+            ancestor = (f"runs/{name}-release" if phase == 1 else
+                        f"runs/{name}-{phase}-release") if phase else "ANCESTOR"
+            if phase and not any(c.endswith(f" {ancestor} --name {name}") for c in commands):
+                source = f"runs/{name}" if phase == 1 else f"runs/{name}-{phase}"
+                commands.append(f"python -m seq2serve.model.train.release checkpoint {source} "
+                                f"{ancestor} --name {name}")
+            toward = (f" --interpolate-with {ancestor} "
+                      f"--interpolate-weight {record['weight']:g}")
         commands.append(f"python -m seq2serve.model.train.release average {run}/averaged "
                         + " ".join(f"{run}/checkpoints/step-{int(step):09d}"
-                                   for step in lin.averaged))
+                                   for step in lin.averaged) + toward)
         run = f"{run}/averaged"
     score_files = ([f"{rel}/test-scores.json"] if len(reports) == 1 else
                    [f"{rel}/test-{_test_set_name(r['data'])}.json" for r in reports])
@@ -570,7 +607,8 @@ def model_card(checkpoint: str | os.PathLike[str],
            if base and not extended else "") + " |",
         (f"| checkpoint | the mean of the weights at steps "
          f"{', '.join(map(str, averaged[:-1]))} and {averaged[-1]}"
-         f"{f' of the {this_phase}' if base else ''} (`release average`) |" if averaged else
+         f"{f' of the {this_phase}' if base else ''} (`release average`)"
+         + _interpolated_text(lin.interpolated) + " |" if averaged else
          f"| checkpoint | step {meta.get('step')}"
          f"{f' of the {this_phase}' if base else ''}, the "
          f"best validation {'BLEU' if task == 'translate' else 'ROUGE-L'} of the run |"),

@@ -50,9 +50,16 @@ RESERVED = {"format", "format_version", "model", "weights", "tokenizer"}
 
 
 def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
-                        dest: str | os.PathLike[str]) -> dict[str, Any]:
+                        dest: str | os.PathLike[str],
+                        interpolate_with: str | os.PathLike[str] | None = None,
+                        weight: float = 0.0) -> dict[str, Any]:
     """The mean of the sources' weights (one architecture and tokenizer) in float32 at
-    `dest`, with the newest source's meta, its training time and the steps averaged."""
+    `dest`, with the newest source's meta, its training time and the steps averaged.
+
+    `interpolate_with`: an ancestor checkpoint (an earlier phase's release) that the mean
+    is then moved toward, `(1 - weight) * mean + weight * ancestor` (weight-space
+    ensembling as in WiSE-FT, Wortsman et al. 2022: it takes back some of what a fine-tune
+    lost on the ancestor's domain at a cost on the fine-tune's); the meta records it."""
     import torch
 
     loaded = sorted((load_checkpoint(source) + (Path(source),) for source in sources),
@@ -64,11 +71,26 @@ def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
     if any(state.keys() != states[0].keys() or any(
             state[k].shape != states[0][k].shape for k in state) for state in states):
         raise ValueError("the checkpoints differ in architecture")
-    model.load_state_dict({k: torch.stack([state[k].float() for state in states]).mean(0)
-                           if v.is_floating_point() else v for k, v in states[-1].items()})
+    mean = {k: torch.stack([state[k].float() for state in states]).mean(0)
+            if v.is_floating_point() else v for k, v in states[-1].items()}
     # The newest source's validation scores are not the average's: not carried.
     extra = {k: v for k, v in meta.items() if k not in RESERVED and k != "valid"}
     extra["averaged_steps"] = [m.get("step") for _, m, _, _ in loaded]
+    if interpolate_with is not None:
+        if not 0.0 < weight < 1.0:
+            raise ValueError(f"the interpolation weight must be in (0, 1), got {weight}")
+        other, other_meta, other_tokenizer = load_checkpoint(interpolate_with)
+        state = other.state_dict()
+        if state.keys() != mean.keys() or any(state[k].shape != mean[k].shape for k in mean):
+            raise ValueError(f"{interpolate_with} differs in architecture from the checkpoints")
+        if Path(other_tokenizer.path).read_bytes() != Path(tokenizer.path).read_bytes():
+            raise ValueError(f"{interpolate_with} has another tokenizer than the checkpoints")
+        mean = {k: (1.0 - weight) * v + weight * state[k].float() if v.is_floating_point()
+                else v for k, v in mean.items()}
+        other_seconds, _ = training_time(Path(interpolate_with), other_meta)
+        extra["interpolated_with"] = {"step": other_meta.get("step"),
+                                      "elapsed_seconds": other_seconds, "weight": weight}
+    model.load_state_dict(mean)
     seconds, _ = training_time(newest, meta)
     if seconds is not None:
         extra["elapsed_seconds"] = round(seconds, 1)
@@ -128,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     avg = sub.add_parser("average", help="the mean of several checkpoints' weights")
     avg.add_argument("dest", type=Path)
     avg.add_argument("checkpoints", type=Path, nargs="+")
+    avg.add_argument("--interpolate-with", type=Path, metavar="CHECKPOINT",
+                     help="an earlier phase's released checkpoint (same architecture and "
+                     "tokenizer) to move the mean toward: (1 - W) * mean + W * CHECKPOINT")
+    avg.add_argument("--interpolate-weight", type=float, default=0.0, metavar="W",
+                     help="W of --interpolate-with, in (0, 1)")
     ck.add_argument("dest", type=Path)
     ck.add_argument("--name", required=True)
     ck.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
@@ -158,11 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "average":
         try:
-            meta = average_checkpoints(args.checkpoints, args.dest)
+            if (args.interpolate_with is None) != (args.interpolate_weight == 0.0):
+                raise ValueError("--interpolate-with and --interpolate-weight go together")
+            meta = average_checkpoints(args.checkpoints, args.dest, args.interpolate_with,
+                                       args.interpolate_weight)
         except (OSError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         print(json.dumps({"dest": str(args.dest), "averaged_steps": meta["averaged_steps"],
+                          "interpolated_with": meta.get("interpolated_with"),
                           "elapsed_seconds": meta.get("elapsed_seconds")}))
         return 0
     if args.command == "checkpoint":

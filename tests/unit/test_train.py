@@ -841,6 +841,26 @@ def test_averaged_checkpoints_ship_and_card_their_steps(trained: Path, tmp_path:
             ) in card
     assert "release checkpoint runs/tiny-2/averaged " in card
 
+    # Moved toward the first phase's weights (WiSE-FT): (1 - w) * mean + w * ancestor.
+    with pytest.raises(ValueError, match=r"in \(0, 1\)"):
+        release.average_checkpoints(steps, tmp_path / "bad", trained / "best", 1.0)
+    assert release.main(["average", str(out / "toward"), *map(str, steps),
+                         "--interpolate-weight", "0.25"]) == 2
+    assert release.main(["average", str(out / "toward"), *map(str, steps),
+                         "--interpolate-with", str(trained / "best"),
+                         "--interpolate-weight", "0.25"]) == 0
+    ancestor = ckpt.load_checkpoint(trained / "best")[0].state_dict()
+    toward = ckpt.load_checkpoint(out / "toward")[0].state_dict()
+    for name, value in toward.items():
+        torch.testing.assert_close(value, 0.75 * mean[name] + 0.25 * ancestor[name])
+    release.release_checkpoint(out / "toward", tmp_path / "shipped-toward", "tiny")
+    card = release.model_card(tmp_path / "shipped-toward", report)
+    assert "then moved toward the base run's checkpoint (step 200)" in card
+    assert "0.75 × the mean + 0.25 × that checkpoint" in card
+    assert "release checkpoint runs/tiny runs/tiny-release --name tiny" in card
+    assert ("runs/tiny-2/checkpoints/step-000000004 --interpolate-with runs/tiny-release "
+            "--interpolate-weight 0.25") in card
+
 
 def test_languages_pick_and_check_the_corpus(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
