@@ -119,10 +119,12 @@ def _test_set_name(data: str) -> str:
 def _curve(log: list[dict[str, Any]], metric: str) -> list[str]:
     lines = ["| step | training time | validation loss | " + metric + " |",
              "|---:|---:|---:|---:|"]
-    for entry in log:
-        if metric in entry:
-            lines.append(f"| {entry['step']} | {_hms(entry['elapsed_s'])} | "
-                         f"{entry['valid_loss']:.3f} | {entry[metric]:.2f} |")
+    # A run resumed from a checkpoint older than its last evaluation evaluates those
+    # steps again: the last entry of a step is the run that went on.
+    last = {entry["step"]: entry for entry in log if metric in entry}
+    for entry in last.values():
+        lines.append(f"| {entry['step']} | {_hms(entry['elapsed_s'])} | "
+                     f"{entry['valid_loss']:.3f} | {entry[metric]:.2f} |")
     return lines
 
 

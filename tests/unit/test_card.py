@@ -121,3 +121,14 @@ def test_a_written_four_corpus_mix_gets_the_command_that_writes_it() -> None:
     three = {**corpus, "source": {"mix": corpus["source"]["mix"][:3]},
              "train_repeat": dict(list(corpus["train_repeat"].items())[:3])}
     assert len(card.data_commands(card.training_data("data/mixed-everyday/en-de", three))) == 1
+
+
+def test_the_curve_of_a_resumed_run_shows_each_step_once() -> None:
+    """A run resumed from a checkpoint older than its last evaluation logs that step
+    again: the card's curve keeps the run that went on."""
+    log = [{"step": 500, "elapsed_s": 654.0, "valid_loss": 1.5, "bleu": 30.0},
+           {"step": 500, "elapsed_s": 660.0, "valid_loss": 1.4, "bleu": 31.0},
+           {"step": 1000, "elapsed_s": 1300.0, "valid_loss": 1.3, "bleu": 32.0}]
+    rows = card._curve(log, "bleu")[2:]
+    assert rows == ["| 500 | 0 h 11 min | 1.400 | 31.00 |",
+                    "| 1000 | 0 h 21 min | 1.300 | 32.00 |"]
