@@ -497,7 +497,8 @@ def reproduce_commands(lin: Lineage, td: TrainingData, rel: str, bytes_: bool,
         if lin.interpolated:  # an earlier phase's release, which the commands above write
             phase, record = lin.interpolated
             ancestor = (f"runs/{name}-release" if phase == 1 else
-                        f"runs/{name}-{phase}-release") if phase else "ANCESTOR"
+                        f"runs/{name}-{phase}-release") if phase else record.get(
+                            "path", "ANCESTOR")
             if phase and not any(c.endswith(f" {ancestor} --name {name}") for c in commands):
                 source = f"runs/{name}" if phase == 1 else f"runs/{name}-{phase}"
                 commands.append(f"python -m seq2serve.model.train.release checkpoint {source} "

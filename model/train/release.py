@@ -8,7 +8,9 @@
         --report models/checkpoints/en-de/test-scores.json [--packages quality.json]
 
 `average` writes the mean of several checkpoints' weights (the last ones of a run:
-a cheap gain over any one of them), which `checkpoint` then ships like a best/.
+a cheap gain over any one of them), which `checkpoint` then ships like a best/;
+with `--interpolate-with` the mean is moved part of the way toward an earlier phase's
+release (to take back some of that phase's domain).
 `checkpoint` copies `RUN/best` (or a checkpoint directory) with fp16 weights (half
 the size, and the model is trained and served in fp32: the loader casts back) and
 records in its config.json how long training took to reach it. `card` writes MODEL_CARD.md
@@ -89,7 +91,8 @@ def average_checkpoints(sources: Sequence[str | os.PathLike[str]],
                 else v for k, v in mean.items()}
         other_seconds, _ = training_time(Path(interpolate_with), other_meta)
         extra["interpolated_with"] = {"step": other_meta.get("step"),
-                                      "elapsed_seconds": other_seconds, "weight": weight}
+                                      "elapsed_seconds": other_seconds, "weight": weight,
+                                      "path": Path(interpolate_with).as_posix()}
     model.load_state_dict(mean)
     seconds, _ = training_time(newest, meta)
     if seconds is not None:
