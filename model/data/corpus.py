@@ -40,6 +40,7 @@ from seq2serve.model.data.ddtp_data import (  # noqa: F401
 )
 from seq2serve.model.data.messages_data import write_atomically
 from seq2serve.model.data.registry import fail as _fail
+from seq2serve.model.data.registry import refuse_overwrite
 
 DEFAULT_LANGS = ("de", "fr")
 WEIGHTED = "weighted-mix"
@@ -133,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if {"ddtp", "messages"} <= set(wanted):
         outputs.append(args.mixed_out)
     for out in outputs:
-        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-            return _fail(f"{out} exists and is not empty; use --force to replace it")
+        if (refused := refuse_overwrite(out, args.force)) is not None:
+            return refused
     for source in sources:
         if status := source.builder()(args, langs):
             return status

@@ -43,6 +43,7 @@ from seq2serve.model.data.ddtp import (
 )
 from seq2serve.model.data.registry import fail as _fail
 from seq2serve.model.data.registry import log as _log
+from seq2serve.model.data.registry import refuse_overwrite
 
 SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 
@@ -265,8 +266,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, langs: list[str]) -> int:
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        return _fail(f"{out} exists and is not empty; use --force to replace it")
+    if (refused := refuse_overwrite(out, args.force)) is not None:
+        return refused
 
     try:
         if args.from_dir:

@@ -25,6 +25,7 @@ from seq2serve.model.data.everyday_card import everyday_card
 from seq2serve.model.data.gettext import NORMALIZATION
 from seq2serve.model.data.registry import fail as _fail
 from seq2serve.model.data.registry import log as _log
+from seq2serve.model.data.registry import refuse_overwrite
 
 MB = 1 << 20
 
@@ -55,8 +56,8 @@ def run(args: argparse.Namespace, langs: list[str],
         return _fail(f"the everyday corpus exists for {', '.join(everyday.LANGS)} only, "
                      f"not {unknown}")
     out: Path = args.everyday_out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        return _fail(f"{out} exists and is not empty; use --force to replace it")
+    if (refused := refuse_overwrite(out, args.force)) is not None:
+        return refused
     started = time.monotonic()
     if args.everyday_from:
         members: Iterator[Member] = tree_members(args.everyday_from)

@@ -39,6 +39,7 @@ from seq2serve.model.data import everyday, messages_data, mix
 from seq2serve.model.data.ddtp import reject_reason
 from seq2serve.model.data.gettext import NORMALIZATION, normalize_text
 from seq2serve.model.data.registry import fail as _fail
+from seq2serve.model.data.registry import refuse_overwrite
 
 SPLITS = ("test", "valid", "train")
 TEST_PERCENT, VALID_PERCENT = 1, 1  # by English sentence; ~2.4k pairs each for en-de
@@ -226,8 +227,8 @@ def run(args: argparse.Namespace, langs: list[str]) -> int:
     if missing:
         return _fail(f"{directory} has no NAME.en-XX files for {', '.join(missing)}")
     out: Path = args.general_out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        return _fail(f"{out} exists and is not empty; use --force to replace it")
+    if (refused := refuse_overwrite(out, args.force)) is not None:
+        return refused
     others = [args.out, args.messages_out, args.everyday_out]
     unbuilt = [str(d) for d in others if not d.is_dir()]
     if unbuilt:

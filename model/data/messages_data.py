@@ -27,6 +27,7 @@ from seq2serve.model.data.messages import MessageCorpus, Selection
 from seq2serve.model.data.messages_card import messages_card
 from seq2serve.model.data.registry import fail as _fail
 from seq2serve.model.data.registry import log as _log
+from seq2serve.model.data.registry import refuse_overwrite
 
 MB = 1 << 20
 
@@ -70,8 +71,8 @@ def run(args: argparse.Namespace, langs: list[str],
     if unknown:
         return _fail(f"program messages exist for {', '.join(LANGS)} only, not {unknown}")
     out: Path = args.messages_out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        return _fail(f"{out} exists and is not empty; use --force to replace it")
+    if (refused := refuse_overwrite(out, args.force)) is not None:
+        return refused
     started = time.monotonic()
     if args.catalogs_from:
         listing = debian_debs.tree_listing(args.catalogs_from)

@@ -136,3 +136,10 @@ def fail(message: str) -> int:
     """Log an error and return the CLI's failure status."""
     log(f"error: {message}")
     return 1
+
+
+def refuse_overwrite(out: Path, force: bool) -> int | None:
+    """The failure status (logged) when `out` holds anything and `--force` was not given."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        return fail(f"{out} exists and is not empty; use --force to replace it")
+    return None

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from corpus_folders import write_corpus
 from mo_files import mo_bytes
 
 from seq2serve.model.data import corpus, everyday, everyday_data, messages
@@ -284,21 +285,11 @@ def test_cli_writes_corpus_and_card(tmp_path: Path) -> None:
     assert corpus.run(_parse(_args(tmp_path))) == 1
 
 
-def _write_corpus(folder: Path, splits: dict[str, list[tuple[str, str, str]]]) -> None:
-    folder.mkdir(parents=True)
-    for split in ("train", "valid", "test"):
-        rows = splits.get(split, [])
-        for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
-            (folder / f"{split}.{ext}").write_text("".join(f"{r[col]}\n" for r in rows))
-    (folder / "corpus.json").write_text(json.dumps({"task": "translate", "src_lang": "en",
-                                                    "tgt_lang": "de"}))
-
-
 def test_mix_repeats_and_keeps_evaluation_pairs_out(tmp_path: Path) -> None:
-    _write_corpus(tmp_path / "ddtp" / "en-de", {
+    write_corpus(tmp_path / "ddtp" / "en-de", {
         "train": [("sentence", "A tool.", "Ein Werkzeug.")],
         "test": [("sentence", "A test.", "Ein Test.")]})
-    _write_corpus(tmp_path / "messages" / "en-de", {
+    write_corpus(tmp_path / "messages" / "en-de", {
         "train": [("message", "Open", "Öffnen"), ("message", "Go home.", "Geh heim."),
                   ("message", "Help!", "Hilfe!")]})  # a hand-written test sentence
     assert corpus.run(_parse(_args(tmp_path, **{"--ddtp-repeat": 2,

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from corpus_folders import write_corpus
 
 from seq2serve.model.data import corpus, general, mix
 from seq2serve.model.train import card
@@ -72,16 +73,6 @@ def test_unaligned_files_fail(tmp_path: Path) -> None:
         general.build(tmp_path, "fr", set())
 
 
-def _write_corpus(folder: Path, splits: dict[str, list[tuple[str, str, str]]]) -> None:
-    folder.mkdir(parents=True)
-    for split in ("train", "valid", "test"):
-        rows = splits.get(split, [])
-        for ext, col in (("kind", 0), ("src", 1), ("tgt", 2)):
-            (folder / f"{split}.{ext}").write_text("".join(f"{r[col]}\n" for r in rows))
-    (folder / "corpus.json").write_text(json.dumps({"task": "translate", "src_lang": "en",
-                                                    "tgt_lang": "de"}))
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     corpus.configure(parser)
@@ -102,11 +93,11 @@ def test_cli_needs_the_other_corpora_then_writes_corpus_and_mix(tmp_path: Path) 
             "--corpora", "general", "--ddtp-repeat", "2", "--everyday-repeat", "1",
             "--general-repeat", "3"]
     assert corpus.run(_parse(args)) == 1  # the other corpora are not built
-    _write_corpus(tmp_path / "ddtp" / "en-de", {
+    write_corpus(tmp_path / "ddtp" / "en-de", {
         "train": [("sentence", "A tool.", "Ein Werkzeug.")],
         "test": [("sentence", "Test me.", "Teste mich bitte.")]})
-    _write_corpus(tmp_path / "messages" / "en-de", {"train": [("message", "Open", "Öffnen")]})
-    _write_corpus(tmp_path / "everyday" / "en-de", {"train": [("sentence", "Hi.", "Hallo.")]})
+    write_corpus(tmp_path / "messages" / "en-de", {"train": [("message", "Open", "Öffnen")]})
+    write_corpus(tmp_path / "everyday" / "en-de", {"train": [("sentence", "Hi.", "Hallo.")]})
     assert corpus.run(_parse(args)) == 0
     out = tmp_path / "general" / "en-de"
     info = json.loads((out / "corpus.json").read_text())
