@@ -41,14 +41,26 @@ def _corpus_repeats(corpus: dict[str, Any] | None) -> dict[str, int]:
             for k, part in enumerate(parts)}
 
 
+def _read_corpus(data: str | None) -> dict[str, Any] | None:
+    """The corpus.json of the corpus folder a run trained on, None when there is none."""
+    corpus_file = Path(data) / "corpus.json" if data else None
+    if corpus_file is None or not corpus_file.is_file():
+        return None
+    return dict(json.loads(corpus_file.read_text(encoding="utf-8")))
+
+
 def _train_repeat(data: str | None) -> dict[str, int] | None:
     """`_corpus_repeats` of the corpus folder a run trained on, None when there is none.
     Kept in each released phase's record, so that a card can rebuild the mix an earlier
     phase trained on when today's `seq2serve data` writes another."""
-    corpus_file = Path(data) / "corpus.json" if data else None
-    if corpus_file is None or not corpus_file.is_file():
-        return None
-    return _corpus_repeats(json.loads(corpus_file.read_text(encoding="utf-8"))) or None
+    return _corpus_repeats(_read_corpus(data)) or None
+
+
+def _train_weighted(data: str | None) -> bool:
+    """Whether the corpus folder a run trained on is a weighted mix (`seq2serve data
+    --corpora weighted-mix`, repeated when read) rather than written copies. Kept beside
+    `train_repeat` in each released phase's record."""
+    return bool((_read_corpus(data) or {}).get("parts"))
 
 
 def _two_corpus_ddtp_repeat(repeats: dict[str, int] | None) -> int | None:
@@ -71,6 +83,30 @@ def _mix_commands(phases: list[tuple[str, int | None]],
                            f"--ddtp-repeat {ddtp}" + (" --force" if folder in built else ""))
             built[folder] = ddtp
     return commands
+
+
+def _weighted_mix_commands(phases: list[tuple[str, dict[str, int] | None]],
+                           built: dict[str, dict[str, int]]) -> dict[int, str]:
+    """The `seq2serve data --corpora weighted-mix` command to run before each phase (by
+    index) whose weighted mix is not what the commands before it wrote. phases: each
+    phase's data folder and its weighted mix's weights (source name -> weight; None: not
+    a weighted mix), oldest first; built: mix folder -> weights as the first `seq2serve
+    data` commands wrote them."""
+    commands: dict[int, str] = {}
+    for k, (data, weights) in enumerate(phases):
+        folder = Path(data).parent.as_posix()
+        if weights and built.get(folder) != weights:
+            commands[k] = (f"seq2serve data --corpora weighted-mix --mix-of {','.join(weights)} "
+                           f"--mix-out {folder} {_weight_flags(weights)}"
+                           + (" --force" if folder in built else ""))
+            built[folder] = weights
+    return commands
+
+
+def _source_weights(repeats: dict[str, int]) -> dict[str, int]:
+    """A phase's `train_repeat` (corpus folder -> weight) by source name."""
+    return {(registry.source_of(part) or registry.get(Path(part).parent.name)).name: n
+            for part, n in repeats.items()}
 
 
 def _has_byte_fallback(checkpoint: Path) -> bool:
@@ -462,6 +498,14 @@ def reproduce_commands(lin: Lineage, td: TrainingData, rel: str, bytes_: bool,
              for c in chain] + [(data, td.ddtp_repeat if two else None)],
             {"data/mixed": td.ddtp_repeat if td.listed else 1,
              **({Path(data).parent.as_posix(): td.ddtp_repeat} if two else {})})
+        weighted = _weighted_mix_commands(
+            [(c["train_args"].get("data", data), _source_weights(c["train_repeat"])
+              if c.get("train_weighted") else None) for c in chain]
+            + [(data, td.repeats if td.weighted else None)],
+            # the first command writes data/mix, and the last phase's folder where another
+            {"data/mix": td.repeats, Path(data).parent.as_posix(): td.repeats}
+            if td.weighted else {})
+        mixes = {**mixes, **weighted}
         commands += [mixes[0]] if 0 in mixes else []
         commands.append(train_command(chain[0]["train_args"], chain[0]["model"], lin.base_data,
                                       f"runs/{name}", bytes_)

@@ -44,6 +44,7 @@ from seq2serve.model.train.card import (  # noqa: F401 (model_card: the card's o
     _has_byte_fallback,
     _nth,
     _train_repeat,
+    _train_weighted,
     model_card,
 )
 from seq2serve.model.train.evaluate import training_time
@@ -122,8 +123,9 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
         extra["base"] = {"step": base_meta.get("step"), "elapsed_seconds": base_seconds,
                          "train_args": base_meta.get("train_args", {}),
                          "model": base_meta["model"], "released": "name" in base_meta}
-        if "train_repeat" in base_meta:
-            extra["base"]["train_repeat"] = base_meta["train_repeat"]
+        for key in ("train_repeat", "train_weighted"):
+            if key in base_meta:
+                extra["base"][key] = base_meta[key]
         if "vocabulary_extension" in base_meta:
             extra["base"]["vocabulary_extension"] = base_meta["vocabulary_extension"]
         record = Path(str(extra["train_args"].get("tokenizer", ""))).with_suffix(".json")
@@ -132,6 +134,11 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
             extra["vocabulary_extension"] = json.loads(record.read_text(encoding="utf-8"))
         if "base" in base_meta:  # a released checkpoint that went on from another
             extra["earlier"] = [*base_meta.get("earlier", []), base_meta["base"]]
+        for record in [*extra.get("earlier", []), extra["base"]]:
+            # releases before `train_weighted` was kept: read the mix where it still is
+            if "train_repeat" in record and "train_weighted" not in record \
+                    and _train_weighted(record["train_args"].get("data")):
+                record["train_weighted"] = True
         if seconds is not None and base_seconds is not None:
             extra["finetune_seconds"] = round(seconds, 1)
             seconds += base_seconds
@@ -139,6 +146,8 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
         extra["elapsed_seconds"] = round(seconds, 1)
     if repeats := _train_repeat(extra.get("train_args", {}).get("data")):
         extra["train_repeat"] = repeats
+        if _train_weighted(extra["train_args"]["data"]):
+            extra["train_weighted"] = True
     save_checkpoint(dest, model, tokenizer.path, meta=extra, save_dtype=save_dtype)
     return read_meta(dest)
 

@@ -132,3 +132,42 @@ def test_the_curve_of_a_resumed_run_shows_each_step_once() -> None:
     rows = card._curve(log, "bleu")[2:]
     assert rows == ["| 500 | 0 h 11 min | 1.400 | 31.00 |",
                     "| 1000 | 0 h 21 min | 1.300 | 32.00 |"]
+
+
+def test_each_phase_on_another_weighted_mix_gets_the_command_that_writes_it() -> None:
+    def phase(data: str, weights: list[int], step: int, **more: object) -> dict[str, object]:
+        return {"step": step, "elapsed_seconds": 60.0 * step, "model": {**CFG},
+                "train_args": {**ARGS, "data": data}, "released": True,
+                "train_repeat": {p["corpus"]: w for p, w in zip(WEIGHTED["parts"], weights,
+                                                                strict=True)}, **more}
+
+    first = phase("data/mixed/en-de", [1, 1, 1, 1], 100)  # a written mix: no weighted-mix
+    second = phase("data/mix-a/en-de", [4, 2, 2, 4], 200, train_weighted=True)
+    third = phase("data/mix/en-de", [8, 1, 1, 1], 300, train_weighted=True)  # overwritten
+    final = {**phase("data/mix/en-de", [6, 2, 2, 4], 400, train_weighted=True),
+             "base": third, "earlier": [first, second]}
+    td = card.training_data("data/mix/en-de", {
+        **WEIGHTED, "parts": [{**p, "weight": w} for p, w in zip(WEIGHTED["parts"], [6, 2, 2, 4],
+                                                                 strict=True)]})
+    lin = card.lineage(final, "en-de", "data/mix/en-de", 1)
+    commands, _, _ = card.reproduce_commands(lin, td, "models/checkpoints/en-de", False, [])
+    trains = [k for k, c in enumerate(commands) if c.startswith("seq2serve train")]
+    assert len(trains) == 4
+    mixes = [(k, c) for k, c in enumerate(commands) if "--corpora weighted-mix" in c]
+    assert mixes == [
+        (trains[1] - 1, "seq2serve data --corpora weighted-mix --mix-of ddtp,messages,everyday,"
+                        "general --mix-out data/mix-a --ddtp-repeat 4 --messages-repeat 2 "
+                        "--everyday-repeat 2 --general-repeat 4"),
+        (trains[2] - 1, "seq2serve data --corpora weighted-mix --mix-of ddtp,messages,everyday,"
+                        "general --mix-out data/mix --ddtp-repeat 8 --everyday-repeat 1 "
+                        "--general-repeat 1 --force"),
+        (trains[3] - 1, "seq2serve data --corpora weighted-mix --mix-of ddtp,messages,everyday,"
+                        "general --mix-out data/mix --ddtp-repeat 6 --messages-repeat 2 "
+                        "--everyday-repeat 2 --general-repeat 4 --force")]
+    parser = argparse.ArgumentParser()
+    data_cli.configure(parser)
+    ns = parser.parse_args(shlex.split(mixes[0][1])[2:])
+    assert (ns.mix_of, ns.mix_out.as_posix(), ns.ddtp_repeat, ns.general_repeat) == (
+        "ddtp,messages,everyday,general", "data/mix-a", 4, 4)
+    assert all(_parse(commands[k]).data.startswith(d) for k, d in zip(
+        trains, ["data/mixed/", "data/mix-a/", "data/mix/", "data/mix/"], strict=True))
