@@ -104,9 +104,12 @@ def _weighted_mix_commands(phases: list[tuple[str, dict[str, int] | None]],
 
 
 def _source_weights(repeats: dict[str, int]) -> dict[str, int]:
-    """A phase's `train_repeat` (corpus folder -> weight) by source name."""
-    return {(registry.source_of(part) or registry.get(Path(part).parent.name)).name: n
-            for part, n in repeats.items()}
+    """A phase's `train_repeat` (corpus folder -> weight) by source name, in the registry's
+    order (the meta keeps its keys sorted)."""
+    weights = {(registry.source_of(part) or registry.get(Path(part).parent.name)).name: n
+               for part, n in repeats.items()}
+    order = list(registry.SOURCES)
+    return dict(sorted(weights.items(), key=lambda item: order.index(item[0])))
 
 
 def _has_byte_fallback(checkpoint: Path) -> bool:

@@ -138,8 +138,9 @@ def test_each_phase_on_another_weighted_mix_gets_the_command_that_writes_it() ->
     def phase(data: str, weights: list[int], step: int, **more: object) -> dict[str, object]:
         return {"step": step, "elapsed_seconds": 60.0 * step, "model": {**CFG},
                 "train_args": {**ARGS, "data": data}, "released": True,
-                "train_repeat": {p["corpus"]: w for p, w in zip(WEIGHTED["parts"], weights,
-                                                                strict=True)}, **more}
+                "train_repeat": dict(sorted(  # as a release's meta keeps it
+                    (p["corpus"], w) for p, w in zip(WEIGHTED["parts"], weights, strict=True))),
+                **more}
 
     first = phase("data/mixed/en-de", [1, 1, 1, 1], 100)  # a written mix: no weighted-mix
     second = phase("data/mix-a/en-de", [4, 2, 2, 4], 200, train_weighted=True)
