@@ -134,11 +134,11 @@ def release_checkpoint(run_dir: str | os.PathLike[str], dest: str | os.PathLike[
             extra["vocabulary_extension"] = json.loads(record.read_text(encoding="utf-8"))
         if "base" in base_meta:  # a released checkpoint that went on from another
             extra["earlier"] = [*base_meta.get("earlier", []), base_meta["base"]]
-        for record in [*extra.get("earlier", []), extra["base"]]:
+        for phase in [*extra.get("earlier", []), extra["base"]]:
             # releases before `train_weighted` was kept: read the mix where it still is
-            if "train_repeat" in record and "train_weighted" not in record \
-                    and _train_weighted(record["train_args"].get("data")):
-                record["train_weighted"] = True
+            if "train_repeat" in phase and "train_weighted" not in phase \
+                    and _train_weighted(phase["train_args"].get("data")):
+                phase["train_weighted"] = True
         if seconds is not None and base_seconds is not None:
             extra["finetune_seconds"] = round(seconds, 1)
             seconds += base_seconds

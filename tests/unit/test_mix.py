@@ -159,6 +159,30 @@ def test_trainer_trains_on_a_weighted_mix(parts: list[tuple[str, Path, int]],
     assert len(list((tmp_path / "run" / "cache").glob("train-*.npz"))) == 3
     assert not list((tmp_path / "run").glob(".mix-text-*"))
 
+    # A release records the weighted mix, and so does the next phase's record of it, read
+    # from the mix where an older release did not keep it.
+    import json
+
+    from seq2serve.model.train import release
+
+    first = release.release_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000003",
+                                       tmp_path / "first", "tiny")
+    assert first["train_weighted"] is True
+    assert first["train_repeat"] == {str(folder): weight for _, folder, weight in parts}
+    config = tmp_path / "first" / "config.json"
+    older = {k: v for k, v in json.loads(config.read_text()).items() if k != "train_weighted"}
+    config.write_text(json.dumps(older))
+    args = parser.parse_args([
+        "--data", str(weighted), "--out", str(tmp_path / "run2"), "--init-from",
+        str(tmp_path / "first"), "--tokenizer", str(tmp_path / "first" / "tokenizer.model"),
+        "--max-tokens", "256", "--max-src-len", "24", "--max-tgt-len", "24", "--warmup", "5",
+        "--threads", "1", "--no-progress", "--eval-max-sentences", "2", "--max-steps", "4",
+        "--eval-every", "0"])
+    assert train.run(args) == 0
+    second = release.release_checkpoint(tmp_path / "run2" / "checkpoints" / "step-000000004",
+                                        tmp_path / "second", "tiny")
+    assert second["base"]["train_weighted"] is True and second["train_weighted"] is True
+
 
 def test_reversed_mix_reads_the_parts_backwards(parts: list[tuple[str, Path, int]],
                                                 tokenizer: Tokenizer, tmp_path: Path) -> None:
