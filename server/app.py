@@ -166,6 +166,20 @@ class Server:
                      # gRPC sets SO_REUSEPORT by default: a second server on the same
                      # port would silently take half of the new connections.
                      ("grpc.so_reuseport", 0)])
+        self.http: HttpListener | None = None
+        try:
+            self._assemble()
+        except BaseException:
+            self._release()
+            raise
+        self.serving = False
+        self._signals = 0
+        self._signalled = asyncio.Event()
+
+    def _assemble(self) -> None:
+        """Everything after the gRPC server's creation: a failure here (a port
+        taken, a TLS file unreadable) is released by _release."""
+        config = self.config
         cache: ResponseCache[Translation] = ResponseCache(int(config.cache_mb * 2**20))
         self.metrics.watch_cache(cache.stats)
         self.translator = Translator(self.registry,
@@ -181,6 +195,9 @@ class Server:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), self.grpc)
         self.port = self._bind()
+        if config.http_port:
+            self.http = self._http_listener()
+        # Nothing below can fail: the lifecycle holds the gRPC server only once all is bound.
         self._metrics = MetricsListener(self.metrics, config.metrics_address,
                                         config.metrics_port)
         security = "mutual TLS" if config.tls_client_ca else "TLS" if config.tls else "plaintext"
@@ -189,15 +206,18 @@ class Server:
             self.lifecycle.add(Stage.SIDE, "/metrics", self._metrics)
         self.lifecycle.add(Stage.FRONT, "gRPC", GrpcListener(
             self.grpc, address(config.host, self.port), security))
-        self.http: HttpListener | None = None
-        if config.http_port:
-            self.http = self._http_listener()
+        if self.http is not None:
             self.lifecycle.add(Stage.FRONT, "HTTP", self.http)
         self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
                                                               self.metrics))
-        self.serving = False
-        self._signals = 0
-        self._signalled = asyncio.Event()
+
+    def _release(self) -> None:
+        """Undo a failed __init__ at once, inside the event loop: close the HTTP socket
+        and drop the gRPC server (the traceback keeps this Server alive, and a gRPC aio
+        server freed only at interpreter exit prints an empty "Error in sys.excepthook")."""
+        if self.http is not None:
+            self.http.socket.close()
+        del self.grpc
 
     @property
     def metrics_server(self) -> MetricsServer | None:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,10 +285,30 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
 
 
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def default_target(environ: Mapping[str, str] = os.environ) -> str:
+    """Where `serve` listens by the same SEQ2SERVE_HOST/SEQ2SERVE_PORT variables (a
+    wildcard host is reached on loopback): the client commands find a server started
+    in the same environment."""
+    port = environ.get("SEQ2SERVE_PORT", "").strip()
+    host = environ.get("SEQ2SERVE_HOST", "").strip()
+    if host in WILDCARDS:
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    if not port:
+        return DEFAULT_TARGET if host == "127.0.0.1" else f"{host}:{DEFAULT_TARGET.split(':')[1]}"
+    return f"{host}:{port}"
+
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the server is, each call's deadline, how long to wait for SERVING."""
-    parser.add_argument("--server", default=DEFAULT_TARGET, metavar="HOST:PORT",
-                        help=f"the seq2serve server (default {DEFAULT_TARGET})")
+    target = default_target()
+    parser.add_argument("--server", default=target, metavar="HOST:PORT",
+                        help=f"the seq2serve server (default {target}, from $SEQ2SERVE_HOST "
+                        "and $SEQ2SERVE_PORT when set)")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="deadline per call in seconds (default none)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="S",

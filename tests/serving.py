@@ -37,9 +37,13 @@ def serve_env(models_dir: Path, port: int, **settings: object) -> dict[str, str]
 class ServeProcess:
     """A `seq2serve serve` child process whose output lines are collected as they come."""
 
-    def __init__(self, env: dict[str, str], *args: str):
+    def __init__(self, env: dict[str, str], *args: str, held: bool = False):
+        """held: start-up held open after the first model until env's
+        HELD_SERVE_RELEASE file exists (tests/held_serve.py)."""
+        command = ([str(Path(__file__).with_name("held_serve.py"))] if held
+                   else ["-m", "seq2serve.server.cli.main"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seq2serve.server.cli.main", "serve", *args], env=env,
+            [sys.executable, *command, "serve", *args], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()

@@ -14,33 +14,14 @@ follows however the container was configured.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Mapping
 
 import grpc
 
-from seq2serve.server.client import DEFAULT_TARGET, Seq2ServeClient
+from seq2serve.server.client import Seq2ServeClient, default_target
 
 PROG = "seq2serve health"
 DEFAULT_TIMEOUT_S = 5.0
-
-
-WILDCARDS = ("", "0.0.0.0", "::", "[::]")
-
-
-def default_target(environ: Mapping[str, str] = os.environ) -> str:
-    """Where `serve` listens by the same SEQ2SERVE_HOST/SEQ2SERVE_PORT variables: a
-    wildcard host is reached on loopback."""
-    port = environ.get("SEQ2SERVE_PORT", "").strip()
-    host = environ.get("SEQ2SERVE_HOST", "").strip()
-    if host in WILDCARDS:
-        host = "127.0.0.1"
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 address
-    if not port:
-        return DEFAULT_TARGET if host == "127.0.0.1" else f"{host}:{DEFAULT_TARGET.split(':')[1]}"
-    return f"{host}:{port}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

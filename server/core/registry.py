@@ -165,6 +165,9 @@ class ModelRegistry:
         self._handles: dict[str, ModelHandle] = {}
         self.broken: list[BrokenPackage] = []
         self.ready = False
+        # Counts the changes to what is served (a model added, loading finished): what
+        # a door derives from the served models is derived again when it moves.
+        self.generation = 0
 
     def load(self, config: ServerConfig, metrics: Metrics) -> None:
         """Verify every package, then load and warm up the valid ones. Raises
@@ -207,6 +210,7 @@ class ModelRegistry:
                       broken.problem)
         metrics.broken_packages.set(len(self.broken))
         self.ready = True
+        self.generation += 1
 
     def _check(self, config: ServerConfig, models_dir: Path, candidates: int) -> None:
         if not self.broken:
@@ -240,12 +244,20 @@ class ModelRegistry:
         metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
         self._handles[name] = ModelHandle(name, package, tokenizer, engines[0], scheduler,
                                           workers)
+        self.generation += 1
         log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
                  package.manifest.task, package.manifest.precision, provider, count,
                  "s" if count > 1 else "", threads, package.path)
 
     def handles(self) -> list[ModelHandle]:
+        """The models loaded so far (all of them once `ready`)."""
         return list(self._handles.values())
+
+    def require_ready(self) -> None:
+        """Raise Unavailable until every model is loaded: before that, what is served
+        is not yet known (a pair still loading is not a pair this server lacks)."""
+        if not self.ready:
+            raise Unavailable("models are still loading; retry shortly")
 
     def pick(self, task: str, name: str, source_language: str = "",
              target_language: str = "") -> ModelHandle:
@@ -259,8 +271,7 @@ class ModelRegistry:
         pair (a direct model always wins); else, for translation, a chain of two
         through English (de->fr = de->en, en->fr); else source and target the same
         served language (`Route.models` empty: the text comes back unchanged)."""
-        if not self.ready:
-            raise Unavailable("models are still loading; retry shortly")
+        self.require_ready()
         if name:
             handle = self._handles.get(name)
             if handle is None:

@@ -221,12 +221,23 @@ class Translator:
         yield StreamChunk(streamed.rest(translation.hypotheses[0].text), translation, job.names)
 
     def list_models(self) -> list[ModelInfo]:
+        """Every served model; Unavailable while the models load."""
+        self.registry.require_ready()
         return [self._model_info(h) for h in self.registry.handles()]
 
     def list_routes(self) -> list[RouteInfo]:
-        """Every translation pair served, direct or chained through English."""
+        """Every translation pair served, direct or chained through English;
+        Unavailable while the models load."""
+        self.registry.require_ready()
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
+
+    def generation(self) -> int:
+        """Changes whenever what is served changes: what a door derives from
+        list_models and list_routes stays valid while it is the same. Unavailable
+        while the models load."""
+        self.registry.require_ready()
+        return self.registry.generation
 
     # -- admission -----------------------------------------------------------------
 

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from serving import free_port
 
-from seq2serve.server.cli import health as health_cli
 from seq2serve.server.cli.main import main
+from seq2serve.server.client import default_target
 
 SERVICE = "seq2serve.v1.Translator"
 
@@ -80,8 +80,21 @@ def test_bad_timeout_is_refused(capsys) -> None:
     assert "--timeout must be > 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["health", "translate", "translate_file", "summarize"])
+def test_every_client_command_finds_the_server_by_the_server_variables(
+        command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import importlib
+
+    monkeypatch.setenv("SEQ2SERVE_HOST", "0.0.0.0")
+    monkeypatch.setenv("SEQ2SERVE_PORT", "6000")
+    parser = argparse.ArgumentParser()
+    importlib.import_module(f"seq2serve.server.cli.{command}").configure(parser)
+    assert parser.get_default("server") == "127.0.0.1:6000"
+
+
 def test_default_target_follows_the_server_variables() -> None:
-    target = health_cli.default_target
+    target = default_target
     assert target({"SEQ2SERVE_PORT": "6000"}) == "127.0.0.1:6000"
     assert target({"SEQ2SERVE_PORT": " "}) == "127.0.0.1:50051"
     assert target({}) == "127.0.0.1:50051"

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -32,14 +33,7 @@ from playwright.sync_api import (
 )
 from serving import RunningServer, free_port, server_config
 
-CHROMIUM = Path("/usr/bin/chromium")
 STATIC = Path(__file__).resolve().parents[2] / "server" / "api" / "http" / "static"
-# Chromium as CI runs it: headless, no sandbox (root in a container), and nothing of
-# its own on the network (updates, sync, QUIC probes), so that every request seen
-# is the page's.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 CHAR_LIMIT = 120  # the server's max_text_chars: the page's charLimit
 SENTENCE = "Open the file and save your changes."
 WAIT_MS = 30_000  # the machine may be loaded; a translation of the tiny model takes ms

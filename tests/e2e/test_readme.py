@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,10 @@ def test_readme_main_command_serves_and_translates(tmp_path: Path) -> None:
         shutil.copy2(ROOT / name, repo / name)
     command = readme_command("## Quick start")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SEQ2SERVE_", "VIRTUAL_ENV"))}
+    # Free ports, never the defaults (a user's own server may hold them): the server
+    # and the client commands both read these variables.
+    env.update(SEQ2SERVE_HOST="127.0.0.1", SEQ2SERVE_PORT=str(free_port()),
+               SEQ2SERVE_HTTP_PORT=str(free_port()), SEQ2SERVE_METRICS_PORT=str(free_port()))
     proc = subprocess.Popen(["bash", "-c", command], cwd=repo, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)

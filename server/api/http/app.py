@@ -48,6 +48,9 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.DEADLINE_EXCEEDED: 504,
     ErrorKind.CANCELLED: 499,
 }
+# What a 503 (models loading, server draining) tells a client to wait before it asks
+# again (Retry-After, RFC 9110): loading takes seconds, a drain hands over in as many.
+RETRY_AFTER_S = 2
 # Every asset comes from this server; no inline script or style.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
@@ -77,7 +80,9 @@ class HttpMetrics:
 def error_response(error: BaseException) -> JSONResponse:
     """LibreTranslate's error body: {"error": message}, with the kind's status."""
     if isinstance(error, ServiceError):
-        return JSONResponse({"error": error.message}, status_code=HTTP_STATUS[error.kind])
+        status = HTTP_STATUS[error.kind]
+        return JSONResponse({"error": error.message}, status_code=status,
+                            headers=_retry_after(status))
     if isinstance(error, InvalidOptions):
         return JSONResponse({"error": str(error)}, status_code=400)
     if isinstance(error, AccessDenied):
@@ -88,6 +93,10 @@ def error_response(error: BaseException) -> JSONResponse:
         return JSONResponse({"error": str(error)}, status_code=429)
     log.error("unhandled error in an HTTP request", exc_info=error)
     return JSONResponse({"error": "internal error (logged on the server)"}, status_code=500)
+
+
+def _retry_after(status: int) -> dict[str, str] | None:
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -162,7 +171,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     async def health(request: Request) -> Response:
         if serving():
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "unavailable"}, status_code=503,
+                            headers=_retry_after(503))
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")

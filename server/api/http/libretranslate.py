@@ -30,7 +30,6 @@ from seq2serve.server.core.markup import extract
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
-    RouteInfo,
     SummarizeRequest,
     TranslateRequest,
     Translator,
@@ -88,48 +87,64 @@ class Pair:
         return self.models[-1] if self.models else ""
 
 
+@dataclass
+class Catalog:
+    """What this door derives from the served models, for one registry generation
+    (Translator.generation): rebuilt when the models change, never frozen at the
+    first request."""
+
+    generation: int
+    models: list[ModelInfo]  # the translation models
+    pairs: dict[tuple[str, str], Pair]
+    detector: Detector | None = None  # built on first use: its language models cost memory
+
+    @property
+    def languages(self) -> list[str]:
+        return sorted({code for pair in self.pairs for code in pair})
+
+
 class LibreTranslateApi:
     def __init__(self, translator: Translator, access: Access, settings: LibreSettings) -> None:
         self.translator = translator
         self.access = access
         self.settings = settings
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
-        self._detector: Detector | None = None
-        self._translation_models: list[ModelInfo] = []
-        self._routes: list[RouteInfo] = []
+        self._catalog: Catalog | None = None
 
     # -- languages -------------------------------------------------------------------
 
-    def _models(self) -> list[ModelInfo]:
-        """The translation models; read once the server has loaded them (they do not
-        change after), not on every request."""
-        if not self._translation_models:
-            self._translation_models = [m for m in self.translator.list_models()
-                                        if m.task == "translate"]
-        return self._translation_models
+    def catalog(self) -> Catalog:
+        """The served models and pairs (direct or through English, core/registry.py)
+        as they are now; Unavailable (503) while the models load."""
+        generation = self.translator.generation()
+        catalog = self._catalog
+        if catalog is None or catalog.generation != generation:
+            models = [m for m in self.translator.list_models() if m.task == "translate"]
+            pairs = {(r.source_language, r.target_language):
+                     Pair(r.source_language, r.target_language, r.models)
+                     for r in self.translator.list_routes()}
+            catalog = self._catalog = Catalog(generation, models, pairs)
+        return catalog
 
     def pairs(self) -> dict[tuple[str, str], Pair]:
-        """Every pair served, direct or through English (core/registry.py)."""
-        if not self._routes:
-            self._routes = self.translator.list_routes()
-        return {(r.source_language, r.target_language):
-                Pair(r.source_language, r.target_language, r.models) for r in self._routes}
+        return self.catalog().pairs
 
     def detector(self) -> Detector:
-        if self._detector is None:
+        catalog = self.catalog()
+        if catalog.detector is None:
             # Every served language, so that a text in a language that is only a
             # target is named as such ("fr is not supported"), not mistaken for another.
-            self._detector = Detector(sorted({code for pair in self.pairs() for code in pair}))
-        return self._detector
+            catalog.detector = Detector(catalog.languages)
+        return catalog.detector
 
     async def languages(self, request: Request) -> Response:
         # Every target reachable from each language, through English too (as
         # LibreTranslate lists its pivoted pairs); a language is not its own target.
-        pairs = self.pairs()
-        codes = sorted({code for pair in pairs for code in pair})
+        catalog = self.catalog()
         return JSONResponse([
             {"code": code, "name": language_name(code),
-             "targets": sorted(t for s, t in pairs if s == code)} for code in codes])
+             "targets": sorted(t for s, t in catalog.pairs if s == code)}
+            for code in catalog.languages])
 
     async def frontend_settings(self, request: Request) -> Response:
         pairs = self.pairs()
@@ -282,7 +297,7 @@ class LibreTranslateApi:
     def _options(self, model: str, alternatives: int) -> DecodingOptions:
         if alternatives == 0:
             return DecodingOptions()
-        beam = next((b for m in self._models() if m.name == model
+        beam = next((b for m in self.catalog().models if m.name == model
                      and isinstance(b := m.defaults.get("beam_size"), int)), 1)
         return DecodingOptions(beam_size=max(beam, alternatives + 1),
                                num_hypotheses=alternatives + 1)

@@ -110,10 +110,12 @@
 
   /** An error whose message is fit to show as it is. */
   class ApiError extends Error {
-    constructor(message, status) {
+    constructor(message, status, retryAfter) {
       super(message);
       this.name = "ApiError";
       this.status = status;
+      /** Seconds the server asked to wait before asking again (a 503's Retry-After). */
+      this.retryAfter = retryAfter || 0;
     }
   }
 
@@ -141,7 +143,9 @@
       const said = body && typeof body.error === "string" && body.error
         ? body.error
         : `the server answered ${response.status} ${response.statusText}`.trim();
-      throw new ApiError(`${said} (HTTP ${response.status})`, response.status);
+      const wait = Number(response.headers.get("Retry-After"));
+      throw new ApiError(`${said} (HTTP ${response.status})`, response.status,
+        Number.isFinite(wait) && wait > 0 ? wait : 0);
     }
     if (body === null || typeof body !== "object") {
       throw new ApiError(`The server's answer to ${path} is not JSON (HTTP ${response.status}).`,
@@ -612,12 +616,23 @@
     updateCount();
     showCount(el.summarizeText, el.summarizeCount);
     let loaded;
-    try {
-      loaded = await Promise.all([api("/frontend/settings"), api("/languages")]);
-    } catch (error) {
-      showError("Could not load the languages (reload the page to try again)", error);
-      return;
+    for (;;) {
+      try {
+        loaded = await Promise.all([api("/frontend/settings"), api("/languages")]);
+        break;
+      } catch (error) {
+        // 503 with Retry-After: the server is still loading its models (or handing
+        // over while draining): ask again when it says, rather than give up.
+        if (error instanceof ApiError && error.status === 503 && error.retryAfter > 0) {
+          showError("The server is still starting; trying again", error);
+          await new Promise((resolve) => setTimeout(resolve, error.retryAfter * 1000));
+          continue;
+        }
+        showError("Could not load the languages (reload the page to try again)", error);
+        return;
+      }
     }
+    clearError();
     const [settings, languages] = loaded;
     state.settings = mergeSettings(settings);
     state.languages = new Map((Array.isArray(languages) ? languages : [])
