@@ -21,7 +21,7 @@ target also holds t), counted with numpy in one pass over the pairs (40 s for
 the 600,000 pairs of the shipped en-de). No aligner is installed with the
 project (eflomal and fast_align would be a compiled dependency for one export
 step), and co-occurrence ranks a piece's translations above unrelated pieces,
-which is all a shortlist needs; the quality gate (`seq2serve shortlist-gate`)
+which is all a shortlist needs; the quality gate (`seq2serve shortlist-gate`, bench/quality)
 measures the result against full-vocabulary decoding. The Dice coefficient
 2 c(s, t) / (c(s) + c(t)) (`measure="dice"`) was measured too: at equal
 coverage of the model's probability mass it needs 40% more candidates.

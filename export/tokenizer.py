@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from seq2serve.export.package import ModelPackage
+
 SPIECE_UNDERLINE = "\u2581"
 
 
@@ -57,3 +59,11 @@ class PackageTokenizer:
         """A vocab.json for a seq2serve model: each piece keeps its SentencePiece id."""
         sp = spm.SentencePieceProcessor(model_file=str(model_file))
         return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+
+
+def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
+    """The tokenizer a model package lists in its manifest."""
+    files, tokens = package.manifest.tokenizer, package.manifest.special_tokens
+    return PackageTokenizer(package.file(files.source_model), package.file(files.target_model),
+                            package.file(files.vocab), unk_id=tokens.unk, eos_id=tokens.eos,
+                            pad_id=tokens.pad)

@@ -6,7 +6,7 @@ listener is one `self.lifecycle.add(Stage.FRONT, NAME, part)` in Server.
 Start-up order: the ports are bound first (a busy one fails the start with one
 line naming it), health says NOT_SERVING while the models load and warm up,
 then SERVING. Every model package directory must load, or nothing is served
-(unless `--serve-valid-models`; see core/registry.py).
+(unless `--serve-valid-models`; see assembly.py).
 
 SIGTERM/SIGINT drains in two phases, the way load balancers need it:
 1. health turns NOT_SERVING for `drain_delay_s` while calls are still accepted
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import functools
 import logging
 import signal
 import socket
@@ -36,6 +37,7 @@ from grpc_reflection.v1alpha import reflection
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
+from seq2serve.server.api.grpc_metrics import count_undecodable
 from seq2serve.server.api.grpc_service import TranslatorService
 from seq2serve.server.api.http.access import Access, read_api_keys
 from seq2serve.server.api.http.app import HttpSettings, build_app
@@ -43,14 +45,16 @@ from seq2serve.server.api.http.libretranslate import LibreSettings
 from seq2serve.server.api.http.listener import HttpListener, ListenError
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.api.tls import TLSError, server_credentials
+from seq2serve.server.assembly import ModelLoadError, ModelWorkers
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.cache import ResponseCache
-from seq2serve.server.core.glossary import Glossaries
-from seq2serve.server.core.registry import ModelLoadError, ModelRegistry
+from seq2serve.server.core.glossary import Glossaries, GlossaryError
+from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.lifecycle import Lifecycle, Stage
 from seq2serve.server.metrics import Metrics, MetricsServer
+from seq2serve.server.problems import Problem
 
 log = logging.getLogger("seq2serve.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
@@ -87,6 +91,16 @@ def check_bindable(host: str, port: int, what: str) -> None:
             hint = BUSY_HINT if e.errno == errno.EADDRINUSE else ""
             raise StartupError(f"cannot listen for {what} on {address(host, port)}: "
                                f"{e.strerror}{hint}") from None
+
+
+def load_glossaries(config: ServerConfig) -> Glossaries:
+    """The glossaries of `glossary_dir`, read once; a broken file is a configuration
+    error (exit status 2) naming it."""
+    try:
+        return Glossaries.load(config.glossary_dir)
+    except GlossaryError as e:
+        raise ConfigError([Problem("glossary_dir",
+                                   f"glossary_dir holds a broken glossary: {e}")]) from None
 
 
 class GrpcListener:
@@ -129,24 +143,6 @@ class MetricsListener:
             await asyncio.get_running_loop().run_in_executor(None, server.stop)
 
 
-class ModelWorkers:
-    """The served models as a lifecycle part (BACK): start() loads and warms them
-    up, stop() ends their workers (see ModelRegistry.close)."""
-
-    def __init__(self, registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -> None:
-        self.registry, self.config, self.metrics = registry, config, metrics
-
-    async def start(self) -> None:
-        # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
-        # health checks meanwhile.
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.registry.load, self.config, self.metrics)
-
-    async def stop(self, grace: float) -> None:
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.registry.close(drain=False, timeout=grace))
-
-
 class Server:
     """One server: gRPC + health + reflection + metrics over a model registry.
     Binds the gRPC port on creation; raises StartupError when it cannot. Every
@@ -160,7 +156,7 @@ class Server:
             health.HealthServicer()
         limit = config.max_message_bytes
         self.grpc = grpc.aio.server(
-            interceptors=[ErrorInterceptor(self.metrics.count_undecodable)],
+            interceptors=[ErrorInterceptor(functools.partial(count_undecodable, self.metrics))],
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
                      # gRPC sets SO_REUSEPORT by default: a second server on the same
@@ -185,7 +181,7 @@ class Server:
         self.translator = Translator(self.registry,
                                      max_texts_per_request=config.max_texts_per_request,
                                      max_text_chars=config.max_text_chars, cache=cache,
-                                     glossaries=Glossaries.load(config.glossary_dir),
+                                     glossaries=load_glossaries(config),
                                      metrics=self.metrics)
         self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
@@ -337,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_serve(config))
+    except ConfigError as e:
+        return _fail(str(e), 2)
     except (StartupError, ModelLoadError) as e:
         return _fail(str(e), 1)
     except Exception as e:  # noqa: BLE001 - a start-up failure is a line, not a traceback

@@ -22,11 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seq2serve.server.batching.scheduler import BatchLimits
-from seq2serve.server.core.glossary import Glossaries, GlossaryError
-from seq2serve.server.engine.options import OptionLimits
-from seq2serve.server.engine.resources import PROVIDERS, usable_cores
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
+from seq2serve.server.resources import PROVIDERS, usable_cores
 
 ENV_PREFIX = "SEQ2SERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -262,11 +259,7 @@ class ServerConfig:
         if not Path(self.glossary_dir).is_dir():
             return Problem("glossary_dir", "glossary_dir must be an existing directory, got "
                            f"{str(self.glossary_dir)!r}")
-        try:
-            Glossaries.load(Path(self.glossary_dir))
-        except GlossaryError as e:
-            return Problem("glossary_dir", f"glossary_dir holds a broken glossary: {e}")
-        return None
+        return None  # its files are read once, at start-up (app.py): a broken one stops it
 
     def trusted_networks(self) -> tuple[Network, ...]:
         return tuple(ipaddress.ip_network(spec.strip(), strict=False)
@@ -314,21 +307,6 @@ class ServerConfig:
         if problems:
             raise ConfigError(problems)
         return self
-
-    def batch_limits(self) -> BatchLimits:
-        """What the scheduler of each model enforces."""
-        return BatchLimits(max_batch_size=self.max_batch_size,
-                           max_batch_tokens=self.max_batch_tokens,
-                           max_queue_delay_s=self.max_queue_delay_ms / 1000.0,
-                           max_queue_size=self.max_queue_size,
-                           max_running_rows=self.max_running_rows,
-                           max_cache_tokens=self.max_cache_tokens,
-                           max_running_beam=self.max_running_beam,
-                           similar_lengths=self.batch_similar_lengths)
-
-    def option_limits(self) -> OptionLimits:
-        """The caps `DecodingOptions.resolve()` checks requests against."""
-        return OptionLimits(max_beam_size=self.max_beam_size, max_length=self.max_length_cap)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
@@ -26,10 +24,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from seq2serve.server.api.grpc_errors import status_of
-from seq2serve.server.batching.scheduler import BatchReason, DropReason
-from seq2serve.server.core.cache import CacheStats
 
 NAMESPACE = "seq2serve"
 
@@ -56,6 +50,26 @@ HTTP_POLL_S = 0.05
 
 
 UNRESOLVED = "(none)"  # model label of calls that failed before a model was chosen
+# The `reason` labels' values, as the scheduler writes them (batching/scheduler.py's
+# BatchReason and DropReason; tests/unit/test_scheduler.py holds the two the same).
+# Metrics are read by every layer and import none.
+BATCH_REASONS = ("full", "tokens", "delay", "drain", "dropped", "join")
+DROP_REASONS = ("deadline", "cancelled")
+
+
+class CacheCounters(Protocol):
+    """What the response cache reports (core/cache.py's CacheStats)."""
+
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def capacity_bytes(self) -> int: ...
 
 
 class Metrics:
@@ -84,7 +98,7 @@ class Metrics:
             registry=r)
         self.batches = Counter(
             f"{NAMESPACE}_batches", "batches run, by why the scheduler closed them "
-            f"({', '.join(r.value for r in BatchReason)})", ["model", "reason"], registry=r)
+            f"({', '.join(BATCH_REASONS)})", ["model", "reason"], registry=r)
         self.encoder_duration = Histogram(
             f"{NAMESPACE}_encoder_duration_seconds", "encoder run per batch", ["model"],
             buckets=ENCODER_BUCKETS, registry=r)
@@ -107,7 +121,7 @@ class Metrics:
             f"{NAMESPACE}_in_flight_requests", "RPCs being handled", ["model"], registry=r)
         self.cancelled = Counter(
             f"{NAMESPACE}_cancelled", "texts dropped before finishing, by reason "
-            f"({', '.join(r.value for r in DropReason)})", ["model", "reason"], registry=r)
+            f"({', '.join(DROP_REASONS)})", ["model", "reason"], registry=r)
         self.engine_errors = Counter(
             f"{NAMESPACE}_engine_errors", "engine calls that raised", ["model"], registry=r)
         self.routes = Counter(
@@ -135,27 +149,15 @@ class Metrics:
         """Read the queue depth at scrape time, so the gauge is never stale."""
         self.queue_depth.labels(model).set_function(depth)
 
-    def watch_cache(self, stats: Callable[[], CacheStats]) -> None:
+    def watch_cache(self, stats: Callable[[], CacheCounters]) -> None:
         """The exact response cache's counters, read at scrape time."""
         self.registry.register(_CacheCollector(stats))
-
-    def track(self, method: str, model: str = "") -> RequestTracker:
-        """`with metrics.track("Translate") as t: t.bind(model); ...; t.ok()`: in-flight
-        gauge, duration histogram and the request counter with its status code."""
-        tracker = RequestTracker(self, UNRESOLVED, method)
-        if model:
-            tracker.bind(model)
-        return tracker
 
     def count_route(self, route: str, models: str) -> None:
         """A translation request of any front door, by route ("direct", "chained",
         "same_language") and the models serving it: served names only, never a
         client's."""
         self.routes.labels(route, models or UNRESOLVED).inc()
-
-    def count_undecodable(self, method: str, error: BaseException) -> None:
-        """A call whose request could not be decoded (its handler never ran)."""
-        self.requests.labels(UNRESOLVED, method.rsplit("/", 1)[-1], status_name(error)).inc()
 
     def render(self) -> bytes:
         """The exposition text, as /metrics serves it."""
@@ -208,7 +210,7 @@ class MetricsServer:
 
 
 class _CacheCollector(Collector):
-    def __init__(self, stats: Callable[[], CacheStats]) -> None:
+    def __init__(self, stats: Callable[[], CacheCounters]) -> None:
         self.stats = stats
 
     def collect(self) -> Iterable[Metric]:
@@ -222,51 +224,3 @@ class _CacheCollector(Collector):
                                 value=s.bytes)
         yield GaugeMetricFamily(f"{NAMESPACE}_cache_capacity_bytes", "the response cache's "
                                 "budget (--cache-mb)", value=s.capacity_bytes)
-
-
-class RequestTracker:
-    """One RPC's metrics. The model label starts as `UNRESOLVED` and becomes the
-    served model's name once the handler has picked it (`bind`), so calls that fail
-    before that (unknown model, bad message) are counted too, without letting
-    client-chosen names into the label set."""
-
-    def __init__(self, metrics: Metrics, model: str, method: str) -> None:
-        self.metrics, self.model, self.method = metrics, model, method
-        self.code: str | None = None
-        self.start = 0.0
-        self.deadline: float | None = None  # time.monotonic() at which the RPC expires
-        self._in_flight: str | None = None
-
-    def ok(self) -> None:
-        self.code = "OK"
-
-    def bind(self, model: str) -> None:
-        self.model = model
-        if self._in_flight is None:
-            self._in_flight = model
-            self.metrics.in_flight.labels(model).inc()
-
-    def __enter__(self) -> RequestTracker:
-        self.start = time.perf_counter()
-        self.metrics.active_requests += 1
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        m = self.metrics
-        m.active_requests -= 1
-        if self._in_flight is not None:
-            m.in_flight.labels(self._in_flight).dec()
-        m.request_duration.labels(self.model, self.method).observe(
-            time.perf_counter() - self.start)
-        code = status_name(exc) if exc is not None else (self.code or "OK")
-        if (code == "CANCELLED" and self.deadline is not None
-                and time.monotonic() >= self.deadline):
-            code = "DEADLINE_EXCEEDED"  # gRPC cancels the handler when the deadline passes
-        m.requests.labels(self.model, self.method, code).inc()
-
-
-def status_name(error: BaseException) -> str:
-    """The gRPC status the error interceptor will answer with, by name (errors.py
-    holds the one table)."""
-    return str(status_of(error)[0].name)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seq2serve.server import assembly
 from seq2serve.server.cli.main import main
-from seq2serve.server.core.registry import ModelRegistry
 
 RELEASE = "HELD_SERVE_RELEASE"
 HOLD_LIMIT_S = 600.0  # a test that never releases still ends
@@ -22,20 +22,20 @@ HOLD_LIMIT_S = 600.0  # a test that never releases still ends
 
 def hold_after_the_first_model() -> None:
     release = Path(os.environ[RELEASE])
-    add = ModelRegistry._add
-    added = 0
+    build = assembly.build_handle
+    built = 0
 
-    def held_add(self: ModelRegistry, *args: Any, **kwargs: Any) -> None:
-        nonlocal added
-        if added:
+    def held_build(*args: Any, **kwargs: Any) -> Any:
+        nonlocal built
+        if built:
             print(f"holding the start-up until {release} exists", flush=True)
             end = time.monotonic() + HOLD_LIMIT_S
             while not release.exists() and time.monotonic() < end:
                 time.sleep(0.05)
-        added += 1
-        add(self, *args, **kwargs)
+        built += 1
+        return build(*args, **kwargs)
 
-    ModelRegistry._add = held_add  # type: ignore[method-assign]
+    assembly.build_handle = held_build
 
 
 if __name__ == "__main__":

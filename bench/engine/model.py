@@ -6,7 +6,7 @@ conversion (bench/engine/ctranslate2_model.py) at `compute_type` int8 and float3
 get the same token ids of the same real sentences (the first `--sentences`
 lines of --data, sorted by length so that a batch pads little, as a server's
 length-sorted batches do), the package's length limits and suppressed tokens, and
-decode naturally (EOS). Timing is harness.run_systems's: all systems loaded,
+decode naturally (EOS). Timing is measure.run_systems's: all systems loaded,
 round-robin repeats, the median.
 
 Tokens are each system's own generated target tokens, EOS included (the two
@@ -37,13 +37,11 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from seq2serve.bench.engine.measure import Record, run_systems
 from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve, System
 from seq2serve.bench.inputs import read_sentences, source_ids
-
-if TYPE_CHECKING:
-    from seq2serve.bench.engine.harness import Record
 
 
 def model_problems(args: argparse.Namespace) -> list[str]:
@@ -87,7 +85,7 @@ def _prepared(args: argparse.Namespace) -> Prepared:
     from seq2serve.bench.engine.ctranslate2_model import VMAP_FILE, convert, convert_with_vmap
     from seq2serve.export.exporter import export
     from seq2serve.export.package import load_package
-    from seq2serve.server.core.registry import package_tokenizer
+    from seq2serve.export.tokenizer import package_tokenizer
 
     shipped = args.models_dir / args.model
     checkpoint = args.models_dir / "checkpoints" / args.model
@@ -152,7 +150,6 @@ def _workload(args: argparse.Namespace, count: int, shortlist: str = "") -> str:
 
 
 def model_benchmark(args: argparse.Namespace, threads: int) -> list[Record]:
-    from seq2serve.bench.engine.harness import run_systems
 
     prepared = _prepared(args)
     ids = prepared.ids

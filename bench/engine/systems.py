@@ -58,15 +58,17 @@ class Seq2Serve(System):
         self.engine: Any = None
 
     def load(self) -> None:
+        from seq2serve.server.assembly import default_limits
         from seq2serve.server.engine.engine import Engine
         from seq2serve.server.engine.runner import RunnerConfig
 
         self.engine = Engine(self.package, RunnerConfig(provider=self.device,
-                                                        intra_op_threads=self.threads))
+                                                        intra_op_threads=self.threads),
+                             default_limits())
         self.precision = self.engine.package.manifest.precision
 
     def generate(self, prepared: Any, beam: int, new_tokens: int | None) -> Tokens:
-        from seq2serve.server.engine.options import DecodingOptions
+        from seq2serve.server.core.options import DecodingOptions
         from seq2serve.server.engine.search import FinishReason
 
         if new_tokens is None:  # the package's generation defaults (length limit, penalty)
@@ -206,10 +208,10 @@ def engine_defaults(manifest: Any) -> Any:
     """The decoding options the engine applies to a package's requests by default
     (its generation settings under the server's default limits): what a peer system
     is given to decode the same way."""
-    from seq2serve.server.config import ServerConfig
-    from seq2serve.server.engine.options import DecodingOptions
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.core.options import DecodingOptions
 
-    limits = ServerConfig(models_dir=None).option_limits()
+    limits = default_limits()
     return DecodingOptions().resolve(manifest.generation.as_dict(), limits)
 
 

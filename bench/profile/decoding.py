@@ -41,6 +41,7 @@ from typing import Any
 
 from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
 from seq2serve.bench.inputs import read_sentences, source_ids
+from seq2serve.server.assembly import default_limits
 
 GROUPS = {
     "matrix products": {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger",
@@ -133,8 +134,8 @@ def print_op_profile(name: str, profile: dict[str, Any]) -> None:
 def workload(args: argparse.Namespace) -> tuple[Path, list[list[list[int]]], Any, str]:
     """(package, batches of token ids, decoding options, a description)."""
     from seq2serve.export.package import load_package
-    from seq2serve.server.core.registry import package_tokenizer
-    from seq2serve.server.engine.options import DecodingOptions
+    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.server.core.options import DecodingOptions
 
     if args.package is None:
         shape = SHAPES["opus-mt"]
@@ -188,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from seq2serve.server.engine.runner import RunnerConfig
 
     package, batches, options, description = workload(args)
-    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=args.threads))
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=args.threads),
+                    default_limits())
     runner = engine.runner
 
     def decode() -> int:

@@ -35,11 +35,12 @@ from pathlib import Path
 
 from seq2serve.bench.quality.score import generate_sorted
 from seq2serve.export.package import load_package
+from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.server.assembly import default_limits
 from seq2serve.server.core import placeholders as ph
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import join, plan
-from seq2serve.server.core.registry import package_tokenizer
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import RunnerConfig
 
 EXAMPLES = (
@@ -106,7 +107,8 @@ class Decoder:
         self.language = package.manifest.source_language
         self.limit = package.manifest.max_source_length
         self.tokenizer = package_tokenizer(package)
-        self.engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads))
+        self.engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads),
+                             default_limits())
         self.options = DecodingOptions()
         self.batch = batch
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 from seq2serve.bench.inputs import source_ids
 from seq2serve.export.package import load_package
+from seq2serve.export.tokenizer import package_tokenizer
 from seq2serve.model.train.batching import read_split
 from seq2serve.model.train.evaluate import score_with_signatures
-from seq2serve.server.core.registry import package_tokenizer
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import RunnerConfig
 from seq2serve.server.engine.search import Result
 
@@ -46,7 +47,8 @@ def decode(package_dir: Path, sources: list[str], beam: int, threads: int,
            batch_size: int) -> tuple[list[str], float]:
     package = load_package(package_dir)
     tokenizer = package_tokenizer(package)
-    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads))
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads),
+                    default_limits())
     ids = source_ids(tokenizer, sources, package.manifest.max_source_length)
     options = DecodingOptions(beam_size=beam, num_hypotheses=1, max_length_ratio=2.0,
                               max_length=256)

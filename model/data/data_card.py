@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from seq2serve.model.data.card_text import dropped_list, overlap_list, text_table
-from seq2serve.model.data.ddtp import KINDS, MAX_LENGTH_RATIO, MAX_TRANSLATION_CHARS
-
-if TYPE_CHECKING:  # corpus.py imports this module to write the card
-    from seq2serve.model.data.ddtp_data import Corpus, IndexFile
+from seq2serve.model.data.ddtp import (
+    KINDS,
+    MAX_LENGTH_RATIO,
+    MAX_TRANSLATION_CHARS,
+    Corpus,
+    IndexFile,
+)
 
 
 def count_table(corpora: list[Corpus]) -> str:

@@ -11,13 +11,16 @@ files and building the corpora is `corpus.py`.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 KINDS = ("synopsis", "paragraph", "sentence", "description")  # what a Pair's kind can be
 MAX_TRANSLATION_CHARS = 1000
 MAX_LENGTH_RATIO = 3.0
+SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 
 
 # --------------------------------------------------------------------------- parsing
@@ -226,3 +229,36 @@ def reject_reason(kind: str, src: str, tgt: str) -> str | None:
     if kind != "synopsis" and max(len(src), len(tgt)) > MAX_LENGTH_RATIO * min(len(src), len(tgt)):
         return f"length ratio > {MAX_LENGTH_RATIO:g}"
     return None
+
+
+# --------------------------------------------------------------------------- the corpus
+
+@dataclass
+class Corpus:
+    name: str  # output folder: "en-de", "summarize-en"
+    task: str  # "translate" | "summarize"
+    src_lang: str
+    tgt_lang: str
+    splits: dict[str, list[Pair]] = field(default_factory=lambda: {s: [] for s in SPLITS})
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        counts = {s: Counter(k for k, _, _ in self.splits[s]) for s in SPLITS}
+        return {s: {k: c[k] for k in KINDS if c[k]} for s, c in counts.items()}
+
+    def source_overlap(self) -> dict[str, int]:
+        """Test/valid pairs whose source also occurs in train (with another target):
+        exact-pair dedupe cannot remove these, so the data card reports them."""
+        train = {src for _, src, _ in self.splits["train"]}
+        return {s: sum(src in train for _, src, _ in self.splits[s]) for s in ("test", "valid")}
+
+
+@dataclass
+class IndexFile:
+    path: Path
+    lang: str
+    sha256: str
+    release: dict[str, str]  # Origin/Suite/Codename/Version/Date from apt's InRelease, if found
+
+    def describe(self) -> dict[str, object]:
+        return {"file": self.path.name, "lang": self.lang, "sha256": self.sha256, **self.release}

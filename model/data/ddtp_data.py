@@ -23,9 +23,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import lz4.frame
@@ -33,8 +31,10 @@ import lz4.frame
 from seq2serve.model.data import messages_data
 from seq2serve.model.data.data_card import count_table, data_card
 from seq2serve.model.data.ddtp import (
-    KINDS,
+    SPLITS,
+    Corpus,
     Description,
+    IndexFile,
     Pair,
     align,
     parse_index,
@@ -44,8 +44,6 @@ from seq2serve.model.data.ddtp import (
 from seq2serve.model.data.registry import fail as _fail
 from seq2serve.model.data.registry import log as _log
 from seq2serve.model.data.registry import refuse_overwrite
-
-SPLITS = ("test", "valid", "train")  # dedupe priority: earlier splits keep a shared pair
 
 # apt's documented way to fetch extra description languages; `#clear` drops the
 # system default ("environment" -> only the locale's language).
@@ -63,26 +61,6 @@ def split_of(md5: str) -> str:
     """Deterministic split by description: ~2% test, ~2% valid, ~96% train."""
     bucket = int(hashlib.sha256(md5.encode("ascii")).hexdigest(), 16) % 100
     return "test" if bucket < 2 else "valid" if bucket < 4 else "train"
-
-
-@dataclass
-class Corpus:
-    name: str  # output folder: "en-de", "summarize-en"
-    task: str  # "translate" | "summarize"
-    src_lang: str
-    tgt_lang: str
-    splits: dict[str, list[Pair]] = field(default_factory=lambda: {s: [] for s in SPLITS})
-    dropped: Counter[str] = field(default_factory=Counter)
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        counts = {s: Counter(k for k, _, _ in self.splits[s]) for s in SPLITS}
-        return {s: {k: c[k] for k in KINDS if c[k]} for s, c in counts.items()}
-
-    def source_overlap(self) -> dict[str, int]:
-        """Test/valid pairs whose source also occurs in train (with another target):
-        exact-pair dedupe cannot remove these, so the data card reports them."""
-        train = {src for _, src, _ in self.splits["train"]}
-        return {s: sum(src in train for _, src, _ in self.splits[s]) for s in ("test", "valid")}
 
 
 def _assemble(corpus: Corpus, candidates: Iterable[tuple[str, Pair]]) -> Corpus:
@@ -131,17 +109,6 @@ def build(english: dict[str, Description], translations: dict[str, dict[str, Des
 
 
 # --------------------------------------------------------------------------- sources
-
-
-@dataclass
-class IndexFile:
-    path: Path
-    lang: str
-    sha256: str
-    release: dict[str, str]  # Origin/Suite/Codename/Version/Date from apt's InRelease, if found
-
-    def describe(self) -> dict[str, object]:
-        return {"file": self.path.name, "lang": self.lang, "sha256": self.sha256, **self.release}
 
 
 def find_indexes(directory: Path, langs: Iterable[str]) -> dict[str, list[Path]]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server.core.options import LENGTH_PENALTY_RANGE, DecodingOptions
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.requests import (
     ModelInfo,
@@ -24,7 +25,6 @@ from seq2serve.server.core.requests import (
     TranslateRequest,
     TranslateResult,
 )
-from seq2serve.server.engine.options import LENGTH_PENALTY_RANGE, DecodingOptions
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
 # sizes and 0.0 temperatures are values a client can mean), so HasField decides.

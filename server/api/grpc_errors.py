@@ -1,11 +1,10 @@
 """The one interceptor that maps every handler's exceptions to gRPC status codes.
 
 Handlers raise; they never call `context.abort` themselves. The application's
-errors (core.errors.ServiceError, by its ErrorKind) and the project's own
-validation errors (options.InvalidOptions, config.ConfigError) are the
-client's; anything else, a stray ValueError included, is a bug here: logged
-with its traceback and the RPC's name, and answered INTERNAL without leaking
-internals to the client.
+errors (core.errors.ServiceError, by its ErrorKind, through the one table below:
+core.options.InvalidOptions is an InvalidArgument) are the client's; anything
+else, a stray ValueError included, is a bug here: logged with its traceback and
+the RPC's name, and answered INTERNAL without leaking internals to the client.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from seq2serve.server.config import ConfigError
 from seq2serve.server.core.errors import ErrorKind, InvalidArgument, ServiceError
-from seq2serve.server.engine.options import InvalidOptions
 
 log = logging.getLogger("seq2serve.server")
 # gRPC sends the status message as a header; past ~8 KB of headers the client gets
@@ -43,8 +40,6 @@ def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     """The one table from exceptions to gRPC status codes and client messages."""
     if isinstance(error, ServiceError):
         code, message = STATUS[error.kind], error.message
-    elif isinstance(error, (InvalidOptions, ConfigError)):
-        code, message = grpc.StatusCode.INVALID_ARGUMENT, str(error)
     elif isinstance(error, (asyncio.CancelledError, GeneratorExit)):
         code, message = grpc.StatusCode.CANCELLED, "the call was cancelled"
     else:

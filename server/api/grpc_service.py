@@ -15,9 +15,11 @@ import grpc
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.api import grpc_metrics
+from seq2serve.server.api.grpc_metrics import RequestTracker
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.requests import Call
-from seq2serve.server.metrics import Metrics, RequestTracker
+from seq2serve.server.metrics import Metrics
 
 
 class TranslatorService(pb_grpc.TranslatorServicer):
@@ -27,14 +29,14 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def Translate(self, request: pb.TranslateRequest,
                         context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
-        with self.metrics.track("Translate") as track:
+        with grpc_metrics.track(self.metrics, "Translate") as track:
             response = await self.api.translate(request, _call(context, track))
             track.ok()
             return response
 
     async def Summarize(self, request: pb.SummarizeRequest,
                         context: grpc.aio.ServicerContext) -> pb.SummarizeResponse:
-        with self.metrics.track("Summarize") as track:
+        with grpc_metrics.track(self.metrics, "Summarize") as track:
             response = await self.api.summarize(request, _call(context, track))
             track.ok()
             return response
@@ -42,7 +44,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def TranslateStream(self, request: pb.TranslateRequest,
                               context: grpc.aio.ServicerContext
                               ) -> AsyncIterator[pb.TranslateChunk]:
-        with self.metrics.track("TranslateStream") as track:
+        with grpc_metrics.track(self.metrics, "TranslateStream") as track:
             chunks = self.api.stream(request, _call(context, track))
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
@@ -51,7 +53,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
-        with self.metrics.track("ListModels") as track:
+        with grpc_metrics.track(self.metrics, "ListModels") as track:
             response = self.api.list_models()
             track.ok()
             return response

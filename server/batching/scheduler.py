@@ -119,7 +119,7 @@ def group_of(options: ResolvedOptions) -> tuple[int, bool]:
 @dataclass(frozen=True)
 class BatchLimits:
     """What one model's scheduler enforces. No defaults here: the server's are in
-    ServerConfig (`ServerConfig().batch_limits()`), their one home."""
+    ServerConfig (assembly.py `batch_limits`), their one home."""
 
     max_batch_size: int  # texts (sources), not beams
     max_batch_tokens: int  # longest source x texts x beam width

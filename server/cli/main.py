@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "(resumable)"),
     "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
                "Marian model to a verified ONNX model package"),
-    "shortlist-gate": ("seq2serve.export.shortlist_gate", "decode test splits with a "
+    "shortlist-gate": ("seq2serve.bench.quality.shortlist_gate", "decode test splits with a "
                        "package over its vocabulary shortlist and over the whole vocabulary: "
                        "BLEU, chrF and identical outputs, and whether the shortlist may be "
                        "on by default"),

@@ -1,18 +1,11 @@
-"""The served models: one package, engine, scheduler and worker per model.
+"""The served models and the routes between their languages.
 
-Which directories are packages (`find_packages`): `models_dir` itself when it
-holds manifest.json; otherwise every directory directly below it that holds a
-manifest.json or an ONNX graph (`*.onnx`), so a package that lost its manifest
-is reported, not skipped. Anything else is not a package and is ignored: other
-directories (the shipped `models/checkpoints/`, training checkpoints beside
-the packages), hidden ones (".git", the "..data" links of a Kubernetes
-ConfigMap or Secret volume), `lost+found` and plain files.
-
-One rule for broken packages (a manifest missing or invalid, a file missing or
-tampered with, a name served twice, an engine that will not load): every one is
-reported, each naming its directory and the problem, and the server does not
-start. With `serve_valid_models` it serves the others and logs each broken one
-as an error (and counts them in `seq2serve_broken_packages`).
+The registry holds what is served (one handle per model: its package, tokenizer,
+engine, scheduler and workers, built by server/assembly.py) and answers how a
+request is served (`route`: the model it names, a direct model of its pair, a chain
+of two through English). Until every model is loaded it answers Unavailable: what is
+served is not known yet. `generation` counts the changes to what is served, so that
+what a door derives from it is derived again when it moves.
 """
 
 from __future__ import annotations
@@ -21,19 +14,14 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol
 
-from seq2serve.export.package import MANIFEST, Manifest, ModelPackage, PackageError, load_package
+from seq2serve.export.package import Manifest, ModelPackage
 from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
-from seq2serve.server.config import ServerConfig
 from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo
-from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
-from seq2serve.server.engine.resources import usable_cores
-from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider
-from seq2serve.server.metrics import Metrics
+from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions
 
 log = logging.getLogger("seq2serve.server")
 # After ONNX Runtime runs are terminated, how long their threads may take to end
@@ -41,29 +29,18 @@ log = logging.getLogger("seq2serve.server")
 TERMINATE_JOIN_S = 10.0
 
 
-def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
-    files, tokens = package.manifest.tokenizer, package.manifest.special_tokens
-    return PackageTokenizer(package.file(files.source_model), package.file(files.target_model),
-                            package.file(files.vocab), unk_id=tokens.unk, eos_id=tokens.eos,
-                            pad_id=tokens.pad)
+class ModelEngine(Protocol):
+    """What the core asks of a served model's engine (engine/engine.py's Engine)."""
 
+    limits: OptionLimits
 
-# On 2 CPU cores, two engines with one intra-op thread each decode 1.76x (beam 4)
-# to 1.95x (greedy) the tokens/s of one engine with two threads (docs/benchmarks.md):
-# ONNX Runtime splits few of a small model's kernels well across threads. Past a few
-# engines each is one more copy of the sessions for a smaller share of the queue.
-MAX_AUTO_ENGINES = 4
+    @property
+    def max_positions(self) -> int: ...
 
+    @property
+    def provider(self) -> str: ...
 
-def engine_layout(threads: int, engines: int, provider: str) -> tuple[int, int]:
-    """(engines, intra-op threads per engine) for one model: `threads` (0 = the
-    usable cores) shared out among `engines` (0 = auto: one per thread up to
-    MAX_AUTO_ENGINES on CPU; one on CUDA, where a second session only splits the
-    same device)."""
-    total = threads or usable_cores()
-    if engines == 0:
-        engines = 1 if provider == CUDA else min(total, MAX_AUTO_ENGINES)
-    return engines, max(1, total // engines)
+    def resolve(self, options: Resolvable) -> ResolvedOptions: ...
 
 
 @dataclass
@@ -71,7 +48,7 @@ class ModelHandle:
     name: str
     package: ModelPackage
     tokenizer: PackageTokenizer
-    engine: Engine  # the first engine: options, limits and provider are the same in all
+    engine: ModelEngine  # the first engine: options, limits and provider are the same in all
     scheduler: Scheduler
     workers: tuple[ModelWorker, ...]  # one per engine, all taking from `scheduler`
 
@@ -89,7 +66,7 @@ class ModelHandle:
 
     @property
     def provider(self) -> str:
-        return self.engine.runner.provider
+        return self.engine.provider
 
 
 # The language every chain goes through: each shipped model reads or writes it.
@@ -124,130 +101,23 @@ class Route:
         return "+".join(self.names)
 
 
-IGNORED_DIRS = frozenset({"lost+found"})  # what mkfs leaves at a volume's root
-
-
-def find_packages(models_dir: Path) -> list[Path]:
-    """The package directories of `models_dir`, sorted (see the module docstring)."""
-    if (models_dir / MANIFEST).is_file():
-        return [models_dir]
-    return sorted(p for p in models_dir.iterdir()
-                  if p.is_dir() and not _ignored(p.name) and _looks_like_a_package(p))
-
-
-def _ignored(name: str) -> bool:
-    return name.startswith(".") or name in IGNORED_DIRS
-
-
-def _looks_like_a_package(directory: Path) -> bool:
-    return (directory / MANIFEST).is_file() or any(directory.glob("*.onnx"))
-
-
-@dataclass(frozen=True)
-class BrokenPackage:
-    path: Path
-    problem: str  # one line
-
-
-class ModelLoadError(Exception):
-    """The models cannot be served as configured; the message lists every problem."""
-
-
-def _one_line(error: BaseException) -> str:
-    if isinstance(error, PackageError):
-        return "; ".join(error.problems)
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if isinstance(error, OSError) else f"{type(error).__name__}: {text}"
-
-
 class ModelRegistry:
     def __init__(self) -> None:
         self._handles: dict[str, ModelHandle] = {}
-        self.broken: list[BrokenPackage] = []
         self.ready = False
         # Counts the changes to what is served (a model added, loading finished): what
         # a door derives from the served models is derived again when it moves.
         self.generation = 0
 
-    def load(self, config: ServerConfig, metrics: Metrics) -> None:
-        """Verify every package, then load and warm up the valid ones. Raises
-        ModelLoadError naming every broken package (unless `serve_valid_models`)."""
-        if config.models_dir is None:
-            raise ModelLoadError("no --models-dir given and no shipped models/ folder")
-        models_dir = Path(config.models_dir)
-        paths = find_packages(models_dir)
-        if not paths:
-            raise ModelLoadError(f"no model package in {models_dir} (a package is a "
-                                 f"directory holding {MANIFEST} and the files it lists)")
-        packages: list[ModelPackage] = []
-        names: dict[str, Path] = {}
-        for path in paths:  # verify all first: every problem shows before any model loads
-            try:
-                package = load_package(path)
-            except (PackageError, OSError) as e:
-                self.broken.append(BrokenPackage(path, _one_line(e)))
-                continue
-            name = package.manifest.name
-            if name in names:
-                self.broken.append(BrokenPackage(path, f"model name {name!r} is already "
-                                                       f"served from {names[name]}"))
-                continue
-            names[name] = path
-            packages.append(package)
-        self._check(config, models_dir, len(paths))
-        for package in packages:
-            try:
-                self._add(package, config, metrics)
-            except Exception as e:  # noqa: BLE001 - any failure makes this package broken
-                self.broken.append(BrokenPackage(package.path, _one_line(e)))
-        try:
-            self._check(config, models_dir, len(paths))
-        except ModelLoadError:
-            self.close(drain=False, timeout=5)
-            raise
-        for broken in self.broken:
-            log.error("model package %s is broken and not served: %s", broken.path,
-                      broken.problem)
-        metrics.broken_packages.set(len(self.broken))
+    def add(self, handle: ModelHandle) -> None:
+        """Serve a loaded model (server/assembly.py checks that its name is new)."""
+        self._handles[handle.name] = handle
+        self.generation += 1
+
+    def loaded(self) -> None:
+        """Every model is loaded: what is served is known, requests may be routed."""
         self.ready = True
         self.generation += 1
-
-    def _check(self, config: ServerConfig, models_dir: Path, candidates: int) -> None:
-        if not self.broken:
-            return
-        if config.serve_valid_models and len(self.broken) < candidates:
-            return
-        advice = ("none is left to serve" if config.serve_valid_models else
-                  "fix or remove them, or pass --serve-valid-models to serve the others")
-        lines = [f"{len(self.broken)} of the {candidates} model package directories in "
-                 f"{models_dir} cannot be served; {advice}:"]
-        lines += [f"  {b.path}: {b.problem}" for b in self.broken]
-        raise ModelLoadError("\n".join(lines))
-
-    def _add(self, package: ModelPackage, config: ServerConfig, metrics: Metrics) -> None:
-        name = package.manifest.name
-        count, threads = engine_layout(config.threads, config.engines,
-                                       choose_provider(config.provider))
-        runner = RunnerConfig(provider=config.provider, intra_op_threads=threads)
-        engines = [Engine(package, runner, config.option_limits())]
-        try:  # a default no request can override must not fail every call
-            engines[0].resolve(DecodingOptions())
-        except InvalidOptions as e:
-            raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
-                                              f"on this server: {e}"]) from None
-        engines += [Engine(package, runner, config.option_limits()) for _ in range(count - 1)]
-        tokenizer = package_tokenizer(package)
-        scheduler = Scheduler(config.batch_limits())
-        workers = tuple(ModelWorker(name, engine, scheduler, metrics, index=i).start()
-                        for i, engine in enumerate(engines))
-        provider = engines[0].runner.provider
-        metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
-        self._handles[name] = ModelHandle(name, package, tokenizer, engines[0], scheduler,
-                                          workers)
-        self.generation += 1
-        log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
-                 package.manifest.task, package.manifest.precision, provider, count,
-                 "s" if count > 1 else "", threads, package.path)
 
     def handles(self) -> list[ModelHandle]:
         """The models loaded so far (all of them once `ready`)."""

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
-from seq2serve.server.engine.options import DecodingOptions
 
 # A decoding option's value as a model's defaults show it.
 OptionValue = int | float | bool | str | None

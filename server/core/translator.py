@@ -35,6 +35,7 @@ from seq2serve.server.core.errors import (
     check_unicode,
 )
 from seq2serve.server.core.glossary import Glossaries, request_terms
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
 from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
 from seq2serve.server.core.registry import PIVOT, ModelHandle, ModelRegistry, Route
@@ -52,7 +53,7 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
-from seq2serve.server.engine.options import DecodingOptions, ResolvedOptions
+from seq2serve.server.engine.options import ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
 
@@ -386,7 +387,7 @@ class Translator:
             name: getattr(applied, name) for name in manifest.generation.as_dict()
             if name in _OPTION_NAMES}
         limits = ModelLimits(
-            max_length=engine.limits.max_length, max_positions=engine.runner.max_positions,
+            max_length=engine.limits.max_length, max_positions=engine.max_positions,
             max_beam_size=engine.limits.max_beam_size,
             max_texts_per_request=self.max_texts_per_request,
             max_text_chars=self.max_text_chars)

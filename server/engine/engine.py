@@ -60,12 +60,7 @@ from seq2serve.server.engine.decode_state import (
     TokenCallback,
 )
 from seq2serve.server.engine.decoding import EosStop, LengthStop, StopRule
-from seq2serve.server.engine.options import (
-    DecodingOptions,
-    InvalidOptions,
-    OptionLimits,
-    ResolvedOptions,
-)
+from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions, SourceError
 from seq2serve.server.engine.runner import (
     CACHE_BLOCK,
     DecoderCache,
@@ -88,7 +83,7 @@ __all__ = ["Engine", "Generation", "GenerateStats", "Hypothesis", "Request", "Re
            "RunningBatch", "SourceOptions", "StepOutcome", "StepStats"]
 
 
-AnyOptions = DecodingOptions | ResolvedOptions  # a request's, or already resolved
+AnyOptions = Resolvable | ResolvedOptions  # a request's, or already resolved
 
 
 @dataclass(frozen=True)
@@ -142,8 +137,8 @@ class StepOutcome:
 
 
 class Engine:
-    def __init__(self, package: str | Path | ModelPackage, runner: RunnerConfig | None = None,
-                 limits: OptionLimits | None = None):
+    def __init__(self, package: str | Path | ModelPackage, runner: RunnerConfig | None,
+                 limits: OptionLimits):
         self.package = package if isinstance(package, ModelPackage) else load_package(package)
         self.runner = Runner(self.package, runner)
         manifest = self.package.manifest
@@ -153,10 +148,6 @@ class Engine:
         self.special = Special(tokens.decoder_start, self.eos_id, tokens.suppress)
         self.src_vocab_size = manifest.config.src_vocab_size
         self.max_source_length = manifest.max_source_length
-        if limits is None:  # the server's defaults (a benchmark, a test)
-            from seq2serve.server.config import ServerConfig
-
-            limits = ServerConfig(models_dir=None).option_limits()
         # The decoder's positions end at max_positions: one per generated token.
         self.limits = OptionLimits(limits.max_beam_size,
                                    min(limits.max_length, self.runner.max_positions))
@@ -166,28 +157,38 @@ class Engine:
     # -- requests ----------------------------------------------------------------------
 
     @property
+    def max_positions(self) -> int:
+        """The decoder's position count: no hypothesis grows longer."""
+        return self.runner.max_positions
+
+    @property
+    def provider(self) -> str:
+        """The ONNX Runtime execution provider the sessions run on."""
+        return self.runner.provider
+
+    @property
     def has_shortlist(self) -> bool:
         """Whether the package has a vocabulary shortlist (format 8)."""
         return self.runner.shortlist is not None
 
-    def resolve(self, options: DecodingOptions | None) -> ResolvedOptions:
+    def resolve(self, options: Resolvable) -> ResolvedOptions:
         """Options with the model's defaults filled in, validated for this engine.
         A model without a shortlist decodes over its vocabulary whatever was asked."""
-        resolved = (options or DecodingOptions()).resolve(self.defaults, self.limits)
+        resolved = options.resolve(self.defaults, self.limits)
         if resolved.shortlist and not self.has_shortlist:
             resolved = replace(resolved, shortlist=False)
         return resolved
 
     def check_source(self, source: Sequence[int], index: int = 0) -> None:
         if len(source) == 0:
-            raise InvalidOptions("source", f"source {index} is empty (expected token ids "
+            raise SourceError("source", f"source {index} is empty (expected token ids "
                                  "ending with EOS)")
         if len(source) > self.max_source_length:
-            raise InvalidOptions("source", f"source {index} has {len(source)} tokens; this "
+            raise SourceError("source", f"source {index} has {len(source)} tokens; this "
                                  f"model accepts at most {self.max_source_length}")
         low, high = min(source), max(source)
         if low < 0 or high >= self.src_vocab_size:
-            raise InvalidOptions("source", f"source {index} has token id "
+            raise SourceError("source", f"source {index} has token id "
                                  f"{low if low < 0 else high} outside "
                                  f"[0, {self.src_vocab_size})")
 
@@ -212,7 +213,7 @@ class Engine:
         self.runner.terminate()
 
     def generate(self, sources: Sequence[Sequence[int]],
-                 options: AnyOptions | Sequence[AnyOptions] | None = None, *,
+                 options: AnyOptions | Sequence[AnyOptions], *,
                  cancelled: Sequence[CancelCheck | None] | None = None,
                  on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
         """Decode a batch. sources: token ids with EOS, as the tokenizer makes them.
@@ -226,8 +227,8 @@ class Engine:
         stable prefix to stream, so beam sources never call it).
         """
         count = len(sources)
-        if isinstance(options, (DecodingOptions, ResolvedOptions)) or options is None:
-            options = [options or DecodingOptions()] * count
+        if not isinstance(options, Sequence):
+            options = [options] * count
         if len(options) != count:
             raise ValueError(f"{len(options)} options for {count} sources")
         resolved_by_id: dict[int, ResolvedOptions] = {}

@@ -81,7 +81,7 @@ import onnxruntime as ort
 from seq2serve.export import shortlist as lexical
 from seq2serve.export.package import MANIFEST, GraphSpec, ModelPackage, PackageError, TensorSpec
 from seq2serve.model.config import ModelConfig
-from seq2serve.server.engine.resources import (
+from seq2serve.server.resources import (
     PROVIDERS,
     Provider,
     int8_needs_exact_kernels,

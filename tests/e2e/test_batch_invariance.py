@@ -27,10 +27,11 @@ from onnx import TensorProto, helper, numpy_helper
 from serving import RunningServer, server_config
 
 from seq2serve.export.quantize import per_row_activations, quantize_int8
+from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.server.assembly import default_limits
 from seq2serve.server.client import Seq2ServeClient
-from seq2serve.server.core.registry import package_tokenizer
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import RunnerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def shortlisted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from seq2serve.export.exporter import export
 
     root = tmp_path_factory.mktemp("shortlisted")
-    engine = Engine(ROOT / "models" / "en-de", RunnerConfig(intra_op_threads=1))
+    engine = Engine(ROOT / "models" / "en-de", RunnerConfig(intra_op_threads=1), default_limits())
     tokenizer = package_tokenizer(engine.package)
     sources = [tokenizer.encode(s)[:engine.max_source_length] for s in SENTENCES]
     options = engine.resolve(DecodingOptions(beam_size=1, max_length=64))
@@ -155,7 +156,8 @@ def shortlisted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _engine(request: pytest.FixtureRequest, precision: str, shortlist: bool) -> Engine:
     """The package of that precision, with a shortlist table when it is used."""
     chosen = request.getfixturevalue("shortlisted" if shortlist else "packages")
-    return Engine(chosen[precision], RunnerConfig(provider="cpu", intra_op_threads=2))
+    return Engine(chosen[precision], RunnerConfig(provider="cpu", intra_op_threads=2),
+                  default_limits())
 
 
 def _batches(count: int, seed: int) -> list[list[int]]:

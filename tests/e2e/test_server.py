@@ -480,16 +480,16 @@ def test_queue_full_is_resource_exhausted(marian_package: Path, tmp_path: Path) 
 
 def test_health_is_not_serving_while_models_load(models_dir: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from seq2serve.server.core.registry import ModelRegistry
+    from seq2serve.server import assembly
 
     release = threading.Event()
-    original = ModelRegistry.load
+    original = assembly.load_models
 
-    def slow_load(self, config, metrics):  # noqa: ANN001, ANN202
+    def slow_load(registry, config, metrics):  # noqa: ANN001, ANN202
         release.wait(30)
-        return original(self, config, metrics)
+        return original(registry, config, metrics)
 
-    monkeypatch.setattr(ModelRegistry, "load", slow_load)
+    monkeypatch.setattr(assembly, "load_models", slow_load)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

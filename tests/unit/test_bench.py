@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seq2serve.bench import inputs
-from seq2serve.bench.engine import harness, systems, workload
+from seq2serve.bench.engine import harness, measure, systems, workload
 
 TINY = ["--shape", "tiny", "--threads", "1", "--repeats", "1", "--new-tokens", "5",
         "--source-length", "6"]
@@ -101,8 +101,8 @@ def test_a_wrong_token_count_is_an_error() -> None:
         def generate(self, prepared, beam, new_tokens):  # type: ignore[no-untyped-def]
             return [[5] * (new_tokens - 1) for _ in prepared]
 
-    with pytest.raises(harness.BenchError, match="got 4 tokens, expected exactly 5"):
-        harness.measure(Short(), [[[3, 0]]], 1, 5, repeats=1, warmup=0, what="short")
+    with pytest.raises(measure.BenchError, match="got 4 tokens, expected exactly 5"):
+        measure.measure(Short(), [[[3, 0]]], 1, 5, repeats=1, warmup=0, what="short")
 
 
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,7 +111,7 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--package needs --data" in err and "not a model package" in err
     with pytest.raises(SystemExit):
         harness.main(["--decodings", "beam1"])
-    assert harness.beam_width("greedy") == 1 and harness.beam_width("beam5") == 5
+    assert measure.beam_width("greedy") == 1 and measure.beam_width("beam5") == 5
 
 
 def _has_cuda_provider() -> bool:
@@ -263,8 +263,8 @@ def test_agreement_table_pairs_the_systems_outputs() -> None:
     from seq2serve.bench.engine.model import agreement_table
 
     def record(system: str, precision: str, batch: int, outputs: list[list[int]]
-               ) -> harness.Record:
-        return harness.Record("w", system, precision, "greedy", batch, 1.0, 1, 1.0, 1,
+               ) -> measure.Record:
+        return measure.Record("w", system, precision, "greedy", batch, 1.0, 1, 1.0, 1,
                               len(outputs), outputs)
 
     table = agreement_table([

@@ -22,14 +22,15 @@ from serving import server_config
 from seq2serve.server.api import convert
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
+from seq2serve.server.assembly import load_models
 from seq2serve.server.batching.scheduler import WorkItem
 from seq2serve.server.core import translator as core_translator
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
+from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.core.registry import ModelRegistry, Route
 from seq2serve.server.core.requests import Call, StreamChunk, TranslateRequest, Translation
 from seq2serve.server.core.translator import Translator
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
 from seq2serve.server.metrics import Metrics
 
 T = TypeVar("T")
@@ -145,7 +146,7 @@ def models(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="module")
 def registry(models: Path) -> Iterator[ModelRegistry]:
     registry = ModelRegistry()
-    registry.load(server_config(models, **LIMITS), Metrics())
+    load_models(registry, server_config(models, **LIMITS), Metrics())
     yield registry
     registry.close(drain=False, timeout=5)
 

@@ -9,9 +9,10 @@ import pytest
 
 import seq2serve.server
 from seq2serve.server import config as cfg
+from seq2serve.server.assembly import batch_limits, option_limits
 from seq2serve.server.config import ConfigError, ServerConfig
-from seq2serve.server.engine.resources import usable_cores
 from seq2serve.server.problems import Problem
+from seq2serve.server.resources import usable_cores
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert c.threads >= 1 and c.threads == usable_cores()
     # iteration-level batching for greedy and sampling, request-level for beams
     assert (c.max_running_rows, c.max_running_beam) == (256, 1)
-    assert c.batch_limits().iterates(1) and not c.batch_limits().iterates(2)
+    assert batch_limits(c).iterates(1) and not batch_limits(c).iterates(2)
 
 
 def test_default_models_dir_is_the_shipped_folder() -> None:
@@ -150,10 +151,10 @@ def test_limits_for_scheduler_and_options(tmp_path: Path) -> None:
     c = ServerConfig(models_dir=tmp_path, max_batch_size=4, max_batch_tokens=100,
                      max_queue_delay_ms=7.5, max_queue_size=64, max_beam_size=8,
                      max_length_cap=64)
-    limits = c.batch_limits()
+    limits = batch_limits(c)
     assert (limits.max_batch_size, limits.max_batch_tokens, limits.max_queue_size) == (4, 100, 64)
     assert limits.max_queue_delay_s == pytest.approx(0.0075)
-    assert (c.option_limits().max_beam_size, c.option_limits().max_length) == (8, 64)
+    assert (option_limits(c).max_beam_size, option_limits(c).max_length) == (8, 64)
     assert c.to_dict()["models_dir"] == str(tmp_path)
 
 
@@ -169,7 +170,7 @@ def test_drain_delay_from_flag_and_env(tmp_path: Path) -> None:
 
 
 def test_engine_layout_shares_the_threads_among_the_engines() -> None:
-    from seq2serve.server.core.registry import MAX_AUTO_ENGINES, engine_layout
+    from seq2serve.server.assembly import MAX_AUTO_ENGINES, engine_layout
     from seq2serve.server.engine.runner import CPU, CUDA
 
     assert engine_layout(2, 0, CPU) == (2, 1)  # auto on CPU: one engine per thread

@@ -8,6 +8,7 @@ import pytest
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.requests import (
     ModelInfo,
@@ -19,7 +20,6 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
-from seq2serve.server.engine.options import DecodingOptions
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from seq2serve.bench.server import libretranslate_peer
 from seq2serve.export.exporter import export
 from seq2serve.export.package import load_package
 from seq2serve.export.tokenizer import PackageTokenizer
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import RunnerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def engine_and_ct2_greedy(package: Path, ct2_dir: Path, texts: list[str]
                            eos_id=manifest.special_tokens.eos, pad_id=manifest.special_tokens.pad)
     eos = manifest.special_tokens.eos
     sources = [tok.encode(t) for t in texts]
-    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1), default_limits())
     greedy = DecodingOptions(beam_size=1, num_hypotheses=1)
     ours = [[t for t in result[0].token_ids if t != eos]
             for result in engine.generate(sources, greedy)]
@@ -86,7 +87,7 @@ def test_bench_systems_return_the_same_ids_with_eos(shipped: tuple[Path, Path]) 
     """`seq2serve bench --model`'s two systems, batched as it batches (sorted by
     length): the same greedy ids, each ended by the EOS both generated."""
     from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve
-    from seq2serve.server.core.registry import package_tokenizer
+    from seq2serve.export.tokenizer import package_tokenizer
 
     package, ct2_dir = shipped
     tokenizer = package_tokenizer(load_package(package))
@@ -261,7 +262,7 @@ def test_onnx_runtime_beam_search_equals_the_engine_one_sentence_at_a_time(
     the engine's, EOS and length limit included."""
     from seq2serve.bench.engine.ort_beam_search import OrtBeamSearch, build
     from seq2serve.bench.engine.systems import Seq2Serve
-    from seq2serve.server.core.registry import package_tokenizer
+    from seq2serve.export.tokenizer import package_tokenizer
 
     package, _ = shipped
     graph = build(SHIPPED, tmp_path / "ort", "fp32")

@@ -24,7 +24,7 @@ from seq2serve.bench.engine.systems import CTRANSLATE2_VMAP, CheckpointCTranslat
 from seq2serve.export import shortlist as lexical
 from seq2serve.export.exporter import export
 from seq2serve.export.package import load_package
-from seq2serve.server.core.registry import package_tokenizer
+from seq2serve.export.tokenizer import package_tokenizer
 
 SETTINGS = lexical.ShortlistSettings(first=8, best=6)  # candidates a strict subset
 

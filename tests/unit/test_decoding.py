@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from seq2serve.server.config import ServerConfig
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decoding import (
     BeamParams,
     BeamState,
@@ -33,10 +34,10 @@ from seq2serve.server.engine.decoding import (
     top_k,
     warp_for_sampling,
 )
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions, OptionLimits
+from seq2serve.server.engine.options import OptionLimits
 
 # The server's own caps (ServerConfig is their one home).
-LIMITS = ServerConfig(models_dir=None).option_limits()
+LIMITS = default_limits()
 
 EOS = 0
 RULES = (EosStop(EOS), LengthStop())

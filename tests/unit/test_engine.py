@@ -20,9 +20,11 @@ import torch
 import transformers
 from conftest import CORPUS
 
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decoding import top_k
 from seq2serve.server.engine.engine import Engine, Result
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions
+from seq2serve.server.engine.options import SourceError
 from seq2serve.server.engine.runner import (
     DecoderCache,
     EncoderState,
@@ -45,7 +47,8 @@ def hf(marian_dir: Path) -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def engine(marian_package: Path) -> Engine:
     # One intra-op thread: the test machine's cores are shared with other work.
-    return Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    return Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1),
+                  default_limits())
 
 
 @pytest.fixture(scope="module")
@@ -245,11 +248,11 @@ def test_alignment_is_hf_last_layer_cross_attention_argmax(
 def test_options_errors_reach_the_caller(engine: Engine, sources: list[list[int]]) -> None:
     with pytest.raises(InvalidOptions, match="beam_size must be in"):
         engine.generate(sources, DecodingOptions(beam_size=0))
-    with pytest.raises(InvalidOptions, match="source 1 is empty"):
-        engine.generate([sources[0], []])
-    with pytest.raises(InvalidOptions, match="outside"):
-        engine.generate([[10**6]])
-    assert len(engine.generate([])) == 0
+    with pytest.raises(SourceError, match="source 1 is empty"):
+        engine.generate([sources[0], []], DecodingOptions())
+    with pytest.raises(SourceError, match="outside"):
+        engine.generate([[10**6]], DecodingOptions())
+    assert len(engine.generate([], DecodingOptions())) == 0
     no_scores = engine.generate(sources[:1], DecodingOptions(return_scores=False))
     assert no_scores[0][0].score is None
 
@@ -260,7 +263,8 @@ def test_reduced_precision_package_runs(marian_dir: Path, tmp_path: Path,
     from seq2serve.export.exporter import export
 
     report = export(marian_dir, tmp_path / precision, precision=precision, progress=False)
-    engine = Engine(report.package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(report.package, RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
     # fp16 graphs take fp16 caches; int8 (weights only) keeps fp32 ones
     assert engine.runner.cache_dtype == (np.float16 if precision == "fp16" else np.float32)
     results = engine.generate(sources[:4], DecodingOptions(beam_size=4, max_length=MAX_NEW))
@@ -285,7 +289,7 @@ def test_runner_config() -> None:
                     reason="needs onnxruntime-gpu with CUDAExecutionProvider")
 def test_cuda_matches_cpu(marian_package: Path, engine: Engine,
                           sources: list[list[int]]) -> None:
-    cuda = Engine(marian_package, RunnerConfig(provider="cuda"))
+    cuda = Engine(marian_package, RunnerConfig(provider="cuda"), default_limits())
     assert cuda.runner.device == "cuda"
     for options in (DecodingOptions(beam_size=1, max_length=MAX_NEW),
                     DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)):

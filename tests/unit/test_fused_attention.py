@@ -26,9 +26,10 @@ from seq2serve.export.package import (
     load_package,
     sha256_file,
 )
-from seq2serve.server.core.registry import package_tokenizer
+from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import CACHE_BLOCK, Runner, RunnerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_fused_package_matches_hf_generate(case: str, fused_package: Path,
     hf_kwargs, ours = PARITY[case]
     with torch.no_grad():
         ref = hf_generate(hf, batch, **hf_kwargs)
-    engine = Engine(fused_package, CPU)
+    engine = Engine(fused_package, CPU, default_limits())
     results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
                                                        **ours))
     assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
@@ -106,7 +107,7 @@ def test_reduced_precision_fused_package_runs(marian_dir: Path, tmp_path: Path,
     format 6."""
     report = export(marian_dir, tmp_path / precision, precision=precision, progress=False,
                     attention="fused")
-    engine = Engine(report.package, CPU)
+    engine = Engine(report.package, CPU, default_limits())
     assert engine.runner.fused_attention
     assert engine.runner.cache_dtype == (np.float16 if precision == "fp16" else np.float32)
     sources = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [12, 13, 14, 15, 2], [16, 2]]
@@ -155,8 +156,8 @@ def test_plain_export_is_format_6_and_decodes_alike(fused_package: Path,
     for beam in (1, 4):
         options = DecodingOptions(beam_size=beam, num_hypotheses=beam, max_length=24,
                                   return_scores=True)
-        fused = Engine(fused_package, CPU).generate(sources, options)
-        old = Engine(plain_package, CPU).generate(sources, options)
+        fused = Engine(fused_package, CPU, default_limits()).generate(sources, options)
+        old = Engine(plain_package, CPU, default_limits()).generate(sources, options)
         for a, b in zip(fused, old, strict=True):
             assert [h.token_ids for h in a] == [h.token_ids for h in b]
             assert np.allclose([h.score for h in a], [h.score for h in b], atol=1e-4)
@@ -228,7 +229,7 @@ def test_fused_output_is_independent_of_the_batch(en_de_fused: Path, beam: int) 
     decoded in shuffled batches of mixed sizes, and joining a running batch, gives
     its tokens and scores alone, bit for bit (tests/e2e/test_batch_invariance.py
     checks the shipped package and a format 6 fp32 export the same way)."""
-    engine = Engine(en_de_fused, RunnerConfig(provider="cpu", intra_op_threads=2))
+    engine = Engine(en_de_fused, RunnerConfig(provider="cpu", intra_op_threads=2), default_limits())
     assert engine.runner.fused_attention
     tokenizer = package_tokenizer(engine.package)
     sources = [tokenizer.encode(s)[:engine.max_source_length] for s in SENTENCES[:24]]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from seq2serve.server.config import ServerConfig
+from seq2serve.server.app import load_glossaries
+from seq2serve.server.config import ConfigError, ServerConfig
 from seq2serve.server.core.errors import InvalidArgument
 from seq2serve.server.core.glossary import Glossaries, GlossaryError, request_terms
 from seq2serve.server.core.placeholders import Terms
@@ -61,9 +62,11 @@ def test_a_broken_file_is_named(tmp_path: Path, name: str, content: str, message
     (tmp_path / name).write_text(content)
     with pytest.raises(GlossaryError, match=message):
         Glossaries.load(tmp_path)
-    problems = ServerConfig(models_dir=tmp_path, glossary_dir=tmp_path).problems()
+    # The server reads them once, at start-up: a broken one is a configuration error.
+    with pytest.raises(ConfigError) as refused:
+        load_glossaries(ServerConfig(models_dir=tmp_path, glossary_dir=tmp_path))
     assert any(p.field == "glossary_dir" and message.split(":")[-1].strip() in p.message
-               for p in problems)
+               for p in refused.value.problems)
 
 
 def test_glossary_dir_must_exist(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from seq2serve.server.config import ServerConfig
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import LENGTH_PENALTY_RANGE, DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decoding import BeamParams, BeamState, EosStop, LengthStop, beam_step
-from seq2serve.server.engine.options import LENGTH_PENALTY_RANGE, DecodingOptions, InvalidOptions
 
 # The server's own caps (ServerConfig is their one home).
-LIMITS = ServerConfig(models_dir=None).option_limits()
+LIMITS = default_limits()
 
 EOS = 0
 BEAMS = 4

@@ -21,8 +21,9 @@ from seq2serve.export.package import (
     sha256_file,
 )
 from seq2serve.model.config import ModelConfig
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.engine.runner import Runner, RunnerConfig, RunTerminated
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models"
@@ -137,7 +138,7 @@ def test_model_sizes_the_graph_fixes_must_be_the_configs(tmp_path: Path) -> None
 
 
 def test_terminate_ends_a_run_in_progress_and_refuses_later_ones() -> None:
-    engine = Engine(SHIPPED / "en-de", CPU)
+    engine = Engine(SHIPPED / "en-de", CPU, default_limits())
     long_text = list(range(10, 250)) + [engine.eos_id]
     outcome: list[BaseException | None] = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seq2serve.server.engine.resources import (
+from seq2serve.server.resources import (
     cgroup_cpu_quota,
     int8_needs_exact_kernels,
     usable_cores,

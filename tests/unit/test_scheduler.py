@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 from conftest import Box
 
+from seq2serve.server.api.grpc_metrics import track
+from seq2serve.server.assembly import batch_limits, default_limits
 from seq2serve.server.batching.scheduler import (
+    BatchReason,
     Draining,
+    DropReason,
     ItemDropped,
     QueueFull,
     Running,
@@ -25,16 +29,12 @@ from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.config import MAX_BEAM_SIZE, ServerConfig
 from seq2serve.server.core.delivery import deliver_to_future, mailbox
 from seq2serve.server.core.errors import NotFound
+from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decode_state import Request, SourceOptions
 from seq2serve.server.engine.engine import GenerateStats, Generation, StepOutcome, StepStats
-from seq2serve.server.engine.options import (
-    DecodingOptions,
-    InvalidOptions,
-    OptionLimits,
-    ResolvedOptions,
-)
+from seq2serve.server.engine.options import OptionLimits, ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
-from seq2serve.server.metrics import Metrics
+from seq2serve.server.metrics import BATCH_REASONS, DROP_REASONS, Metrics
 
 LONG = 10.0  # a queue delay no test waits for: batches must close for another reason
 
@@ -51,7 +51,7 @@ def item(length: int, beam: int = 1, first: int = 1, max_length: int = 64,
 
 
 # The server's defaults, the one home of them; each test changes what it is about.
-SERVER_LIMITS = ServerConfig(models_dir=None).batch_limits()
+SERVER_LIMITS = batch_limits(ServerConfig(models_dir=None))
 
 
 def sched(size: int = 32, tokens: int = 8192, delay: float = LONG,
@@ -684,7 +684,7 @@ def test_mailbox_of_a_closed_loop_drops_posts_quietly() -> None:
 def test_metric_names_render() -> None:
     m = Metrics()
     m.set_model_info("en-de", "fp32", "CPUExecutionProvider", "translate")
-    with m.track("Translate", "en-de") as t:
+    with track(m, "Translate", "en-de") as t:
         t.ok()
     m.watch_queue("en-de", lambda: 3)
     text = m.render().decode()
@@ -702,17 +702,23 @@ def test_metric_names_render() -> None:
             'provider="CPUExecutionProvider",task="translate"} 1.0') in text
 
 
+def test_the_reason_labels_are_the_schedulers_reasons() -> None:
+    """metrics.py imports no layer: its label lists are the scheduler's enums."""
+    assert BATCH_REASONS == tuple(r.value for r in BatchReason)
+    assert DROP_REASONS == tuple(r.value for r in DropReason)
+
+
 def test_request_tracking_counts_codes_and_in_flight() -> None:
     m = Metrics()
-    with m.track("Translate", "a") as t:
+    with track(m, "Translate", "a") as t:
         assert sample(m, "seq2serve_in_flight_requests", model="a") == 1
         t.ok()
-    with pytest.raises(InvalidOptions), m.track("Translate", "a"):
+    with pytest.raises(InvalidOptions), track(m, "Translate", "a"):
         raise InvalidOptions("beam_size", "beam_size must be in [1, 16], got 0")
-    with pytest.raises(ValueError), m.track("Translate", "a"):  # a bug, not the client's fault
+    with pytest.raises(ValueError), track(m, "Translate", "a"):  # a bug, not the client's fault
         raise ValueError("math domain error")
 
-    with pytest.raises(NotFound), m.track("Summarize", "a"):
+    with pytest.raises(NotFound), track(m, "Summarize", "a"):
         raise NotFound("model 'x' is not served")
     assert sample(m, "seq2serve_in_flight_requests", model="a") == 0
     for method, code in (("Translate", "OK"), ("Translate", "INVALID_ARGUMENT"),
@@ -753,11 +759,12 @@ def test_many_metrics_objects_and_the_http_endpoint() -> None:
 def test_iteration_level_worker_joins_work_mid_batch(marian_package: Any) -> None:
     """Texts queued while a batch runs join it at the next step (one batch in all),
     stream at once, and decode exactly as they do alone."""
+    from seq2serve.server.core.options import DecodingOptions
     from seq2serve.server.engine.engine import Engine
-    from seq2serve.server.engine.options import DecodingOptions
     from seq2serve.server.engine.runner import RunnerConfig
 
-    engine = Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(marian_package, RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
     options = engine.resolve(DecodingOptions(beam_size=1, max_length=40))
     sources = [[5 + (i * 7 + j) % 90 for j in range(4 + 3 * i)] + [engine.eos_id]
                for i in range(6)]

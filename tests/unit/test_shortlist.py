@@ -20,9 +20,11 @@ from seq2serve.export import shortlist as lexical
 from seq2serve.export.exporter import export
 from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.verify import check_shortlist
+from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decoding import top_k_exact
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import DecodingOptions, InvalidOptions, OptionLimits
+from seq2serve.server.engine.options import OptionLimits
 from seq2serve.server.engine.runner import RunnerConfig
 from seq2serve.server.engine.search import Candidates
 
@@ -205,7 +207,8 @@ def test_shortlist_log_probs_are_the_full_ones_renormalised(packages: dict[str, 
     source's candidates the shortlist's log-probs are the full log-probs
     renormalised over them, and every padded slot is -inf (fp16: within its
     rounding, the exporter's tolerance)."""
-    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
     runner = engine.runner
     assert runner.shortlist is not None
     srcs = sources(engine, 3, seed=1)
@@ -259,8 +262,10 @@ def test_turning_it_off_gives_the_full_vocabulary_output_exactly(
     """shortlist=False on a format 8 package is the format 6 package's output, bit for
     bit; an old package ignores shortlist=True; and with every id a candidate the
     shortlist decodes the same tokens (greedy: the same argmax)."""
-    with_table = Engine(packages["int8"], RunnerConfig(provider="cpu", intra_op_threads=1))
-    old = Engine(packages["int8-plain"], RunnerConfig(provider="cpu", intra_op_threads=1))
+    with_table = Engine(packages["int8"], RunnerConfig(provider="cpu", intra_op_threads=1),
+                        default_limits())
+    old = Engine(packages["int8-plain"], RunnerConfig(provider="cpu", intra_op_threads=1),
+                 default_limits())
     assert with_table.has_shortlist and not old.has_shortlist
     assert old.resolve(DecodingOptions(shortlist=True)).shortlist is False
     srcs = sources(with_table)
@@ -292,7 +297,8 @@ def test_shortlist_output_is_independent_of_the_batch(packages: dict[str, Path],
     sources with more or fewer candidates, and joining a running batch at any
     step, its tokens and scores are the same bits. The candidate sets differ in
     size (the axis is padded to the batch's widest) and are a strict subset."""
-    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(packages[precision], RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
     runner = engine.runner
     assert runner.shortlist is not None
     srcs = sources(engine, 16, seed=3)
@@ -320,7 +326,8 @@ def test_shortlist_output_is_independent_of_the_batch(packages: dict[str, Path],
 
 def test_shortlist_and_full_requests_in_one_generate(packages: dict[str, Path]) -> None:
     """Mixed in one call, each request decodes with its own choice, as alone."""
-    engine = Engine(packages["int8"], RunnerConfig(provider="cpu", intra_op_threads=1))
+    engine = Engine(packages["int8"], RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
     srcs = sources(engine, 6, seed=4)
     on = engine.resolve(DecodingOptions(beam_size=2, max_length=16, shortlist=True))
     off = engine.resolve(DecodingOptions(beam_size=2, max_length=16, shortlist=False))

@@ -19,8 +19,10 @@ from serving import RunningServer, server_config
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api import convert
+from seq2serve.server.assembly import load_models
 from seq2serve.server.batching.scheduler import Draining, QueueFull, WorkItem
 from seq2serve.server.core.errors import ErrorKind, ServiceError
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import (
     Call,
@@ -29,7 +31,6 @@ from seq2serve.server.core.requests import (
     TranslateRequest,
 )
 from seq2serve.server.core.translator import Translator
-from seq2serve.server.engine.options import DecodingOptions
 from seq2serve.server.metrics import Metrics
 
 T = TypeVar("T")
@@ -57,7 +58,7 @@ def models(marian_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def translator(models: Path) -> Iterator[Translator]:
     config = server_config(models, **LIMITS)
     registry = ModelRegistry()
-    registry.load(config, Metrics())
+    load_models(registry, config, Metrics())
     yield Translator(registry, max_texts_per_request=config.max_texts_per_request,
                      max_text_chars=config.max_text_chars)
     registry.close(drain=False, timeout=5)

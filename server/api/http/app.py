@@ -33,7 +33,6 @@ from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
 from seq2serve.server.core.translator import Translator
-from seq2serve.server.engine.options import InvalidOptions
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
 log = logging.getLogger("seq2serve.server.http")
@@ -83,8 +82,6 @@ def error_response(error: BaseException) -> JSONResponse:
         status = HTTP_STATUS[error.kind]
         return JSONResponse({"error": error.message}, status_code=status,
                             headers=_retry_after(status))
-    if isinstance(error, InvalidOptions):
-        return JSONResponse({"error": str(error)}, status_code=400)
     if isinstance(error, AccessDenied):
         return JSONResponse({"error": str(error)}, status_code=403)
     if isinstance(error, KeyRequired):

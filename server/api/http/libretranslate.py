@@ -27,6 +27,7 @@ from seq2serve.server.core.documents import SUFFIXES, media_type, read_document
 from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
+from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
@@ -34,7 +35,6 @@ from seq2serve.server.core.translator import (
     TranslateRequest,
     Translator,
 )
-from seq2serve.server.engine.options import DecodingOptions
 
 # Translated files wait for their download this long, at most this many.
 FILE_TTL_S = 600.0

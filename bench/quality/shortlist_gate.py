@@ -30,6 +30,7 @@ import numpy as np
 
 from seq2serve.export.package import load_package
 from seq2serve.export.shortlist import ShortlistSettings
+from seq2serve.server.assembly import default_limits
 
 # Issue 35's bar for turning the shortlist on by default.
 MAX_SCORE_DROP = 0.2
@@ -69,7 +70,7 @@ def read_test(data: Path, limit: int) -> tuple[list[str], list[str]]:
 def decode(engine: Any, ids: Sequence[Sequence[int]], shortlist: bool, beam: int,
            batch_size: int) -> list[list[int]]:
     """Each source's best hypothesis' ids, decoded in length-sorted batches."""
-    from seq2serve.server.engine.options import DecodingOptions
+    from seq2serve.server.core.options import DecodingOptions
 
     options = engine.resolve(DecodingOptions(beam_size=beam, num_hypotheses=1,
                                              max_length_ratio=2.0, max_length=256,
@@ -90,7 +91,7 @@ def gate(package_dir: Path, data_dirs: Sequence[Path], *, beam: int = 4,
          progress: bool = True) -> list[SplitResult]:
     from sacrebleu import BLEU, CHRF
 
-    from seq2serve.server.core.registry import package_tokenizer
+    from seq2serve.export.tokenizer import package_tokenizer
     from seq2serve.server.engine.engine import Engine
     from seq2serve.server.engine.runner import RunnerConfig
 
@@ -98,7 +99,8 @@ def gate(package_dir: Path, data_dirs: Sequence[Path], *, beam: int = 4,
     if package.manifest.shortlist is None:
         raise ValueError(f"{package_dir} has no vocabulary shortlist (export it with "
                          "--shortlist-from)")
-    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads))
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=threads),
+                    default_limits())
     shortlist = engine.runner.shortlist
     assert shortlist is not None
     if settings is not None:
