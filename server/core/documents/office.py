@@ -1,0 +1,228 @@
+"""Office Open XML: Word (.docx) and PowerPoint (.pptx) files, edited in their XML.
+
+Word: every paragraph (`w:p`) of the body (tables, lists, text boxes and
+headings are paragraphs too), the headers and footers, the footnotes and
+endnotes and the comments. PowerPoint: every paragraph (`a:p`) of the slides
+(text boxes, shapes, tables) and of the speaker notes. A paragraph is one text
+(inline.py): runs (`w:r`, `a:r`) are styled by their run properties (bold,
+italic, font, a DrawingML link) and, in Word, by the hyperlink they sit in;
+tabs, breaks, drawings, footnote marks, bookmarks, comment marks, fields (their
+code and their shown result both) and tracked changes (`w:ins`, `w:del`) are
+opaque: kept as they are. Spelling marks (`w:proofErr`) and the last page break
+Word drew (`w:lastRenderedPageBreak`), which Word recomputes, are dropped from
+translated paragraphs. Everything else (styles, numbering, images, properties,
+relationships) is copied byte for byte. A file with macros (a `vbaProject.bin`,
+a macro-enabled content type) is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lxml import etree
+
+from seq2serve.server.core.documents.base import DocumentError
+from seq2serve.server.core.documents.inline import Paragraph, Piece, has_letters
+from seq2serve.server.core.documents.package import (
+    DEFAULT_LIMITS,
+    Limits,
+    Package,
+    PackageDocument,
+    Part,
+)
+
+DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+PPTX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
+_WORD_PARTS = re.compile(r"word/(document|header\d*|footer\d*|footnotes|endnotes|comments)"
+                         r"\.xml")
+_SLIDE_PARTS = re.compile(r"ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml")
+_MACROS = re.compile(rb"macroEnabled|vbaProject", re.IGNORECASE)
+_DROPPED = frozenset({W + "proofErr", W + "lastRenderedPageBreak"})
+
+
+@dataclass(frozen=True)
+class RunStyle:
+    """A run's formatting: its properties and the hyperlink around it (compared by
+    their XML); `run` and `wrapper` are the first such run and link, copied from."""
+
+    key: tuple[bytes, bytes]
+    run: etree._Element = field(compare=False, hash=False)
+    properties: etree._Element | None = field(compare=False, hash=False)
+    wrapper: etree._Element | None = field(compare=False, hash=False)
+
+    @property
+    def plain(self) -> bool:
+        return self.key == (b"", b"")
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """What differs between WordprocessingML and DrawingML paragraphs."""
+
+    ns: str
+    kind: Literal["word", "drawing"]
+
+    @property
+    def run(self) -> str:
+        return self.ns + "r"
+
+    @property
+    def properties(self) -> str:
+        return self.ns + "rPr"
+
+    @property
+    def text(self) -> str:
+        return self.ns + "t"
+
+
+WORD = _Dialect(W, "word")
+DRAWING = _Dialect(A, "drawing")
+
+
+def read_docx(name: str, data: bytes, limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
+    package = _package(name, data, "a Word document (.docx)", "word/document.xml", limits)
+    members = [m.filename for m in package.infos if _WORD_PARTS.fullmatch(m.filename)]
+    return PackageDocument(name, DOCX_MEDIA_TYPE, package,
+                           [_part(package, m, WORD) for m in members])
+
+
+def read_pptx(name: str, data: bytes, limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
+    package = _package(name, data, "a PowerPoint presentation (.pptx)",
+                       "ppt/presentation.xml", limits)
+    members = [m.filename for m in package.infos if _SLIDE_PARTS.fullmatch(m.filename)]
+    return PackageDocument(name, PPTX_MEDIA_TYPE, package,
+                           [_part(package, m, DRAWING) for m in members])
+
+
+def _package(name: str, data: bytes, kind: str, main: str, limits: Limits) -> Package:
+    package = Package(name, data, kind, limits)
+    package.require("[Content_Types].xml")
+    package.require(main)
+    if (any(n.lower().endswith("vbaproject.bin") for n in package.names)
+            or _MACROS.search(package.read("[Content_Types].xml"))):
+        raise DocumentError(f"{name} contains macros, which are not accepted")
+    return package
+
+
+def _part(package: Package, member: str, dialect: _Dialect) -> Part:
+    def find(root: etree._Element) -> list[Paragraph]:
+        found = (_paragraph(element, dialect) for element in root.iter(dialect.ns + "p"))
+        return [p for p in found if p is not None]
+
+    return package.part(member, find)
+
+
+def _paragraph(p: etree._Element, dialect: _Dialect) -> Paragraph | None:
+    pieces: list[Piece] = []
+    field_depth = [0]
+    for child in p:
+        tag = child.tag
+        if tag in (dialect.ns + "pPr", A + "endParaRPr") or tag in _DROPPED:
+            continue
+        if tag == dialect.run:
+            pieces.extend(_run(child, None, dialect, field_depth))
+        elif (tag == W + "hyperlink"
+              and all(c.tag in (dialect.run, *_DROPPED) for c in child)):
+            for run in child:
+                if run.tag == dialect.run:
+                    pieces.extend(_run(run, child, dialect, field_depth))
+        else:
+            pieces.append(Piece(None, content=(child,)))
+    if not has_letters(pieces):
+        return None
+    return Paragraph(pieces, lambda out: _write(p, out, dialect))
+
+
+def _run(run: etree._Element, wrapper: etree._Element | None, dialect: _Dialect,
+         field_depth: list[int]) -> list[Piece]:
+    properties = run.find(dialect.properties)
+    style = RunStyle((b"" if properties is None else etree.tostring(properties),
+                      b"" if wrapper is None else _open_tag(wrapper)),
+                     run, properties, wrapper)
+    pieces = []
+    for child in run:
+        if child.tag == dialect.properties or child.tag in _DROPPED:
+            continue
+        if child.tag == W + "fldChar":
+            kind = child.get(W + "fldCharType")
+            field_depth[0] += 1 if kind == "begin" else -1 if kind == "end" else 0
+        if child.tag == dialect.text and not field_depth[0]:
+            pieces.append(Piece(child.text or "", style))
+        else:  # a field's code and shown result, tabs, breaks, drawings, marks
+            pieces.append(Piece(None, content=(child,)))
+    return pieces
+
+
+def _open_tag(element: etree._Element) -> bytes:
+    return repr((element.tag, sorted(element.attrib.items()))).encode()
+
+
+def _write(p: etree._Element, pieces: list[Piece], dialect: _Dialect) -> None:
+    # Where each opaque element sits now: one inside a run goes into a copy of that run.
+    parents = {id(e): e.getparent() for piece in pieces for e in piece.content
+               if isinstance(e, etree._Element)}
+    end = p.find(A + "endParaRPr") if dialect is DRAWING else None
+    for child in list(p):
+        if child.tag != dialect.ns + "pPr" and child is not end:
+            p.remove(child)
+    last_run: tuple[etree._Element | None, etree._Element | None] = (None, None)
+    link: tuple[etree._Element | None, etree._Element | None] = (None, None)
+    for piece in pieces:
+        if piece.text is None:
+            for element in piece.content:
+                assert isinstance(element, etree._Element)
+                parent = parents[id(element)]
+                if parent is not None and parent.tag == dialect.run:
+                    if last_run[0] is not parent:
+                        made = _new(p, end, dialect.run, parent.attrib)
+                        properties = parent.find(dialect.properties)
+                        if properties is not None:
+                            made.append(copy.deepcopy(properties))
+                        last_run = (parent, made)
+                    assert last_run[1] is not None
+                    last_run[1].append(element)
+                else:
+                    _place(p, end, element)
+                    last_run = (None, None)
+            link = (None, None)
+            continue
+        style = piece.style
+        assert isinstance(style, RunStyle)
+        last_run = (None, None)
+        holder = p
+        if style.wrapper is not None:
+            if link[0] is not style.wrapper:
+                link = (style.wrapper, _new(p, end, style.wrapper.tag, style.wrapper.attrib))
+            assert link[1] is not None
+            holder = link[1]
+        else:
+            link = (None, None)
+        run = _new(holder, end if holder is p else None, dialect.run, style.run.attrib)
+        if style.properties is not None:
+            run.append(copy.deepcopy(style.properties))
+        text = etree.SubElement(run, dialect.text)
+        text.text = piece.text
+        if dialect is WORD:
+            text.set(XML_SPACE, "preserve")
+
+
+def _new(parent: etree._Element, before: etree._Element | None, tag: str,
+         attrib: etree._Attrib) -> etree._Element:
+    """A new child of `parent` at the end (before `before`: a:endParaRPr stays last)."""
+    element = parent.makeelement(tag, dict(attrib))
+    _place(parent, before, element)
+    return element
+
+
+def _place(parent: etree._Element, before: etree._Element | None,
+           element: etree._Element) -> None:
+    if before is not None:
+        before.addprevious(element)
+    else:
+        parent.append(element)
