@@ -201,9 +201,7 @@ def _nearest_word(chars: list[str], at: int) -> tuple[int, int]:
 
 
 def _word_start(chars: list[str], at: int) -> int:
-    """Where an opaque piece placed by position goes: the start of the word nearest
-    to `at`, or the end of the text."""
-    words = _words(chars)
-    if not words or at >= len(chars):
-        return len(chars)
-    return _nearest_word(chars, at)[0]
+    """Where an opaque piece placed by position goes: the word boundary (a word's start
+    or end) nearest to `at`, or the end of a text without words."""
+    bounds = [b for word in _words(chars) for b in word]
+    return min(bounds, key=lambda b: abs(b - at)) if bounds else len(chars)

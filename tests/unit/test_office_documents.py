@@ -1,0 +1,465 @@
+"""Office documents and e-books (server/core/documents/: office.py, opendocument.py,
+epub.py over package.py, inline.py, mixed.py) on files made here with the libraries
+people make them with (python-docx, python-pptx, odfpy, ebooklib), translated
+through a stand-in model behind the core's own tag masking (core/placeholders.py)
+and read back with those libraries: texts translated, structure kept, bold and
+links on the translated words, members not translated byte for byte, bad files
+refused in words."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import struct
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import docx
+import pptx
+import pytest
+from ebooklib import epub
+from lxml import etree
+from odf import draw, presentation, style, teletype, text
+from odf.opendocument import OpenDocumentPresentation, OpenDocumentText, load
+
+from seq2serve.server.core.documents import (
+    SUFFIXES,
+    DocumentError,
+    Limits,
+    media_type,
+    read_document,
+)
+from seq2serve.server.core.documents.inline import Paragraph, Piece
+from seq2serve.server.core.documents.queueing import translate_document
+from seq2serve.server.core.placeholders import SENTINEL, mask, restore
+
+_WORDS = re.compile(r"\{\d+\}|[^\W\d_]+")
+
+
+def model(masked: str) -> str:
+    """A stand-in model: every word upper-cased, sentinels copied where they are."""
+    return _WORDS.sub(lambda m: m.group(0) if SENTINEL.fullmatch(m.group(0))
+                      else m.group(0).upper(), masked)
+
+
+def through_core(texts: Sequence[str], model: Callable[[str], str] = model) -> list[str]:
+    """The texts as the core translates them: masked, translated, restored."""
+    out = []
+    for t in texts:
+        masked = mask(t)
+        out.append(restore(masked, model(masked.text)).text)
+    return out
+
+
+def translate(name: str, data: bytes, model: Callable[[str], str] = model,
+              **limits: int) -> tuple[bytes, str]:
+    document = read_document(name, data, "de", limits=Limits(**limits))
+
+    async def run(texts: Sequence[str]) -> list[str]:
+        return through_core(texts, model)
+
+    out = asyncio.run(translate_document(document, run, chunk_size=3))
+    return out, document.tally.describe()
+
+
+def members(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {i.filename: archive.read(i) for i in archive.infolist()}
+
+
+def saved(document: object) -> bytes:
+    buffer = io.BytesIO()
+    document.save(buffer)  # type: ignore[attr-defined]
+    return buffer.getvalue()
+
+
+# -- Word ------------------------------------------------------------------------------
+
+W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+def word_file() -> bytes:
+    d = docx.Document()
+    d.add_heading("The user guide", 1)
+    p = d.add_paragraph("Please ")
+    p.add_run("open the file").bold = True
+    p.add_run(" and save it.")
+    tabbed = d.add_paragraph("Name")
+    tabbed.add_run().add_tab()
+    tabbed.add_run("Value")
+    d.add_paragraph("First item", style="List Bullet")
+    d.add_paragraph("Second item", style="List Bullet")
+    table = d.add_table(rows=2, cols=2)
+    for i, cell in enumerate(table._cells):
+        cell.text = f"Cell number {i}"
+    d.sections[0].header.paragraphs[0].text = "Company header"
+    d.sections[0].footer.paragraphs[0].text = "Confidential footer"
+    noted = d.add_paragraph()
+    d.add_comment(noted.add_run("Read the notes"), text="Check this sentence", author="A")
+    linked = d.add_paragraph("See ")
+    part = d.part
+    rid = part.relate_to("https://example.org/", docx.opc.constants.RELATIONSHIP_TYPE.HYPERLINK,
+                         is_external=True)
+    link = etree.SubElement(linked._p, W + "hyperlink")
+    link.set("{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id", rid)
+    run = etree.SubElement(link, W + "r")
+    etree.SubElement(run, W + "t").text = "the website"
+    linked.add_run(" for more.")
+    return saved(d)
+
+
+def test_a_word_document_is_translated_with_its_structure_and_formatting_kept() -> None:
+    raw = word_file()
+    out, tally = translate("guide.docx", raw)
+    before, after = docx.Document(io.BytesIO(raw)), docx.Document(io.BytesIO(out))
+    assert len(after.paragraphs) == len(before.paragraphs)
+    assert [p.style.name for p in after.paragraphs] == [p.style.name for p in before.paragraphs]
+    assert [p.text for p in after.paragraphs if p.text] == [
+        p.text.upper() for p in before.paragraphs if p.text]
+    sentence = after.paragraphs[1]
+    assert [(r.text, r.bold) for r in sentence.runs] == [
+        ("PLEASE ", None), ("OPEN THE FILE", True), (" AND SAVE IT.", None)]
+    tabbed = after.paragraphs[2]._p
+    assert len(tabbed.findall(f".//{W}tab")) == 1 and after.paragraphs[2].text == "NAME\tVALUE"
+    assert [c.text for c in after.tables[0]._cells] == [f"CELL NUMBER {i}" for i in range(4)]
+    assert after.sections[0].header.paragraphs[0].text == "COMPANY HEADER"
+    assert after.sections[0].footer.paragraphs[0].text == "CONFIDENTIAL FOOTER"
+    [comment] = after.comments
+    assert comment.text == "CHECK THIS SENTENCE"
+    linked = after.paragraphs[-1]
+    [link] = linked.hyperlinks
+    assert link.text == "THE WEBSITE" and link.url == "https://example.org/"
+    assert linked.text == "SEE THE WEBSITE FOR MORE."
+    # What is not text is copied byte for byte.
+    old, new = members(raw), members(out)
+    assert list(new) == list(old)
+    for name in ("word/styles.xml", "word/numbering.xml", "[Content_Types].xml",
+                 "word/_rels/document.xml.rels", "docProps/core.xml"):
+        assert new[name] == old[name]
+    assert "14 of 14 entries translated" in tally
+
+
+def test_a_span_the_translation_moves_takes_the_words_it_moved_with() -> None:
+    def reorder(masked: str) -> str:  # Please {0} open the file {1} and save it.
+        assert masked == "Please {0} open the file {1} and save it."
+        return "Bitte speichern und {0} die Datei öffnen {1}."
+
+    d = docx.Document()
+    p = d.add_paragraph("Please ")
+    p.add_run("open the file").bold = True
+    p.add_run(" and save it.")
+    out, _ = translate("a.docx", saved(d), reorder)
+    runs = docx.Document(io.BytesIO(out)).paragraphs[0].runs
+    assert [(r.text, r.bold) for r in runs] == [
+        ("Bitte speichern und ", None), ("die Datei öffnen", True), (".", None)]
+
+
+def test_a_span_the_translation_loses_goes_to_the_nearest_word_never_dropped() -> None:
+    d = docx.Document()
+    p = d.add_paragraph("Please ")
+    p.add_run("open").bold = True
+    p.add_run(" the file and save it.")
+    out, tally = translate("a.docx", saved(d), lambda masked: "Bitte die Datei speichern.")
+    runs = docx.Document(io.BytesIO(out)).paragraphs[0].runs
+    # The core's repair puts the lost pair back at the end, before the full stop, and
+    # an empty pair's style goes to the word beside it.
+    assert "".join(r.text for r in runs) == "Bitte die Datei speichern ."
+    assert [r.text for r in runs if r.bold] == ["speichern"]
+    assert "1 formatting spans not found" in tally
+
+
+def test_paragraph_tags_read_back_whatever_the_model_did() -> None:
+    pieces = [Piece("a b ", "plain"), Piece("c", "bold"), Piece(None, content=("tab",)),
+              Piece(" d e f", "plain")]
+    out: list[list[Piece]] = []
+    paragraph = Paragraph(pieces, out.append)
+    assert paragraph.text == "a b <g1>c</g1><x2/> d e f"
+    paragraph.fill("<x2/>A <g1></g1>B C D &amp; E")  # empty span, opaque moved
+    assert out[-1] == [Piece(None, content=("tab",)), Piece("A ", "plain"),
+                       Piece("B", "bold"), Piece(" C D & E", "plain")]
+    paragraph.fill("X <g1>Y</g1> Z <g1>W</g1>")  # repeated: the first counts
+    # The lost opaque piece goes to the word boundary at its place in the source.
+    assert out[-1] == [Piece("X ", "plain"), Piece("Y", "bold"), Piece(None, content=("tab",)),
+                       Piece(" Z W", "plain")]
+
+
+# -- PowerPoint ------------------------------------------------------------------------
+
+
+def slides_file() -> bytes:
+    deck = pptx.Presentation()
+    for n in range(2):
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = f"Slide title {n}"
+        frame = slide.placeholders[1].text_frame
+        frame.text = "First point"
+        para = frame.add_paragraph()
+        bold = para.add_run()
+        bold.text = "Bold words"
+        bold.font.bold = True
+        para.add_run().text = " and plain words"
+        slide.notes_slide.notes_text_frame.text = f"Speaker notes {n}"
+    table = deck.slides[1].shapes.add_table(2, 2, 0, 0, 914400, 914400).table
+    for i, cell in enumerate(c for row in table.rows for c in row.cells):
+        cell.text = f"Cell {i} text"
+    return saved(deck)
+
+
+def test_a_presentation_is_translated_slide_text_tables_and_notes() -> None:
+    raw = slides_file()
+    out, tally = translate("talk.pptx", raw)
+    before, after = pptx.Presentation(io.BytesIO(raw)), pptx.Presentation(io.BytesIO(out))
+    assert len(after.slides) == len(before.slides) == 2
+    for n, (old, new) in enumerate(zip(before.slides, after.slides, strict=True)):
+        assert len(new.shapes) == len(old.shapes)
+        assert new.shapes.title.text == f"SLIDE TITLE {n}"
+        body = new.placeholders[1].text_frame.paragraphs
+        assert [p.text for p in body] == ["FIRST POINT", "BOLD WORDS AND PLAIN WORDS"]
+        assert [(r.text, r.font.bold) for r in body[1].runs] == [
+            ("BOLD WORDS", True), (" AND PLAIN WORDS", None)]
+        assert new.notes_slide.notes_text_frame.text == f"SPEAKER NOTES {n}"
+    table = next(s for s in after.slides[1].shapes if s.has_table).table
+    assert [c.text for row in table.rows for c in row.cells] == [f"CELL {i} TEXT"
+                                                                  for i in range(4)]
+    old, new = members(raw), members(out)
+    assert list(new) == list(old)
+    assert new["ppt/slideLayouts/slideLayout1.xml"] == old["ppt/slideLayouts/slideLayout1.xml"]
+    assert "12 of 12 entries translated" in tally  # 2 x (title, 2 points, notes), 4 cells
+
+
+# -- OpenDocument ----------------------------------------------------------------------
+
+
+def odt_file() -> bytes:
+    document = OpenDocumentText()
+    bold = style.Style(name="Bold", family="text")
+    bold.addElement(style.TextProperties(fontweight="bold"))
+    document.automaticstyles.addElement(bold)
+    layout = style.PageLayout(name="Layout")
+    document.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Standard", pagelayoutname=layout)
+    header = style.Header()
+    header.addElement(text.P(text="Company header"))
+    master.addElement(header)
+    document.masterstyles.addElement(master)
+    document.text.addElement(text.H(outlinelevel=1, text="The user guide"))
+    p = text.P(text="Please ")
+    p.addElement(text.Span(stylename=bold, text="open the file"))
+    p.addText(" and save it.")
+    note = text.Note(id="n1", noteclass="footnote")
+    note.addElement(text.NoteCitation(text="1"))
+    body = text.NoteBody()
+    body.addElement(text.P(text="A footnote text"))
+    note.addElement(body)
+    p.addElement(note)
+    document.text.addElement(p)
+    items = text.List()
+    for word in ("First item", "Second item"):
+        item = text.ListItem()
+        item.addElement(text.P(text=word))
+        items.addElement(item)
+    document.text.addElement(items)
+    return saved(document)
+
+
+def test_an_opendocument_text_is_translated_notes_lists_and_headers_included() -> None:
+    raw = odt_file()
+    out, tally = translate("guide.odt", raw)
+    after = load(io.BytesIO(out))
+    paragraphs = after.text.getElementsByType(text.P)
+    assert [teletype.extractText(p) for p in after.text.getElementsByType(text.H)] == [
+        "THE USER GUIDE"]
+    texts = [teletype.extractText(p) for p in paragraphs]
+    assert "A FOOTNOTE TEXT" in texts and "FIRST ITEM" in texts and "SECOND ITEM" in texts
+    sentence = next(p for p in paragraphs if "PLEASE" in teletype.extractText(p))
+    [span] = sentence.getElementsByType(text.Span)
+    assert teletype.extractText(span) == "OPEN THE FILE"
+    assert span.getAttribute("stylename") == "Bold"
+    assert len(sentence.getElementsByType(text.Note)) == 1
+    header = after.masterstyles.getElementsByType(style.Header)[0]
+    assert teletype.extractText(header) == "COMPANY HEADER"
+    infos = zipfile.ZipFile(io.BytesIO(out)).infolist()
+    assert infos[0].filename == "mimetype" and infos[0].compress_type == zipfile.ZIP_STORED
+    assert members(out)["META-INF/manifest.xml"] == members(raw)["META-INF/manifest.xml"]
+    assert "6 of 6 entries translated" in tally
+
+
+def test_an_opendocument_presentation_is_translated_slides_and_notes() -> None:
+    document = OpenDocumentPresentation()
+    layout = style.PageLayout(name="Layout")
+    document.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Master", pagelayoutname=layout)
+    document.masterstyles.addElement(master)
+    for n in range(3):
+        page = draw.Page(masterpagename=master)
+        frame = draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+        box = draw.TextBox()
+        box.addElement(text.P(text=f"Slide text {n}"))
+        frame.addElement(box)
+        page.addElement(frame)
+        notes = presentation.Notes()
+        notes_frame = draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+        notes_box = draw.TextBox()
+        notes_box.addElement(text.P(text=f"Speaker notes {n}"))
+        notes_frame.addElement(notes_box)
+        notes.addElement(notes_frame)
+        page.addElement(notes)
+        document.presentation.addElement(page)
+    out, _ = translate("talk.odp", saved(document))
+    pages = load(io.BytesIO(out)).presentation.getElementsByType(draw.Page)
+    assert len(pages) == 3
+    for n, page in enumerate(pages):
+        [notes] = page.getElementsByType(presentation.Notes)
+        assert teletype.extractText(notes.getElementsByType(text.P)[0]) == f"SPEAKER NOTES {n}"
+        assert teletype.extractText(page.getElementsByType(text.P)[0]) == f"SLIDE TEXT {n}"
+
+
+# -- EPUB ------------------------------------------------------------------------------
+
+
+def book_file() -> bytes:
+    book = epub.EpubBook()
+    book.set_identifier("book-1")
+    book.set_title("A small book")
+    book.set_language("en")
+    chapters = []
+    for n in range(2):
+        chapter = epub.EpubHtml(title=f"Chapter {n}", file_name=f"c{n}.xhtml", lang="en")
+        chapter.content = (f"<h1>Chapter title {n}</h1><p>Please <b>open the file</b> and "
+                           f"<a href='c0.xhtml'>read on</a>.</p><pre>keep this code</pre>"
+                           f"<p class='notranslate'>Keep this too</p>")
+        book.add_item(chapter)
+        chapters.append(chapter)
+    book.toc = [epub.Link(f"c{n}.xhtml", f"Chapter title {n}", f"c{n}") for n in range(2)]
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    book.spine = ["nav", *chapters]
+    buffer = io.BytesIO()
+    epub.write_epub(buffer, book)
+    return buffer.getvalue()
+
+
+def test_an_ebook_is_translated_chapters_and_table_of_contents(tmp_path: Path) -> None:
+    raw = book_file()
+    out, _ = translate("book.epub", raw)
+    path = tmp_path / "book.epub"
+    path.write_bytes(out)
+    book = epub.read_epub(str(path))  # the library reads what was written
+    chapters = [i for i in book.get_items() if i.get_name() in ("c0.xhtml", "c1.xhtml")]
+    assert len(chapters) == 2
+    for n, chapter in enumerate(chapters):
+        root = etree.fromstring(members(out)[f"EPUB/{chapter.get_name()}"])
+        body = "".join(root.itertext())
+        assert f"CHAPTER TITLE {n}" in body and "keep this code" in body
+        assert "Keep this too" in body
+        html = members(out)[f"EPUB/{chapter.get_name()}"]
+        assert b"PLEASE <b>OPEN THE FILE</b> AND <a href=\"c0.xhtml\">READ ON</a>." in html
+    ncx = members(out)["EPUB/toc.ncx"]
+    assert b"<text>CHAPTER TITLE 0</text>" in ncx and b"<text>CHAPTER TITLE 1</text>" in ncx
+    assert b">CHAPTER TITLE 1</a>" in members(out)["EPUB/nav.xhtml"]
+    old, new = members(raw), members(out)
+    assert list(new) == list(old) and new["EPUB/content.opf"] == old["EPUB/content.opf"]
+    infos = zipfile.ZipFile(io.BytesIO(out)).infolist()
+    assert infos[0].filename == "mimetype" and infos[0].compress_type == zipfile.ZIP_STORED
+
+
+# -- what the door serves --------------------------------------------------------------
+
+
+def test_the_formats_are_listed_with_their_media_types() -> None:
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(SUFFIXES)
+    assert media_type("a.docx") == ("application/vnd.openxmlformats-officedocument."
+                                    "wordprocessingml.document")
+    assert media_type("a.PPTX").endswith("presentationml.presentation")
+    assert media_type("a.odt") == "application/vnd.oasis.opendocument.text"
+    assert media_type("a.odp") == "application/vnd.oasis.opendocument.presentation"
+    assert media_type("a.epub") == "application/epub+zip"
+
+
+# -- bad files -------------------------------------------------------------------------
+
+
+def rezip(data: bytes, replace: dict[str, bytes] | None = None,
+          drop: tuple[str, ...] = ()) -> bytes:
+    old = members(data)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in {**old, **(replace or {})}.items():
+            if name not in drop:
+                archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+BILLION_LAUGHS = (b'<?xml version="1.0"?><!DOCTYPE w [<!ENTITY a "aaaaaaaaaa">'
+                  b'<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+                  b'<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
+                  b'2006/main"><w:body><w:p><w:r><w:t>&b;</w:t></w:r></w:p></w:body>'
+                  b'</w:document>')
+EXTERNAL = (b'<?xml version="1.0"?><!DOCTYPE w [<!ENTITY x SYSTEM "file:///etc/passwd">]>'
+            b'<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
+            b'2006/main"><w:body><w:p><w:r><w:t>&x;</w:t></w:r></w:p></w:body>'
+            b'</w:document>')
+
+
+@pytest.mark.parametrize(("name", "make", "message"), [
+    ("a.docx", lambda: b"just text, not a zip", "a.docx is not a Word document .* not a zip"),
+    ("a.pptx", lambda: word_file(), "a.pptx is not a PowerPoint .* no ppt/presentation.xml"),
+    ("a.docx", lambda: rezip(word_file(), drop=("word/document.xml",)),
+     "no word/document.xml"),
+    ("a.odt", lambda: rezip(odt_file(), drop=("content.xml",)), "no content.xml"),
+    ("a.odp", lambda: odt_file(), "a.odp is not an OpenDocument presentation .* mimetype"),
+    ("a.epub", lambda: word_file(), "no META-INF/container.xml"),
+    ("a.docx", lambda: rezip(word_file(), {"word/document.xml": BILLION_LAUGHS}),
+     "word/document.xml declares a DTD subset or entities"),
+    ("a.docx", lambda: rezip(word_file(), {"word/document.xml": EXTERNAL}),
+     "word/document.xml declares a DTD subset or entities"),
+    ("a.docx", lambda: rezip(word_file(), {"word/document.xml": b"<w:document"}),
+     "word/document.xml is not well-formed XML"),
+    ("a.docx", lambda: rezip(word_file(), {"word/vbaProject.bin": b"\0"}), "macros"),
+    ("a.docx", lambda: rezip(word_file(), {"[Content_Types].xml": members(word_file())[
+        "[Content_Types].xml"].replace(b"wordprocessingml.document.main",
+                                       b"ms-word.document.macroEnabled.main")}), "macros"),
+    ("a.odt", lambda: rezip(odt_file(), {"Basic/Standard/Module1.xml": b"<x/>"}), "macros"),
+])
+def test_a_bad_file_is_refused_in_words(name: str, make: Callable[[], bytes],
+                                        message: str) -> None:
+    with pytest.raises(DocumentError, match=message):
+        read_document(name, make(), "de")
+
+
+def test_a_zip_bomb_is_refused_before_it_is_inflated() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in members(word_file()).items():
+            archive.writestr(name, content)
+        with archive.open("word/media/bomb.bin", "w") as bomb:
+            zeros = bytes(1 << 20)
+            for _ in range(80):  # 80 MiB of zeros: about 80 KB packed
+                bomb.write(zeros)
+    data = buffer.getvalue()
+    assert len(data) < 1_000_000
+    with pytest.raises(DocumentError, match=r"a.docx unpacks to 8\d{7} bytes; the limit is "
+                                            r"67108864 bytes"):
+        read_document("a.docx", data, "de")
+
+
+def test_a_member_that_inflates_past_what_its_header_says_is_refused() -> None:
+    data = bytearray(rezip(word_file()))
+    # The central directory's uncompressed size of word/document.xml, made small.
+    name = b"word/document.xml"
+    at = data.rindex(b"PK\x01\x02", 0, data.rindex(name))
+    struct.pack_into("<I", data, at + 24, 10)
+    with pytest.raises(DocumentError, match="word/document.xml cannot be unpacked"):
+        read_document("a.docx", bytes(data), "de")
+
+
+def test_the_limits_bound_members_bytes_and_characters() -> None:
+    raw = word_file()
+    with pytest.raises(DocumentError, match="files in its archive; the limit is 3"):
+        translate("a.docx", raw, members=3)
+    with pytest.raises(DocumentError, match="the limit is 4000 bytes"):
+        translate("a.docx", raw, unpacked_bytes=4000)
+    with pytest.raises(DocumentError, match="characters of text to translate; the limit is 50"):
+        translate("a.docx", raw, characters=50)
