@@ -2,15 +2,19 @@
 (LibreTranslate's contract: multipart in, a download URL out) and `seq2serve
 translate-file` over gRPC, on catalogs cut from Debian packages
 (tests/fixtures/catalogs/): the .po written passes `msgfmt --check`, re-reads,
-keeps its translated entries byte for byte and marks the new ones fuzzy."""
+keeps its translated entries byte for byte and marks the new ones fuzzy; a Word
+document made with python-docx comes back a Word document, translated, its bold
+words bold and its table and header kept."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import docx
 import httpx
 import pytest
 from conftest import msgfmt_check
@@ -111,3 +115,61 @@ def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) ->
          str(tmp_path / "nothing.po"), "--to", "de", "--server", server.target],
         capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "nothing.po" in missing.stderr
+
+
+def word_file() -> bytes:
+    document = docx.Document()
+    document.add_heading("Power management", 1)
+    sentence = document.add_paragraph("Please ")
+    sentence.add_run("open the file").bold = True
+    sentence.add_run(" and save your changes.")
+    table = document.add_table(rows=1, cols=2)
+    table.cell(0, 0).text = "The disk is almost full."
+    table.cell(0, 1).text = "Open the file."
+    document.sections[0].header.paragraphs[0].text = "The user guide"
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+def check_word(raw: bytes, out: bytes) -> None:
+    before, after = docx.Document(io.BytesIO(raw)), docx.Document(io.BytesIO(out))
+    assert len(after.paragraphs) == len(before.paragraphs)
+    assert [p.style.name for p in after.paragraphs] == [p.style.name for p in before.paragraphs]
+    texts = [p.text for p in after.paragraphs] + [c.text for c in after.tables[0]._cells]
+    texts.append(after.sections[0].header.paragraphs[0].text)
+    assert all(texts) and not {"Power management", "The disk is almost full.",
+                               "Open the file.", "The user guide"} & set(texts)
+    sentence = after.paragraphs[1]
+    assert "Please" not in sentence.text
+    bold = [r.text for r in sentence.runs if r.bold]
+    assert bold and all(t.strip() for t in bold)  # the bold span landed on words
+
+
+def test_a_word_document_through_http(http: httpx.Client) -> None:
+    raw = word_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("guide.docx", raw)})
+    assert answer.status_code == 200, answer.text
+    download = http.get(answer.json()["translatedFileUrl"])
+    assert download.headers["content-type"] == (
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document")
+    assert download.headers["content-disposition"] == 'attachment; filename="guide.docx"'
+    check_word(raw, download.content)
+    bad = http.post("/translate_file", data={"source": "en", "target": "de"},
+                    files={"file": ("guide.docx", b"not a zip at all")})
+    assert bad.status_code == 400 and "guide.docx is not a Word document" in bad.text
+    settings = http.get("/frontend/settings").json()
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(settings["supportedFilesFormat"])
+
+
+def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Path) -> None:
+    raw = word_file()
+    (tmp_path / "guide.docx").write_bytes(raw)
+    result = subprocess.run(
+        [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file",
+         str(tmp_path / "guide.docx"), "--to", "de", "--from", "en", "--server", server.target],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "5 of 5 entries translated" in result.stderr
+    check_word(raw, (tmp_path / "guide.de.docx").read_bytes())
