@@ -141,6 +141,35 @@ def test_a_word_document_is_translated_with_its_structure_and_formatting_kept() 
     assert "14 of 14 entries translated" in tally
 
 
+V = "urn:schemas-microsoft-com:vml"
+FOOTNOTES = (b'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+             b'<w:footnotes xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/'
+             b'main"><w:footnote w:type="separator" w:id="-1"><w:p><w:r><w:separator/></w:r>'
+             b'</w:p></w:footnote><w:footnote w:id="1"><w:p><w:r><w:t xml:space="preserve">'
+             b'A footnote text</w:t></w:r></w:p></w:footnote></w:footnotes>')
+
+
+def test_text_boxes_and_footnotes_are_translated_inside_their_paragraphs() -> None:
+    d = docx.Document()
+    p = d.add_paragraph("Before the box ")
+    box = etree.SubElement(p._p, W + "r")
+    shape = etree.SubElement(etree.SubElement(box, W + "pict"), f"{{{V}}}shape")
+    content = etree.SubElement(etree.SubElement(shape, f"{{{V}}}textbox"), W + "txbxContent")
+    inner = etree.SubElement(etree.SubElement(content, W + "p"), W + "r")
+    etree.SubElement(inner, W + "t").text = "Text in a box"
+    p.add_run(" and after it.")
+    out, tally = translate("a.docx", rezip(saved(d), {"word/footnotes.xml": FOOTNOTES}))
+    root = etree.fromstring(members(out)["word/document.xml"])
+    [outer] = [e for e in root.iter(W + "p") if e.getparent().tag == W + "body"][:1]
+    assert "".join(outer.itertext()) == "BEFORE THE BOX TEXT IN A BOX AND AFTER IT."
+    [boxed] = outer.iter(W + "txbxContent")
+    assert "".join(boxed.itertext()) == "TEXT IN A BOX"
+    notes = etree.fromstring(members(out)["word/footnotes.xml"])
+    assert "".join(notes.itertext()) == "A FOOTNOTE TEXT"
+    assert len(notes.findall(f".//{W}separator")) == 1
+    assert "3 of 3 entries translated" in tally
+
+
 def test_a_span_the_translation_moves_takes_the_words_it_moved_with() -> None:
     def reorder(masked: str) -> str:  # Please {0} open the file {1} and save it.
         assert masked == "Please {0} open the file {1} and save it."
@@ -392,6 +421,13 @@ def rezip(data: bytes, replace: dict[str, bytes] | None = None,
     return buffer.getvalue()
 
 
+def twice(data: bytes, name: str) -> bytes:
+    buffer = io.BytesIO(data)
+    with pytest.warns(UserWarning), zipfile.ZipFile(buffer, "a") as archive:
+        archive.writestr(name, b"<x/>")
+    return buffer.getvalue()
+
+
 BILLION_LAUGHS = (b'<?xml version="1.0"?><!DOCTYPE w [<!ENTITY a "aaaaaaaaaa">'
                   b'<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
                   b'<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
@@ -422,6 +458,7 @@ EXTERNAL = (b'<?xml version="1.0"?><!DOCTYPE w [<!ENTITY x SYSTEM "file:///etc/p
         "[Content_Types].xml"].replace(b"wordprocessingml.document.main",
                                        b"ms-word.document.macroEnabled.main")}), "macros"),
     ("a.odt", lambda: rezip(odt_file(), {"Basic/Standard/Module1.xml": b"<x/>"}), "macros"),
+    ("a.docx", lambda: twice(word_file(), "word/document.xml"), "two files of one name"),
 ])
 def test_a_bad_file_is_refused_in_words(name: str, make: Callable[[], bytes],
                                         message: str) -> None:

@@ -22,7 +22,7 @@ text inside a pair that pair's (the innermost, if the model nested them). A span
 that comes back empty, or not at all, is never dropped: its style goes to the
 word nearest to where it came back, else to the word at the same relative place
 in the translation as in the source; an opaque piece that does not come back goes
-to that place too.
+to the word boundary nearest that place.
 """
 
 from __future__ import annotations
@@ -163,11 +163,15 @@ class Paragraph:
 
 def _pieces(before: str, chars: list[str], styles: list[Hashable],
             opaque: dict[int, list[Piece]], style: Hashable) -> list[Piece]:
+    """The characters cut into pieces where the style changes or opaque ones go."""
     out: list[Piece] = [Piece(before, style)] if before else []
-    for i, (char, char_style) in enumerate(zip(chars, styles, strict=True)):
-        out.extend(opaque.get(i, ()))
-        out.append(Piece(char, char_style))
-    out.extend(opaque.get(len(chars), ()))
+    start = 0
+    for i in range(len(chars) + 1):
+        if i == len(chars) or i in opaque or (i > start and styles[i] != styles[start]):
+            if i > start:
+                out.append(Piece("".join(chars[start:i]), styles[start]))
+            out.extend(opaque.get(i, ()))
+            start = i
     return out
 
 

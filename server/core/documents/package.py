@@ -70,6 +70,8 @@ class Package:
         if any(info.flag_bits & 0x1 for info in self.infos):
             raise DocumentError(f"{name} is encrypted")
         self.names = {info.filename for info in self.infos}
+        if len(self.names) != len(self.infos):
+            raise DocumentError(f"{name} has two files of one name in its archive")
         self._read = 0  # bytes inflated so far, all members together
 
     def require(self, member: str) -> None:
@@ -119,6 +121,7 @@ class Package:
         """The archive again: `changed` members replaced, the others copied unchanged,
         in their order; `mimetype` first and stored."""
         out = io.BytesIO()
+        self._read = 0  # each member once more: within the same bound
         ordered = sorted(self.infos, key=lambda info: info.filename != "mimetype")
         with zipfile.ZipFile(out, "w") as archive:
             for info in ordered:
