@@ -394,6 +394,42 @@ def test_an_ebook_is_translated_chapters_and_table_of_contents(tmp_path: Path) -
     assert infos[0].filename == "mimetype" and infos[0].compress_type == zipfile.ZIP_STORED
 
 
+def epub2_file(chapter: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("mimetype", "application/epub+zip", zipfile.ZIP_STORED)
+        archive.writestr("META-INF/container.xml", (
+            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:'
+            'opendocument:xmlns:container"><rootfiles><rootfile full-path="OEBPS/book.opf" '
+            'media-type="application/oebps-package+xml"/></rootfiles></container>'))
+        archive.writestr("OEBPS/book.opf", (
+            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="2.0">'
+            '<manifest><item id="c" href="Text/chapter%201.xhtml" media-type="application/'
+            'xhtml+xml"/><item id="ncx" href="toc.ncx" media-type="application/x-dtbncx+xml"/>'
+            '</manifest><spine toc="ncx"><itemref idref="c"/></spine></package>'))
+        archive.writestr("OEBPS/toc.ncx", (
+            '<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/"><navMap>'
+            '<navPoint id="p"><navLabel><text>The first chapter</text></navLabel>'
+            '<content src="Text/chapter%201.xhtml"/></navPoint></navMap></ncx>'))
+        archive.writestr("OEBPS/Text/chapter 1.xhtml", chapter)
+    return buffer.getvalue()
+
+
+def test_an_epub_2_with_the_xhtml_1_1_doctype_and_its_entities() -> None:
+    chapter = (b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD '
+               b'XHTML 1.1//EN" "http://www.w3.org/TR/xhtml11/DTD/xhtml11.dtd">\n<html xmlns='
+               b'"http://www.w3.org/1999/xhtml"><head><title>A title</title></head><body>'
+               b'<div><p>Open&nbsp;the <i>file</i> &amp; save.</p><p><img src="a.png"/></p>'
+               b'</div></body></html>')
+    out, tally = translate("old.epub", epub2_file(chapter))
+    written = members(out)
+    assert written["OEBPS/Text/chapter 1.xhtml"] == chapter.replace(
+        b"A title", b"A TITLE").replace(b"Open&nbsp;the <i>file</i> &amp; save.",
+                                        b"OPEN&nbsp;THE <i>FILE</i> &amp; SAVE.")
+    assert b"<text>THE FIRST CHAPTER</text>" in written["OEBPS/toc.ncx"]
+    assert "3 of 3 entries translated" in tally
+
+
 # -- what the door serves --------------------------------------------------------------
 
 
@@ -450,6 +486,9 @@ EXTERNAL = (b'<?xml version="1.0"?><!DOCTYPE w [<!ENTITY x SYSTEM "file:///etc/p
     ("a.docx", lambda: rezip(word_file(), {"word/document.xml": BILLION_LAUGHS}),
      "word/document.xml declares a DTD subset or entities"),
     ("a.docx", lambda: rezip(word_file(), {"word/document.xml": EXTERNAL}),
+     "word/document.xml declares a DTD subset or entities"),
+    ("a.docx", lambda: rezip(word_file(), {"word/document.xml": BILLION_LAUGHS.replace(
+        b'version="1.0"', b'version="1.0" encoding="UTF-16"').decode().encode("utf-16")}),
      "word/document.xml declares a DTD subset or entities"),
     ("a.docx", lambda: rezip(word_file(), {"word/document.xml": b"<w:document"}),
      "word/document.xml is not well-formed XML"),

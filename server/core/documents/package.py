@@ -112,10 +112,17 @@ class Package:
             raise DocumentError(f"{self.name}: {member[:64]} declares a DTD subset or "
                                 "entities, which are not accepted")
         try:
-            return etree.ElementTree(etree.fromstring(data, safe_parser()))
+            tree = etree.ElementTree(etree.fromstring(data, safe_parser()))
         except etree.XMLSyntaxError as e:
             raise DocumentError(f"{self.name}: {member[:64]} is not well-formed XML: "
                                 f"{e}") from None
+        # The byte pattern misses other encodings (UTF-16): what the parser read counts.
+        dtd = tree.docinfo.internalDTD
+        if dtd is not None and (any(True for _ in dtd.iterentities())
+                                or any(True for _ in dtd.iterelements())):
+            raise DocumentError(f"{self.name}: {member[:64]} declares a DTD subset or "
+                                "entities, which are not accepted")
+        return tree
 
     def write(self, changed: dict[str, bytes]) -> bytes:
         """The archive again: `changed` members replaced, the others copied unchanged,
