@@ -196,7 +196,7 @@ def test_a_span_the_translation_loses_goes_to_the_nearest_word_never_dropped() -
     # an empty pair's style goes to the word beside it.
     assert "".join(r.text for r in runs) == "Bitte die Datei speichern ."
     assert [r.text for r in runs if r.bold] == ["speichern"]
-    assert "1 formatting spans not found" in tally
+    assert "1 formatting spans not found in their translation" in tally
 
 
 def test_paragraph_tags_read_back_whatever_the_model_did() -> None:

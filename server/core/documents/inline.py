@@ -96,13 +96,12 @@ class Paragraph:
         self.before, self.after = tagged[:start], tagged[start + len(core):]
         self.text = core
 
-    def fill(self, translation: str) -> str | None:
-        """Put `translation` (of `text`) into the document; a note when a span or an
-        opaque piece had to be placed by position."""
+    def fill(self, translation: str) -> int:
+        """Put `translation` (of `text`) into the document; how many spans and opaque
+        pieces had to be placed by position."""
         pieces, placed = self._read(translation.strip())
         self._write(self.head + pieces + self.tail)
-        return (f"{placed} formatting spans not found in a translation, put on the nearest "
-                "word") if placed else None
+        return placed
 
     def _read(self, translation: str) -> tuple[list[Piece], int]:
         chars: list[str] = []

@@ -187,6 +187,7 @@ class PackageDocument(Document):
         self._check(translations)
         it = iter(translations)
         changed: dict[str, bytes] = {}
+        placed = 0
         for part in self.parts:
             done = [(p, next(it)) for p in part.paragraphs]
             # Innermost first: a text box's paragraphs are done before the paragraph
@@ -196,11 +197,12 @@ class PackageDocument(Document):
                 if translation is None or not translation.strip():
                     self.tally.skipped += 1
                     continue
-                note = paragraph.fill(translation)
-                if note:
-                    self.tally.notes.append(note)
+                placed += paragraph.fill(translation)
                 self.tally.filled += 1
                 touched = True
             if touched:
                 changed[part.member] = serialize(part.raw, part.tree)
+        if placed:
+            self.tally.notes.append(f"{placed} formatting spans not found in their "
+                                    "translation, put on the nearest word")
         return self.package.write(changed)
