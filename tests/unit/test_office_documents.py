@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import shutil
 import struct
+import subprocess
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -316,6 +318,16 @@ def test_an_opendocument_text_is_translated_notes_lists_and_headers_included() -
 
 
 def test_an_opendocument_presentation_is_translated_slides_and_notes() -> None:
+    out, _ = translate("talk.odp", odp_file())
+    pages = load(io.BytesIO(out)).presentation.getElementsByType(draw.Page)
+    assert len(pages) == 3
+    for n, page in enumerate(pages):
+        [notes] = page.getElementsByType(presentation.Notes)
+        assert teletype.extractText(notes.getElementsByType(text.P)[0]) == f"SPEAKER NOTES {n}"
+        assert teletype.extractText(page.getElementsByType(text.P)[0]) == f"SLIDE TEXT {n}"
+
+
+def odp_file() -> bytes:
     document = OpenDocumentPresentation()
     layout = style.PageLayout(name="Layout")
     document.automaticstyles.addElement(layout)
@@ -336,13 +348,39 @@ def test_an_opendocument_presentation_is_translated_slides_and_notes() -> None:
         notes.addElement(notes_frame)
         page.addElement(notes)
         document.presentation.addElement(page)
-    out, _ = translate("talk.odp", saved(document))
-    pages = load(io.BytesIO(out)).presentation.getElementsByType(draw.Page)
-    assert len(pages) == 3
-    for n, page in enumerate(pages):
-        [notes] = page.getElementsByType(presentation.Notes)
-        assert teletype.extractText(notes.getElementsByType(text.P)[0]) == f"SPEAKER NOTES {n}"
-        assert teletype.extractText(page.getElementsByType(text.P)[0]) == f"SLIDE TEXT {n}"
+    return saved(document)
+
+
+SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
+
+
+@pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
+def test_libreoffice_opens_every_office_file_written(tmp_path: Path) -> None:
+    assert SOFFICE is not None
+    written = []
+    for name, make in (("guide.docx", word_file), ("talk.pptx", slides_file),
+                       ("guide.odt", odt_file), ("talk.odp", odp_file)):
+        path = tmp_path / name.replace(".", "_") / name  # one folder each: one PDF name
+        path.parent.mkdir()
+        path.write_bytes(translate(name, make())[0])
+        written.append(path)
+
+    def convert(to: str, *paths: Path) -> None:
+        for path in paths:
+            result = subprocess.run(
+                [SOFFICE, f"-env:UserInstallation=file://{tmp_path}/profile", "--headless",
+                 "--convert-to", to, "--outdir", str(path.parent), str(path)],
+                capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0, result.stderr
+
+    convert("pdf", *written)
+    for path in written:
+        assert path.with_suffix(".pdf").read_bytes().startswith(b"%PDF"), path.name
+    # What LibreOffice reads in the Word and OpenDocument texts is the translation.
+    convert("txt:Text (encoded):UTF8", written[0], written[2])
+    for path in (written[0], written[2]):
+        shown = path.with_suffix(".txt").read_text(encoding="utf-8-sig")
+        assert "PLEASE OPEN THE FILE AND SAVE IT." in shown and "Please" not in shown
 
 
 # -- EPUB ------------------------------------------------------------------------------
