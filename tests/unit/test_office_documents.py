@@ -260,6 +260,19 @@ def test_a_presentation_is_translated_slide_text_tables_and_notes() -> None:
     assert "12 of 12 entries translated" in tally  # 2 x (title, 2 points, notes), 4 cells
 
 
+def test_runs_split_by_what_does_not_show_are_one_text_without_tags() -> None:
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])
+    para = slide.placeholders[1].text_frame.paragraphs[0]
+    for words, lang in (("Open the ", "en-US"), ("fiel", "en-GB"), (" now", "en-US")):
+        run = para.add_run()
+        run.text = words
+        run._r.get_or_add_rPr().set("lang", lang)
+    para.runs[1]._r.get_or_add_rPr().set("err", "1")  # PowerPoint's spelling mark
+    para.runs[2].font.bold = True
+    assert read_document("a.pptx", saved(deck), "de").texts == ["Open the fiel<g1> now</g1>"]
+
+
 # -- OpenDocument ----------------------------------------------------------------------
 
 

@@ -44,6 +44,9 @@ _WORD_PARTS = re.compile(r"word/(document|header\d*|footer\d*|footnotes|endnotes
 _SLIDE_PARTS = re.compile(r"ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml")
 _MACROS = re.compile(rb"macroEnabled|vbaProject", re.IGNORECASE)
 _DROPPED = frozenset({W + "proofErr", W + "lastRenderedPageBreak"})
+_INVISIBLE_ATTRIBUTES = frozenset({"lang", "altLang", "dirty", "err", "noProof", "smtClean",
+                                   "smtId", "bmk"})
+_INVISIBLE_PROPERTIES = frozenset({W + "lang", W + "noProof"})
 
 
 @dataclass(frozen=True)
@@ -142,8 +145,7 @@ def _paragraph(p: etree._Element, dialect: _Dialect) -> Paragraph | None:
 def _run(run: etree._Element, wrapper: etree._Element | None, dialect: _Dialect,
          field_depth: list[int]) -> list[Piece]:
     properties = run.find(dialect.properties)
-    style = RunStyle((b"" if properties is None else etree.tostring(properties),
-                      b"" if wrapper is None else _open_tag(wrapper)),
+    style = RunStyle((_visible(properties), b"" if wrapper is None else _open_tag(wrapper)),
                      run, properties, wrapper)
     pieces = []
     for child in run:
@@ -157,6 +159,25 @@ def _run(run: etree._Element, wrapper: etree._Element | None, dialect: _Dialect,
         else:  # a field's code and shown result, tabs, breaks, drawings, marks
             pieces.append(Piece(None, content=(child,)))
     return pieces
+
+
+def _visible(properties: etree._Element | None) -> bytes:
+    """Run properties as compared: without what does not show (the proofing language,
+    spelling marks, PowerPoint's edit flags), which splits runs of one look."""
+    if properties is None:
+        return b""
+    shown = copy.deepcopy(properties)
+    for name in list(shown.attrib):
+        if etree.QName(name).localname in _INVISIBLE_ATTRIBUTES:
+            del shown.attrib[name]
+    for child in list(shown):
+        if child.tag in _INVISIBLE_PROPERTIES:
+            shown.remove(child)
+    for fonts in shown.iter(W + "rFonts"):
+        fonts.attrib.pop(W + "hint", None)
+        if not fonts.attrib:
+            shown.remove(fonts)
+    return b"" if len(shown) == 0 and not shown.attrib else etree.tostring(shown)
 
 
 def _open_tag(element: etree._Element) -> bytes:
