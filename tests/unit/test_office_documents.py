@@ -172,6 +172,31 @@ def test_text_boxes_and_footnotes_are_translated_inside_their_paragraphs() -> No
     assert "3 of 3 entries translated" in tally
 
 
+def test_a_field_in_a_hyperlink_stays_whole_and_in_the_link() -> None:
+    d = docx.Document()
+    entry = d.add_paragraph()
+    link = etree.SubElement(entry._p, W + "hyperlink", {W + "anchor": "_Toc1"})
+    parts: list[tuple[str, dict[str, str], str | None]] = [
+        ("t", {}, "Getting started"), ("tab", {}, None),
+        ("fldChar", {W + "fldCharType": "begin"}, None),
+        ("instrText", {}, " PAGEREF _Toc1 \\h "),
+        ("fldChar", {W + "fldCharType": "separate"}, None), ("t", {}, "3"),
+        ("fldChar", {W + "fldCharType": "end"}, None)]
+    for tag, attributes, content in parts:
+        child = etree.SubElement(etree.SubElement(link, W + "r"), W + tag, attributes)
+        child.text = content
+    document = read_document("toc.docx", saved(d), "de")
+    assert document.texts == ["Getting started"]  # the tab and the field: at its end
+    out, _ = translate("toc.docx", saved(d))
+    [p] = etree.fromstring(members(out)["word/document.xml"]).iter(W + "p")
+    [written] = p.findall(W + "hyperlink")
+    assert written.get(W + "anchor") == "_Toc1" and len(p) == 1  # nothing outside it
+    assert "".join(written.itertext()) == "GETTING STARTED PAGEREF _Toc1 \\h 3"
+    assert [e.get(W + "fldCharType") for e in written.iter(W + "fldChar")] == [
+        "begin", "separate", "end"]
+    assert len(written.findall(f".//{W}tab")) == 1
+
+
 def test_a_span_the_translation_moves_takes_the_words_it_moved_with() -> None:
     def reorder(masked: str) -> str:  # Please {0} open the file {1} and save it.
         assert masked == "Please {0} open the file {1} and save it."

@@ -185,52 +185,80 @@ def _open_tag(element: etree._Element) -> bytes:
 
 
 def _write(p: etree._Element, pieces: list[Piece], dialect: _Dialect) -> None:
-    # Where each opaque element sits now: one inside a run goes into a copy of that run.
+    # Where each opaque element sits now: one inside a run goes into a copy of that run,
+    # inside a copy of its hyperlink if it was in one.
     parents = {id(e): e.getparent() for piece in pieces for e in piece.content
                if isinstance(e, etree._Element)}
+    links = {id(r): r.getparent() for r in parents.values()
+             if r is not None and r.getparent() is not None
+             and r.getparent().tag == W + "hyperlink"}
     end = p.find(A + "endParaRPr") if dialect is DRAWING else None
     for child in list(p):
         if child.tag != dialect.ns + "pPr" and child is not end:
             p.remove(child)
-    last_run: tuple[etree._Element | None, etree._Element | None] = (None, None)
-    link: tuple[etree._Element | None, etree._Element | None] = (None, None)
+    out = _Writer(p, end, dialect)
     for piece in pieces:
-        if piece.text is None:
-            for element in piece.content:
-                assert isinstance(element, etree._Element)
-                parent = parents[id(element)]
-                if parent is not None and parent.tag == dialect.run:
-                    if last_run[0] is not parent:
-                        made = _new(p, end, dialect.run, parent.attrib)
-                        properties = parent.find(dialect.properties)
-                        if properties is not None:
-                            made.append(copy.deepcopy(properties))
-                        last_run = (parent, made)
-                    assert last_run[1] is not None
-                    last_run[1].append(element)
-                else:
-                    _place(p, end, element)
-                    last_run = (None, None)
-            link = (None, None)
+        if piece.text is not None:
+            assert isinstance(piece.style, RunStyle)
+            out.text(piece.text, piece.style)
             continue
-        style = piece.style
-        assert isinstance(style, RunStyle)
-        last_run = (None, None)
-        holder = p
-        if style.wrapper is not None:
-            if link[0] is not style.wrapper:
-                link = (style.wrapper, _new(p, end, style.wrapper.tag, style.wrapper.attrib))
-            assert link[1] is not None
-            holder = link[1]
-        else:
-            link = (None, None)
-        run = _new(holder, end if holder is p else None, dialect.run, style.run.attrib)
-        if style.properties is not None:
-            run.append(copy.deepcopy(style.properties))
-        text = etree.SubElement(run, dialect.text)
-        text.text = piece.text
-        if dialect is WORD:
+        for element in piece.content:
+            assert isinstance(element, etree._Element)
+            parent = parents[id(element)]
+            if parent is not None and parent.tag == dialect.run:
+                out.in_run(element, parent, links.get(id(parent)))
+            else:
+                out.alone(element)
+
+
+class _Writer:
+    """Appends runs to a paragraph, in hyperlink copies where the source had them."""
+
+    def __init__(self, p: etree._Element, end: etree._Element | None,
+                 dialect: _Dialect) -> None:
+        self.p, self.end, self.dialect = p, end, dialect
+        self.link: tuple[etree._Element | None, etree._Element | None] = (None, None)
+        self.run: tuple[etree._Element | None, etree._Element | None] = (None, None)
+
+    def _holder(self, wrapper: etree._Element | None) -> etree._Element:
+        if wrapper is None:
+            self.link = (None, None)
+            return self.p
+        if self.link[0] is not wrapper or self.link[1] is None:
+            self.link = (wrapper, _new(self.p, self.end, wrapper.tag, wrapper.attrib))
+        assert self.link[1] is not None
+        return self.link[1]
+
+    def _run(self, like: etree._Element, properties: etree._Element | None,
+             wrapper: etree._Element | None) -> etree._Element:
+        holder = self._holder(wrapper)
+        run = _new(holder, self.end if holder is self.p else None, self.dialect.run,
+                   like.attrib)
+        if properties is not None:
+            run.append(copy.deepcopy(properties))
+        return run
+
+    def text(self, words: str, style: RunStyle) -> None:
+        self.run = (None, None)
+        run = self._run(style.run, style.properties, style.wrapper)
+        text = etree.SubElement(run, self.dialect.text)
+        text.text = words
+        if self.dialect is WORD:
             text.set(XML_SPACE, "preserve")
+
+    def in_run(self, element: etree._Element, parent: etree._Element,
+               wrapper: etree._Element | None) -> None:
+        if self.run[0] is not parent or self.run[1] is None or (
+                wrapper is not None and self.link[0] is not wrapper):
+            made = self._run(parent, parent.find(self.dialect.properties), wrapper)
+            self.run = (parent, made)
+        assert self.run[1] is not None
+        self.run[1].append(element)
+
+    def alone(self, element: etree._Element) -> None:
+        self.run = (None, None)
+        self.link = (None, None)
+        _place(self.p, self.end, element)
 
 
 def _new(parent: etree._Element, before: etree._Element | None, tag: str,
