@@ -506,6 +506,18 @@ def test_an_epub_2_with_the_xhtml_1_1_doctype_and_its_entities() -> None:
     assert "3 of 3 entries translated" in tally
 
 
+def test_an_image_in_a_link_stays_in_the_link_with_its_words() -> None:
+    chapter = (b'<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/'
+               b'xhtml"><body><p>See <a href="x.xhtml"><img src="i.png" alt="i"/>the picture'
+               b'</a> here.</p><ul><li>Part one<ol><li>Section one</li></ol></li></ul>'
+               b'</body></html>')
+    out, _ = translate("old.epub", epub2_file(chapter))
+    assert members(out)["OEBPS/Text/chapter 1.xhtml"] == chapter.replace(
+        b"See", b"SEE").replace(b"the picture", b"THE PICTURE").replace(
+        b"here", b"HERE").replace(b"Part one", b"PART ONE").replace(
+        b"Section one", b"SECTION ONE")
+
+
 # -- what the door serves --------------------------------------------------------------
 
 

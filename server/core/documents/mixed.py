@@ -58,28 +58,31 @@ def _visit(element: etree._Element, rules: Rules, found: list[Paragraph]) -> Non
         return
     if rules.block(element):
         pieces: list[Piece] = []
-        _pieces(element, (), rules, pieces)
+        chains: dict[int, ChainStyle] = {}
+        _pieces(element, (), rules, pieces, chains)
         if has_letters(pieces):
-            found.append(Paragraph(pieces, lambda out: _write(element, out)))
+            found.append(Paragraph(pieces, lambda out: _write(element, out, chains)))
     for child in element:
         _visit(child, rules, found)
 
 
 def _pieces(element: etree._Element, chain: tuple[etree._Element, ...], rules: Rules,
-            out: list[Piece]) -> None:
+            out: list[Piece], chains: dict[int, ChainStyle]) -> None:
+    """The pieces of `element`'s content; `chains` gets the inline elements around each
+    opaque one that has some (an image in a link)."""
     style = _style(chain)
     if element.text:
         out.append(Piece(element.text, style))
     for child in element:
-        if not isinstance(child.tag, str):  # a comment, an entity reference
-            out.append(Piece(None, content=(child,)))
-        elif (spaces := rules.spaces(child)) is not None:
+        if isinstance(child.tag, str) and (spaces := rules.spaces(child)) is not None:
             out.append(Piece(spaces, style))
-        elif (rules.inline(child) and not rules.skip(child)
+        elif (isinstance(child.tag, str) and rules.inline(child) and not rules.skip(child)
               and "".join(child.itertext()).strip()):
-            _pieces(child, (*chain, child), rules, out)
-        else:
+            _pieces(child, (*chain, child), rules, out, chains)
+        else:  # a comment, an entity reference, an image, a break, a note ...
             out.append(Piece(None, content=(child,)))
+            if chain:
+                chains[id(child)] = style
         if child.tail:
             out.append(Piece(child.tail, style))
 
@@ -90,31 +93,52 @@ def _style(chain: tuple[etree._Element, ...]) -> ChainStyle:
                             for e in chain), chain)
 
 
-def _write(block: etree._Element, pieces: list[Piece]) -> None:
+def _write(block: etree._Element, pieces: list[Piece], chains: dict[int, ChainStyle]) -> None:
     block.text = None
     for child in list(block):
         block.remove(child)
-    last: etree._Element | None = None  # the last child: text after it is its tail
+    out = _Writer(block)
     for piece in pieces:
-        if piece.text is None:
-            for element in piece.content:
-                assert isinstance(element, etree._Element)
-                element.tail = None
-                block.append(element)
-                last = element
+        if piece.text is not None:
+            assert isinstance(piece.style, ChainStyle)
+            out.text(piece.text, piece.style)
             continue
-        style = piece.style
-        assert isinstance(style, ChainStyle)
+        for element in piece.content:
+            assert isinstance(element, etree._Element)
+            out.element(element, chains.get(id(element), _PLAIN))
+
+
+_PLAIN = ChainStyle((), ())
+
+
+class _Writer:
+    """Appends text and elements to a block; the inline elements around them are
+    copies of the source's, one copy for neighbours of one style."""
+
+    def __init__(self, block: etree._Element) -> None:
+        self.block = block
+        self.open: tuple[ChainStyle, etree._Element] | None = None  # the last chain made
+
+    def _holder(self, style: ChainStyle) -> etree._Element:
         if not style.chain:
-            if last is None:
-                block.text = (block.text or "") + piece.text
-            else:
-                last.tail = (last.tail or "") + piece.text
-            continue
-        holder = block
-        for original in style.chain:
-            made = holder.makeelement(original.tag, dict(original.attrib))
-            holder.append(made)
-            holder = made
-        holder.text = piece.text
-        last = block[-1]
+            self.open = None
+            return self.block
+        if self.open is None or self.open[0] != style:
+            holder = self.block
+            for original in style.chain:
+                made = holder.makeelement(original.tag, dict(original.attrib))
+                holder.append(made)
+                holder = made
+            self.open = (style, holder)
+        return self.open[1]
+
+    def text(self, words: str, style: ChainStyle) -> None:
+        holder = self._holder(style)
+        if len(holder):
+            holder[-1].tail = (holder[-1].tail or "") + words
+        else:
+            holder.text = (holder.text or "") + words
+
+    def element(self, element: etree._Element, style: ChainStyle) -> None:
+        element.tail = None
+        self._holder(style).append(element)
