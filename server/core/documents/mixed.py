@@ -8,7 +8,8 @@ block's text and the text of its inline elements is one text (inline.py); its
 style is the chain of inline elements around it, compared by their names and
 attributes. Anything else inside a block (an image, a line break, a note, a
 frame, a nested block, an inline element that wraps no text) is opaque: moved
-back as it is, with its own content, where the translation puts it. Blocks nest:
+back as it is, with its own content, where the translation puts it (inside
+copies of the inline elements it was in: an image stays in its link). Blocks nest:
 a list item that holds a nested list is translated for its own words, and the
 nested items each for theirs.
 """
