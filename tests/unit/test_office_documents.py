@@ -627,3 +627,5 @@ def test_the_limits_bound_members_bytes_and_characters() -> None:
         translate("a.docx", raw, unpacked_bytes=4000)
     with pytest.raises(DocumentError, match="characters of text to translate; the limit is 50"):
         translate("a.docx", raw, characters=50)
+    with pytest.raises(DocumentError, match="more than 5 paragraphs to translate; the limit"):
+        translate("a.docx", raw, paragraphs=5)

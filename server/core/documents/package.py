@@ -33,6 +33,7 @@ class Limits:
     members: int = 5000  # files in the archive
     unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
     characters: int = 1_000_000  # characters of text to translate in the file
+    paragraphs: int = 50_000  # texts to translate in the file (about 1 KB of memory each)
 
 
 DEFAULT_LIMITS = Limits()
@@ -73,6 +74,7 @@ class Package:
         if len(self.names) != len(self.infos):
             raise DocumentError(f"{name} has two files of one name in its archive")
         self._read = 0  # bytes inflated so far, all members together
+        self._paragraphs = 0  # found so far, all parts together
 
     def require(self, member: str) -> None:
         if member not in self.names:
@@ -101,7 +103,13 @@ class Package:
         """A member parsed and the paragraphs `find` finds in it."""
         raw = self.read(member)
         tree = self.parse(member, raw)
-        return Part(member, raw, tree, find(tree.getroot()))
+        part = Part(member, raw, tree, find(tree.getroot()))
+        self._paragraphs += len(part.paragraphs)
+        if self._paragraphs > self.limits.paragraphs:
+            raise DocumentError(f"{self.name} has more than {self.limits.paragraphs} "
+                                f"paragraphs to translate; the limit is "
+                                f"{self.limits.paragraphs}")
+        return part
 
     def xml(self, member: str) -> etree._ElementTree:
         return self.parse(member, self.read(member))
