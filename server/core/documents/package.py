@@ -33,7 +33,7 @@ class Limits:
     members: int = 5000  # files in the archive
     unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
     characters: int = 1_000_000  # characters of text to translate in the file
-    paragraphs: int = 50_000  # texts to translate in the file (about 1 KB of memory each)
+    paragraphs: int = 50_000  # texts to translate in the file (about 2 KB of memory each)
 
 
 DEFAULT_LIMITS = Limits()
