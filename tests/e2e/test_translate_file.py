@@ -11,15 +11,21 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docx
 import httpx
+import pptx
 import pytest
 from conftest import msgfmt_check
+from ebooklib import epub
+from odf.opendocument import load
+from office_files import book_file, odp_file, odt_file, slides_file
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
+
+from seq2serve.server.core.documents import read_document
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "en-de"
 CATALOGS = Path(__file__).resolve().parents[1] / "fixtures" / "catalogs"
@@ -173,3 +179,26 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     assert "5 of 5 entries translated" in result.stderr
     check_word(raw, (tmp_path / "guide.de.docx").read_bytes())
+
+
+@pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
+                                            ("talk.odp", odp_file), ("book.epub", book_file)])
+def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, name: str,
+                                         make: Callable[[], bytes]) -> None:
+    raw = make()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": (name, raw)})
+    assert answer.status_code == 200, answer.text
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    before, after = read_document(name, raw, "de").texts, read_document(name, out, "de").texts
+    assert len(after) == len(before)
+    changed = [b for b, a in zip(before, after, strict=True) if a != b]
+    assert len(changed) >= len(before) // 2, after  # titles such as "A small book" may stay
+    (tmp_path / name).write_bytes(out)
+    opened = {".pptx": lambda p: len(pptx.Presentation(str(p)).slides),
+              ".odt": lambda p: len(load(str(p)).text.childNodes),
+              ".odp": lambda p: len(load(str(p)).presentation.childNodes),
+              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items()))}
+    suffix = Path(name).suffix
+    (tmp_path / f"source{suffix}").write_bytes(raw)
+    assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")
