@@ -4,7 +4,8 @@ translate-file` over gRPC, on catalogs cut from Debian packages
 (tests/fixtures/catalogs/): the .po written passes `msgfmt --check`, re-reads,
 keeps its translated entries byte for byte and marks the new ones fuzzy; a Word
 document made with python-docx comes back a Word document, translated, its bold
-words bold and its table and header kept."""
+words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
+.odp and .epub come back translated and open in their libraries."""
 
 from __future__ import annotations
 
