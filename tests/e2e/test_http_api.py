@@ -233,8 +233,11 @@ def test_files_translate_and_download(http: httpx.Client, grpc_client: Seq2Serve
     download = http.get(url)
     assert download.text == f"{expected[0][0]}\n\n{expected[1][0]}\n"
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
-                    files={"file": ("x.docx", b"PK")})
+                    files={"file": ("x.xlsx", b"PK")})
     assert bad.status_code == 400 and "file format not supported" in bad.json()["error"]
+    bad = http.post("/translate_file", data={"source": "en", "target": "de"},
+                    files={"file": ("x.docx", b"PK")})
+    assert bad.status_code == 400 and "x.docx is not a Word document" in bad.json()["error"]
 
 
 def test_summarize_without_a_summarizer_names_the_problem(http: httpx.Client) -> None:

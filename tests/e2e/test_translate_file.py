@@ -2,20 +2,31 @@
 (LibreTranslate's contract: multipart in, a download URL out) and `seq2serve
 translate-file` over gRPC, on catalogs cut from Debian packages
 (tests/fixtures/catalogs/): the .po written passes `msgfmt --check`, re-reads,
-keeps its translated entries byte for byte and marks the new ones fuzzy."""
+keeps its translated entries byte for byte and marks the new ones fuzzy; a Word
+document made with python-docx comes back a Word document, translated, its bold
+words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
+.odp and .epub come back translated and open in their libraries."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import docx
 import httpx
+import pptx
 import pytest
 from conftest import msgfmt_check
+from ebooklib import epub
+from odf.opendocument import load
+from office_files import book_file, odp_file, odt_file, slides_file
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
+
+from seq2serve.server.core.documents import read_document
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "en-de"
 CATALOGS = Path(__file__).resolve().parents[1] / "fixtures" / "catalogs"
@@ -111,3 +122,84 @@ def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) ->
          str(tmp_path / "nothing.po"), "--to", "de", "--server", server.target],
         capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "nothing.po" in missing.stderr
+
+
+def word_file() -> bytes:
+    document = docx.Document()
+    document.add_heading("Power management", 1)
+    sentence = document.add_paragraph("Please ")
+    sentence.add_run("open the file").bold = True
+    sentence.add_run(" and save your changes.")
+    table = document.add_table(rows=1, cols=2)
+    table.cell(0, 0).text = "The disk is almost full."
+    table.cell(0, 1).text = "Open the file."
+    document.sections[0].header.paragraphs[0].text = "The user guide"
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+def check_word(raw: bytes, out: bytes) -> None:
+    before, after = docx.Document(io.BytesIO(raw)), docx.Document(io.BytesIO(out))
+    assert len(after.paragraphs) == len(before.paragraphs)
+    assert [p.style.name for p in after.paragraphs] == [p.style.name for p in before.paragraphs]
+    texts = [p.text for p in after.paragraphs] + [c.text for c in after.tables[0]._cells]
+    texts.append(after.sections[0].header.paragraphs[0].text)
+    assert all(texts) and not {"Power management", "The disk is almost full.",
+                               "Open the file.", "The user guide"} & set(texts)
+    sentence = after.paragraphs[1]
+    assert "Please" not in sentence.text
+    bold = [r.text for r in sentence.runs if r.bold]
+    assert bold and all(t.strip() for t in bold)  # the bold span landed on words
+
+
+def test_a_word_document_through_http(http: httpx.Client) -> None:
+    raw = word_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("guide.docx", raw)})
+    assert answer.status_code == 200, answer.text
+    download = http.get(answer.json()["translatedFileUrl"])
+    assert download.headers["content-type"] == (
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document")
+    assert download.headers["content-disposition"] == 'attachment; filename="guide.docx"'
+    check_word(raw, download.content)
+    bad = http.post("/translate_file", data={"source": "en", "target": "de"},
+                    files={"file": ("guide.docx", b"not a zip at all")})
+    assert bad.status_code == 400 and "guide.docx is not a Word document" in bad.text
+    settings = http.get("/frontend/settings").json()
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(settings["supportedFilesFormat"])
+
+
+def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Path) -> None:
+    raw = word_file()
+    (tmp_path / "guide.docx").write_bytes(raw)
+    result = subprocess.run(
+        [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file",
+         str(tmp_path / "guide.docx"), "--to", "de", "--from", "en", "--server", server.target],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "5 of 5 entries translated" in result.stderr
+    check_word(raw, (tmp_path / "guide.de.docx").read_bytes())
+
+
+@pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
+                                            ("talk.odp", odp_file), ("book.epub", book_file)])
+def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, name: str,
+                                         make: Callable[[], bytes]) -> None:
+    raw = make()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": (name, raw)})
+    assert answer.status_code == 200, answer.text
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    before, after = read_document(name, raw, "de").texts, read_document(name, out, "de").texts
+    assert len(after) == len(before)
+    changed = [b for b, a in zip(before, after, strict=True) if a != b]
+    assert len(changed) >= len(before) // 2, after  # titles such as "A small book" may stay
+    (tmp_path / name).write_bytes(out)
+    opened = {".pptx": lambda p: len(pptx.Presentation(str(p)).slides),
+              ".odt": lambda p: len(load(str(p)).text.childNodes),
+              ".odp": lambda p: len(load(str(p)).presentation.childNodes),
+              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items()))}
+    suffix = Path(name).suffix
+    (tmp_path / f"source{suffix}").write_bytes(raw)
+    assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")

@@ -1,11 +1,16 @@
-"""Whole files: gettext catalogs, XLIFF, subtitles, plain text and HTML.
+"""Whole files: gettext catalogs, XLIFF, subtitles, plain text, HTML, office documents
+and e-books.
 
 `read_document(name, data, target)` reads a file by its name's suffix into a
 `Document` (the texts it asks to have translated, and how to write it back);
 `translate_document` (in `queueing.py`) sends those texts through any
 translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
-2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm). Used by the HTTP
+2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
+`opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
+`package.py` (the archive read as untrusted input, its `Limits`), `inline.py`
+(a paragraph as one text, its formatting as tags) and `mixed.py` (text between
+inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
 `seq2serve translate-file` (over gRPC).
 """
@@ -14,25 +19,44 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from seq2serve.server.core.documents import epub, office, opendocument
 from seq2serve.server.core.documents.base import Document, DocumentError, Tally
+from seq2serve.server.core.documents.epub import read_epub
 from seq2serve.server.core.documents.gettext import GettextDocument
+from seq2serve.server.core.documents.office import read_docx, read_pptx
+from seq2serve.server.core.documents.opendocument import read_odp, read_odt
+from seq2serve.server.core.documents.package import DEFAULT_LIMITS, Limits
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
 from seq2serve.server.core.errors import lone_surrogate
 
-__all__ = ["SUFFIXES", "Document", "DocumentError", "Tally", "media_type", "read_document"]
+__all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "Limits", "Tally",
+           "media_type", "read_document"]
 
 # LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
-SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt")
+SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt", ".docx", ".pptx",
+            ".odt", ".odp", ".epub")
+# The zipped formats: their reader and the media type of the file written.
+_PACKAGES = {".docx": (read_docx, office.DOCX_MEDIA_TYPE),
+             ".pptx": (read_pptx, office.PPTX_MEDIA_TYPE),
+             ".odt": (read_odt, opendocument.ODT_MEDIA_TYPE),
+             ".odp": (read_odp, opendocument.ODP_MEDIA_TYPE),
+             ".epub": (read_epub, epub.MEDIA_TYPE)}
 
 
-def read_document(name: str, data: bytes, target: str, overwrite: bool = False) -> Document:
+def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
+                  limits: Limits = DEFAULT_LIMITS) -> Document:
     """The file `name` (its suffix says the format) read for translation into `target`;
     `overwrite` retranslates entries that are translated already (formats with entries
-    that can be: .po, .xliff)."""
+    that can be: .po, .xliff); `limits` bound what a zipped format may unpack to."""
     base = PurePath(name).name
-    document = _read(base, data, target, overwrite)
+    suffix = PurePath(base).suffix.lower()
+    document: Document
+    if suffix in _PACKAGES:
+        document = _PACKAGES[suffix][0](base, data, limits)
+    else:
+        document = _read(base, data, target, overwrite)
     # A format's own escapes or declared charset (a catalog in `unicode_escape`) can
     # still yield a lone surrogate, which no translation could encode.
     for i, text in enumerate(document.texts):
@@ -63,5 +87,6 @@ def media_type(name: str) -> str:
     suffix = PurePath(name).suffix.lower()
     kind = {".po": "text/x-gettext-translation", ".xliff": "application/xliff+xml",
             ".xlf": "application/xliff+xml", ".srt": "application/x-subrip",
-            ".html": "text/html", ".htm": "text/html"}.get(suffix, "text/plain")
+            ".html": "text/html", ".htm": "text/html",
+            **{s: kind for s, (_, kind) in _PACKAGES.items()}}.get(suffix, "text/plain")
     return f"{kind}; charset=utf-8" if kind.startswith("text/") else kind

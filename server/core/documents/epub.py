@@ -1,0 +1,102 @@
+"""E-books (.epub, 2 and 3), edited in their XHTML.
+
+The package says where everything is: `META-INF/container.xml` names the OPF
+file, whose manifest lists the chapters (`application/xhtml+xml`, the EPUB 3
+navigation document among them) and the EPUB 2 table of contents (`toc.ncx`).
+Translated: each chapter's blocks (`<p>`, headings, list items, table cells,
+captions, quotes, `<div>`s with text of their own, the `<title>`) as one text
+each (mixed.py: `<b>`, `<i>`, `<a>`, `<span>` ... style their words; images and
+line breaks are opaque), the navigation document's titles, and toc.ncx's
+`navLabel` texts. Not entered: `<code>`, `<pre>`, `<kbd>`, `<samp>`, `<script>`,
+`<style>`, SVG and MathML, and anything marked `translate="no"` or with the class
+`notranslate` (as for HTML, core/markup.py). The OPF (metadata, spine) and every
+other member are copied byte for byte; `mimetype` stays first and stored.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from urllib.parse import unquote
+
+from lxml import etree
+
+from seq2serve.server.core.documents.base import DocumentError
+from seq2serve.server.core.documents.mixed import Rules, paragraphs
+from seq2serve.server.core.documents.package import (
+    DEFAULT_LIMITS,
+    Limits,
+    Package,
+    PackageDocument,
+)
+from seq2serve.server.core.markup import NO_TRANSLATE_CLASS
+
+MEDIA_TYPE = "application/epub+zip"
+CONTAINER = "META-INF/container.xml"
+_CONTAINER_NS = "{urn:oasis:names:tc:opendocument:xmlns:container}"
+_OPF_NS = "{http://www.idpf.org/2007/opf}"
+XHTML = "http://www.w3.org/1999/xhtml"
+NCX = "http://www.daisy.org/z3986/2005/ncx/"
+_BLOCKS = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", "td", "th",
+                     "caption", "figcaption", "blockquote", "div", "title", "summary",
+                     "legend", "label", "section", "article", "aside", "header", "footer",
+                     "nav", "figure", "main", "body"})
+_INLINE = frozenset({"a", "abbr", "b", "bdi", "bdo", "big", "cite", "del", "dfn", "em",
+                     "font", "i", "ins", "mark", "q", "s", "small", "span", "strike",
+                     "strong", "sub", "sup", "time", "tt", "u"})
+_SKIPPED = frozenset({"code", "pre", "kbd", "samp", "script", "style", "svg", "math",
+                      "var"})
+
+
+def _local(element: etree._Element, namespace: str) -> str | None:
+    """The element's local name when it is in `namespace` (or in none), else None."""
+    name = etree.QName(element)
+    return name.localname if name.namespace in (namespace, None) else None
+
+
+def _skipped(element: etree._Element) -> bool:
+    name = _local(element, XHTML)
+    if name is None or name in _SKIPPED:
+        return True
+    return (element.get("translate", "").strip().lower() == "no"
+            or NO_TRANSLATE_CLASS in element.get("class", "").split())
+
+
+XHTML_RULES = Rules(block=lambda e: _local(e, XHTML) in _BLOCKS,
+                    inline=lambda e: _local(e, XHTML) in _INLINE, skip=_skipped)
+NCX_RULES = Rules(block=lambda e: _local(e, NCX) == "text", inline=lambda e: False,
+                  skip=lambda e: False)
+
+
+def read_epub(name: str, data: bytes, limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
+    package = Package(name, data, "an e-book (.epub)", limits)
+    package.require(CONTAINER)
+    if "mimetype" in package.names and package.read("mimetype").strip() != MEDIA_TYPE.encode():
+        raise DocumentError(f"{name} is not an e-book (.epub): its mimetype is not "
+                            f"{MEDIA_TYPE}")
+    rootfile = package.xml(CONTAINER).getroot().find(f".//{_CONTAINER_NS}rootfile")
+    opf = unquote(rootfile.get("full-path", "")) if rootfile is not None else ""
+    package.require(opf or "an OPF file named in META-INF/container.xml")
+    parts = []
+    for member, media_type in _manifest(package, opf):
+        if member not in package.names:
+            continue
+        if media_type == "application/xhtml+xml":
+            parts.append(package.part(member, lambda root: paragraphs(root, XHTML_RULES)))
+        elif media_type == "application/x-dtbncx+xml":
+            parts.append(package.part(member, lambda root: paragraphs(root, NCX_RULES)))
+    return PackageDocument(name, MEDIA_TYPE, package, parts)
+
+
+def _manifest(package: Package, opf: str) -> list[tuple[str, str]]:
+    """(member, media type) of each manifest item, chapters in spine order first."""
+    root = package.xml(opf).getroot()
+    folder = posixpath.dirname(opf)
+    items: dict[str, tuple[str, str]] = {}
+    for item in root.iter(_OPF_NS + "item"):
+        href = unquote(item.get("href", "").split("#")[0])
+        member = posixpath.normpath(posixpath.join(folder, href)) if href else ""
+        items[item.get("id", "")] = (member, item.get("media-type", ""))
+    spine = [ref.get("idref", "") for ref in root.iter(_OPF_NS + "itemref")]
+    ordered = [items[i] for i in dict.fromkeys(spine) if i in items]
+    rest = [v for v in items.values() if v not in ordered]
+    return list(dict.fromkeys(ordered + rest))

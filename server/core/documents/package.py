@@ -1,0 +1,216 @@
+"""Zipped XML packages (Office Open XML, OpenDocument, EPUB), read as untrusted input.
+
+`Package` opens an upload as a zip archive within `Limits` (members, bytes each
+member inflates to, counted while inflating, not taken from the header alone)
+and parses the XML members it is asked for with a parser that resolves no
+entity, reads no DTD, reaches no network and keeps libxml2's size limits
+(`huge_tree` off); a member with a DOCTYPE that declares anything (`<!ENTITY`)
+is refused outright. `PackageDocument` is the `Document` every zipped format
+shares: its paragraphs (`inline.Paragraph`) are the texts, and `write` puts
+the changed XML members back into a copy of the archive, every other member
+copied unchanged and in order, the `mimetype` member (ODF, EPUB) first and
+stored, as both standards require.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lxml import etree
+
+from seq2serve.server.core.documents.base import Document, DocumentError
+from seq2serve.server.core.documents.inline import Paragraph
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much an uploaded package may hold: the bounds on time and memory."""
+
+    members: int = 5000  # files in the archive
+    unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
+    characters: int = 1_000_000  # characters of text to translate in the file
+    paragraphs: int = 50_000  # texts to translate in the file (about 2 KB of memory each)
+
+
+DEFAULT_LIMITS = Limits()
+_CHUNK = 1 << 16
+# A DOCTYPE with an internal subset (`[ ... ]`) or any entity declaration: never in
+# an office file, and how entity expansion ("billion laughs") and external entities
+# get in.
+_DECLARES = re.compile(rb"<!DOCTYPE[^>\[]*\[|<!ENTITY", re.IGNORECASE)
+
+
+def safe_parser() -> etree.XMLParser:
+    return etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False,
+                           dtd_validation=False, huge_tree=False, remove_blank_text=False)
+
+
+class Package:
+    """An uploaded zip archive, its members read within `limits`."""
+
+    def __init__(self, name: str, data: bytes, kind: str, limits: Limits = DEFAULT_LIMITS):
+        self.name = name
+        self.kind = kind  # "a Word document": for messages
+        self.limits = limits
+        try:
+            self.zip = zipfile.ZipFile(io.BytesIO(data))
+            self.infos = self.zip.infolist()
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError):
+            raise DocumentError(f"{name} is not {kind}: it is not a zip archive") from None
+        if len(self.infos) > limits.members:
+            raise DocumentError(f"{name} has {len(self.infos)} files in its archive; the "
+                                f"limit is {limits.members}")
+        declared = sum(info.file_size for info in self.infos)
+        if declared > limits.unpacked_bytes:
+            raise DocumentError(f"{name} unpacks to {declared} bytes; the limit is "
+                                f"{limits.unpacked_bytes} bytes")
+        if any(info.flag_bits & 0x1 for info in self.infos):
+            raise DocumentError(f"{name} is encrypted")
+        self.names = {info.filename for info in self.infos}
+        if len(self.names) != len(self.infos):
+            raise DocumentError(f"{name} has two files of one name in its archive")
+        self._read = 0  # bytes inflated so far, all members together
+        self._paragraphs = 0  # found so far, all parts together
+
+    def require(self, member: str) -> None:
+        if member not in self.names:
+            raise DocumentError(f"{self.name} is not {self.kind}: it has no {member}")
+
+    def read(self, member: str) -> bytes:
+        """A member's bytes, inflated in chunks: the header's size is not trusted."""
+        info = self.zip.getinfo(member)
+        out = bytearray()
+        try:
+            with self.zip.open(info) as stream:
+                while chunk := stream.read(_CHUNK):
+                    out += chunk
+                    self._read += len(chunk)
+                    if self._read > self.limits.unpacked_bytes or len(out) > info.file_size:
+                        raise DocumentError(
+                            f"{self.name} unpacks to more than {self.limits.unpacked_bytes} "
+                            f"bytes (or more than its archive says, at {member[:64]}); the "
+                            f"limit is {self.limits.unpacked_bytes} bytes")
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+            raise DocumentError(f"{self.name}: {member[:64]} cannot be unpacked: {e}") from None
+        return bytes(out)
+
+    def part(self, member: str,
+             find: Callable[[etree._Element], list[Paragraph]]) -> Part:
+        """A member parsed and the paragraphs `find` finds in it."""
+        raw = self.read(member)
+        tree = self.parse(member, raw)
+        part = Part(member, raw, tree, find(tree.getroot()))
+        self._paragraphs += len(part.paragraphs)
+        if self._paragraphs > self.limits.paragraphs:
+            raise DocumentError(f"{self.name} has more than {self.limits.paragraphs} "
+                                f"paragraphs to translate; the limit is "
+                                f"{self.limits.paragraphs}")
+        return part
+
+    def xml(self, member: str) -> etree._ElementTree:
+        return self.parse(member, self.read(member))
+
+    def parse(self, member: str, data: bytes) -> etree._ElementTree:
+        """A member's bytes parsed as XML, safely (see the module's note)."""
+        if _DECLARES.search(data):
+            raise DocumentError(f"{self.name}: {member[:64]} declares a DTD subset or "
+                                "entities, which are not accepted")
+        try:
+            tree = etree.ElementTree(etree.fromstring(data, safe_parser()))
+        except etree.XMLSyntaxError as e:
+            raise DocumentError(f"{self.name}: {member[:64]} is not well-formed XML: "
+                                f"{e}") from None
+        # The byte pattern misses other encodings (UTF-16): what the parser read counts.
+        dtd = tree.docinfo.internalDTD
+        if dtd is not None and (any(True for _ in dtd.iterentities())
+                                or any(True for _ in dtd.iterelements())):
+            raise DocumentError(f"{self.name}: {member[:64]} declares a DTD subset or "
+                                "entities, which are not accepted")
+        return tree
+
+    def write(self, changed: dict[str, bytes]) -> bytes:
+        """The archive again: `changed` members replaced, the others copied unchanged,
+        in their order; `mimetype` first and stored."""
+        out = io.BytesIO()
+        self._read = 0  # each member once more: within the same bound
+        ordered = sorted(self.infos, key=lambda info: info.filename != "mimetype")
+        with zipfile.ZipFile(out, "w") as archive:
+            for info in ordered:
+                data = changed.get(info.filename)
+                if data is None:
+                    data = self.read(info.filename)
+                copy = zipfile.ZipInfo(info.filename, info.date_time)
+                copy.compress_type = (zipfile.ZIP_STORED if info.filename == "mimetype"
+                                      else info.compress_type)
+                copy.external_attr = info.external_attr
+                copy.create_system = info.create_system
+                copy.comment = info.comment
+                archive.writestr(copy, data)
+            archive.comment = self.zip.comment
+        return out.getvalue()
+
+
+def serialize(original: bytes, tree: etree._ElementTree) -> bytes:
+    """A parsed member written back with its own XML declaration (lxml would write its
+    own spelling of it)."""
+    declaration = re.match(rb"^\s*<\?xml[^>]*\?>\s*", original)
+    body: bytes = etree.tostring(tree, encoding="UTF-8", xml_declaration=False)
+    return (declaration.group(0) if declaration else b"") + body
+
+
+@dataclass
+class Part:
+    """One XML member with paragraphs to translate."""
+
+    member: str
+    raw: bytes
+    tree: etree._ElementTree
+    paragraphs: list[Paragraph]
+
+
+class PackageDocument(Document):
+    """A zipped package's paragraphs, in member and document order."""
+
+    def __init__(self, name: str, media_type: str, package: Package,
+                 parts: Sequence[Part]) -> None:
+        super().__init__(name, media_type)
+        self.package = package
+        self.parts = list(parts)
+        self._texts = [p.text for part in self.parts for p in part.paragraphs]
+        characters = sum(len(t) for t in self._texts)
+        if characters > package.limits.characters:
+            raise DocumentError(f"{name} has {characters} characters of text to translate; "
+                                f"the limit is {package.limits.characters}")
+        self.tally.entries = len(self._texts)
+
+    @property
+    def texts(self) -> Sequence[str]:
+        return self._texts
+
+    def write(self, translations: Sequence[str | None]) -> bytes:
+        self._check(translations)
+        it = iter(translations)
+        changed: dict[str, bytes] = {}
+        placed = 0
+        for part in self.parts:
+            done = [(p, next(it)) for p in part.paragraphs]
+            # Innermost first: a text box's paragraphs are done before the paragraph
+            # that anchors it moves its drawing.
+            touched = False
+            for paragraph, translation in reversed(done):
+                if translation is None or not translation.strip():
+                    self.tally.skipped += 1
+                    continue
+                placed += paragraph.fill(translation)
+                self.tally.filled += 1
+                touched = True
+            if touched:
+                changed[part.member] = serialize(part.raw, part.tree)
+        if placed:
+            self.tally.notes.append(f"{placed} formatting spans not found in their "
+                                    "translation, put on the nearest word")
+        return self.package.write(changed)

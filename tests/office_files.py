@@ -1,0 +1,148 @@
+"""Office documents and e-books made on the spot with the libraries people make them
+with (python-docx, python-pptx, odfpy, ebooklib), for the whole-file tests."""
+
+from __future__ import annotations
+
+import io
+
+import docx
+import pptx
+from ebooklib import epub
+from lxml import etree
+from odf import draw, presentation, style, text
+from odf.opendocument import OpenDocumentPresentation, OpenDocumentText
+
+W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+def saved(document: object) -> bytes:
+    buffer = io.BytesIO()
+    document.save(buffer)  # type: ignore[attr-defined]
+    return buffer.getvalue()
+
+
+def word_file() -> bytes:
+    d = docx.Document()
+    d.add_heading("The user guide", 1)
+    p = d.add_paragraph("Please ")
+    p.add_run("open the file").bold = True
+    p.add_run(" and save it.")
+    tabbed = d.add_paragraph("Name")
+    tabbed.add_run().add_tab()
+    tabbed.add_run("Value")
+    d.add_paragraph("First item", style="List Bullet")
+    d.add_paragraph("Second item", style="List Bullet")
+    table = d.add_table(rows=2, cols=2)
+    for i, cell in enumerate(table._cells):
+        cell.text = f"Cell number {i}"
+    d.sections[0].header.paragraphs[0].text = "Company header"
+    d.sections[0].footer.paragraphs[0].text = "Confidential footer"
+    noted = d.add_paragraph()
+    d.add_comment(noted.add_run("Read the notes"), text="Check this sentence", author="A")
+    linked = d.add_paragraph("See ")
+    part = d.part
+    rid = part.relate_to("https://example.org/", docx.opc.constants.RELATIONSHIP_TYPE.HYPERLINK,
+                         is_external=True)
+    link = etree.SubElement(linked._p, W + "hyperlink")
+    link.set("{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id", rid)
+    run = etree.SubElement(link, W + "r")
+    etree.SubElement(run, W + "t").text = "the website"
+    linked.add_run(" for more.")
+    return saved(d)
+
+
+def slides_file() -> bytes:
+    deck = pptx.Presentation()
+    for n in range(2):
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = f"Slide title {n}"
+        frame = slide.placeholders[1].text_frame
+        frame.text = "First point"
+        para = frame.add_paragraph()
+        bold = para.add_run()
+        bold.text = "Bold words"
+        bold.font.bold = True
+        para.add_run().text = " and plain words"
+        slide.notes_slide.notes_text_frame.text = f"Speaker notes {n}"
+    table = deck.slides[1].shapes.add_table(2, 2, 0, 0, 914400, 914400).table
+    for i, cell in enumerate(c for row in table.rows for c in row.cells):
+        cell.text = f"Cell {i} text"
+    return saved(deck)
+
+
+def odt_file() -> bytes:
+    document = OpenDocumentText()
+    bold = style.Style(name="Bold", family="text")
+    bold.addElement(style.TextProperties(fontweight="bold"))
+    document.automaticstyles.addElement(bold)
+    layout = style.PageLayout(name="Layout")
+    document.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Standard", pagelayoutname=layout)
+    header = style.Header()
+    header.addElement(text.P(text="Company header"))
+    master.addElement(header)
+    document.masterstyles.addElement(master)
+    document.text.addElement(text.H(outlinelevel=1, text="The user guide"))
+    p = text.P(text="Please ")
+    p.addElement(text.Span(stylename=bold, text="open the file"))
+    p.addText(" and save it.")
+    note = text.Note(id="n1", noteclass="footnote")
+    note.addElement(text.NoteCitation(text="1"))
+    body = text.NoteBody()
+    body.addElement(text.P(text="A footnote text"))
+    note.addElement(body)
+    p.addElement(note)
+    document.text.addElement(p)
+    items = text.List()
+    for word in ("First item", "Second item"):
+        item = text.ListItem()
+        item.addElement(text.P(text=word))
+        items.addElement(item)
+    document.text.addElement(items)
+    return saved(document)
+
+
+def odp_file() -> bytes:
+    document = OpenDocumentPresentation()
+    layout = style.PageLayout(name="Layout")
+    document.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Master", pagelayoutname=layout)
+    document.masterstyles.addElement(master)
+    for n in range(3):
+        page = draw.Page(masterpagename=master)
+        frame = draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+        box = draw.TextBox()
+        box.addElement(text.P(text=f"Slide text {n}"))
+        frame.addElement(box)
+        page.addElement(frame)
+        notes = presentation.Notes()
+        notes_frame = draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+        notes_box = draw.TextBox()
+        notes_box.addElement(text.P(text=f"Speaker notes {n}"))
+        notes_frame.addElement(notes_box)
+        notes.addElement(notes_frame)
+        page.addElement(notes)
+        document.presentation.addElement(page)
+    return saved(document)
+
+
+def book_file() -> bytes:
+    book = epub.EpubBook()
+    book.set_identifier("book-1")
+    book.set_title("A small book")
+    book.set_language("en")
+    chapters = []
+    for n in range(2):
+        chapter = epub.EpubHtml(title=f"Chapter {n}", file_name=f"c{n}.xhtml", lang="en")
+        chapter.content = (f"<h1>Chapter title {n}</h1><p>Please <b>open the file</b> and "
+                           f"<a href='c0.xhtml'>read on</a>.</p><pre>keep this code</pre>"
+                           f"<p class='notranslate'>Keep this too</p>")
+        book.add_item(chapter)
+        chapters.append(chapter)
+    book.toc = [epub.Link(f"c{n}.xhtml", f"Chapter title {n}", f"c{n}") for n in range(2)]
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    book.spine = ["nav", *chapters]
+    buffer = io.BytesIO()
+    epub.write_epub(buffer, book)
+    return buffer.getvalue()
