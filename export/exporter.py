@@ -16,11 +16,13 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
-from seq2serve.export.package import (
+from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.package.manifest import (
     ATTENTIONS,
     DECODER_FILE,
     DEFAULT_ATTENTION,
@@ -40,8 +42,10 @@ from seq2serve.export.package import (
     shortlist_graph,
     standard_graphs,
 )
-from seq2serve.export.shortlist import ShortlistSettings
-from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
+from seq2serve.model.package.shortlist import ShortlistSettings
+
+if TYPE_CHECKING:  # verify imports torch: loaded when an export runs, not at import
+    from seq2serve.export.verify import Deviation
 
 FP32_LOG_PROB_TOLERANCE = 1e-4
 FP16_KEPT_FP32 = ["LogSoftmax"]  # log-probabilities are compared and summed in fp32
@@ -110,42 +114,19 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     "plain" (the traced chain of standard operators, format 6).
     shortlist_from: training data (a corpus directory with train.src/train.tgt, or
     a mix's directory whose corpus.json lists its parts) to learn a vocabulary
-    shortlist from (package format 8, export/shortlist.py), with `shortlist`'s
-    settings, used by default when `shortlist_default`."""
-    import onnx
+    shortlist from (package format 8, model/package/shortlist.py), with `shortlist`'s
+    settings, used by default when `shortlist_default`.
+
+    The steps, each a function below: check the request and load the source, trace
+    the fp32 graphs, check them and tokenize the samples, verify fp32 against
+    PyTorch, write the precision's graphs (and the shortlist), verify them, write
+    the manifest; the package appears at OUTPUT_DIR only whole."""
     import torch
 
-    from seq2serve.export.onnx_graphs import (
-        export_graphs,
-        tie_output_projection,
-        write_cache_graphs,
-    )
-    from seq2serve.export.quantize import quantize_int8
-    from seq2serve.export.verify import check_cache_graphs, compare
-
     source_dir, output_dir = Path(source_dir), Path(output_dir)
-    problems: list[str] = []
-    if precision not in PRECISIONS:
-        problems.append(f"--precision must be one of {PRECISIONS}, got {precision!r}")
-    if attention not in ATTENTIONS:
-        problems.append(f"--attention must be one of {ATTENTIONS}, got {attention!r}")
-    if output_dir.exists():
-        problems.append(f"{output_dir}: output directory exists (choose a new one)")
     settings = shortlist or ShortlistSettings()
-    if shortlist_from is not None:
-        problems += settings.problems()
-        if not Path(shortlist_from).is_dir():
-            problems.append(f"--shortlist-from {shortlist_from}: not a directory")
-    elif shortlist_default:
-        problems.append("--shortlist-default needs --shortlist-from")
-    source: Source | None = None
-    try:
-        source = load_source(source_dir)
-    except SourceError as e:
-        problems.extend(e.problems)
-    if problems or source is None:
-        raise SourceError(source_dir, problems)
-
+    source = _checked_source(source_dir, output_dir, precision, attention, settings,
+                             shortlist_from, shortlist_default)
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -156,109 +137,37 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
         fp32_dir = tmp / "fp32"
         fp32_dir.mkdir()
         steps.set_postfix_str("tracing graphs")
-        if attention == DEFAULT_ATTENTION:  # export_graphs' own default
-            export_graphs(model, fp32_dir, opset)
-        else:
-            export_graphs(model, fp32_dir, opset, fused=attention == "fused")
+        _trace(model, fp32_dir, opset, attention)
         steps.update()
 
         steps.set_postfix_str("checking graphs")
-        for graph in GRAPH_FILES:
-            onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
-        (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
-                                        encoding="utf-8")
-        tokenizer = source.tokenizer(tmp / "vocab.json")
-        samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
+        tokenizer, samples = _check_graphs(source, model, tmp, fp32_dir)
         steps.update()
 
         if precision != "int8" and model.cfg.tie_output:
+            from seq2serve.export.onnx_graphs import tie_output_projection
+
             tie_output_projection(fp32_dir / DECODER_FILE)
         steps.set_postfix_str("ONNX Runtime vs PyTorch")
-        fp32 = compare(model, fp32_dir / ENCODER_FILE, fp32_dir / DECODER_FILE, samples)
-        fp32_problems = []
-        # One step on sample inputs must match tightly; along a 32-step greedy path the
-        # difference may grow in a random-weight model (reported, not failed on): what
-        # matters there is that ONNX Runtime would choose the same tokens.
-        if not fp32.log_probs <= FP32_LOG_PROB_TOLERANCE:
-            fp32_problems.append(f"log-prob deviation {fp32.log_probs:.3g} exceeds "
-                                 f"{FP32_LOG_PROB_TOLERANCE:g}")
-        if not fp32.flip_margin <= FP32_LOG_PROB_TOLERANCE:
-            fp32_problems.append(
-                f"greedy decoding differs between ONNX Runtime and PyTorch: at "
-                f"{fp32.argmax_flips} step(s) ONNX Runtime prefers another token by up to "
-                f"{fp32.flip_margin:.3g} (more than the tolerance {FP32_LOG_PROB_TOLERANCE:g})")
-        if fp32_problems:
-            raise ExportError("verification failed:\n  " + "\n  ".join(fp32_problems))
+        fp32 = _verify_fp32(model, fp32_dir, samples)
         steps.update()
 
         steps.set_postfix_str(f"precision {precision}")
-        for graph in (ENCODER_FILE, DECODER_FILE):
-            if precision == "fp32":
-                shutil.move(fp32_dir / graph, tmp / graph)
-            elif precision == "int8":
-                quantize_int8(fp32_dir / graph, tmp / graph)
-            else:
-                _convert_fp16(fp32_dir / graph, tmp / graph)
-        # The reorder and move graphs take the decoder's cache as it is: fp16 in fp16.
-        cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
-        write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset,
-                           vocab=model.cfg.tgt_vocab_size)
-        try:
-            check_cache_graphs(tmp)
-        except ValueError as e:
-            raise ExportError(f"verification failed: {e}") from None
+        _write_precision(model, tmp, fp32_dir, precision, opset)
         shortlist_spec = None
         if shortlist_from is not None:
             steps.set_postfix_str("vocabulary shortlist")
             shortlist_spec = _write_shortlist(tmp, model, tokenizer, Path(shortlist_from),
                                               settings, precision, opset)
-        deviation = fp32
-        if precision == "int8":
-            deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
-        elif precision == "fp16":
-            from seq2serve.export.verify import check_fp16
-
-            deviation = check_fp16(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
-        if not deviation.finite:
-            raise ExportError(f"{precision} graphs produce NaN or inf log-probabilities")
+        deviation = _verify_precision(model, tmp, samples, precision, fp32)
         shutil.rmtree(fp32_dir)
         steps.update()
 
         steps.set_postfix_str("writing manifest")
-        shutil.copyfile(source.source_spm, tmp / "source.spm")
-        shutil.copyfile(source.target_spm, tmp / "target.spm")
-        cfg = model.cfg
-        dtypes = {name: dtype for graph in GRAPH_FILES
-                  for name, dtype in _graph_dtypes(tmp / graph).items()}
-        generation = source.generation
-        if shortlist_spec is not None:
-            shortlist_dtypes = _graph_dtypes(tmp / SHORTLIST_DECODER_FILE)
-            shortlist_spec = dataclasses.replace(shortlist_spec, decoder=shortlist_graph(
-                cfg.decoder_layers, opset, shortlist_dtypes))
-            generation = dataclasses.replace(generation, shortlist=shortlist_default)
-        manifest = Manifest(
-            name=name or source.name,
-            task=source.task,
-            source_language=source.source_language,
-            target_language=source.target_language,
-            config=cfg,
-            special_tokens=SpecialTokens.of(cfg),
-            tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
-                                     vocab="vocab.json"),
-            generation=generation,
-            precision=precision,
-            # Longer inputs were never seen in training: summarization refuses them
-            # (or truncates on request), translation splits them into sentences.
-            max_source_length=min(cfg.max_positions,
-                                  source.trained_source_length or cfg.max_positions),
-            graphs=standard_graphs(cfg.decoder_layers, opset, dtypes),
-            exporter={"name": "seq2serve", "version": _exporter_version(),
-                      "source": source.origin, "deviation": deviation.as_dict(),
-                      "fp32_deviation": fp32.as_dict()},
-            format_version=format_version(attention, shortlist_spec is not None),
-            attention=attention if shortlist_spec is not None else None,
-            shortlist=shortlist_spec,
-        )
+        manifest = _manifest(tmp, source, model.cfg, name=name, precision=precision,
+                             opset=opset, attention=attention, shortlist_spec=shortlist_spec,
+                             shortlist_default=shortlist_default, deviation=deviation,
+                             fp32=fp32)
         manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
         load_package(tmp)  # the loader the server uses must accept what we wrote
@@ -275,6 +184,161 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     return ExportReport(output_dir, precision, sizes, deviation.as_dict(), fp32.as_dict())
 
 
+def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
+                    settings: ShortlistSettings, shortlist_from: str | Path | None,
+                    shortlist_default: bool) -> Source:
+    """The loaded source, or SourceError listing every problem of the request (the
+    CTranslate2 converters' rule: collect all, then fail once)."""
+    problems: list[str] = []
+    if precision not in PRECISIONS:
+        problems.append(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+    if attention not in ATTENTIONS:
+        problems.append(f"--attention must be one of {ATTENTIONS}, got {attention!r}")
+    if output_dir.exists():
+        problems.append(f"{output_dir}: output directory exists (choose a new one)")
+    if shortlist_from is not None:
+        problems += settings.problems()
+        if not Path(shortlist_from).is_dir():
+            problems.append(f"--shortlist-from {shortlist_from}: not a directory")
+    elif shortlist_default:
+        problems.append("--shortlist-default needs --shortlist-from")
+    source: Source | None = None
+    try:
+        source = load_source(source_dir)
+    except SourceError as e:
+        problems.extend(e.problems)
+    if problems or source is None:
+        raise SourceError(source_dir, problems)
+    return source
+
+
+def _trace(model: Any, fp32_dir: Path, opset: int, attention: str) -> None:
+    from seq2serve.export.onnx_graphs import export_graphs
+
+    if attention == DEFAULT_ATTENTION:  # export_graphs' own default
+        export_graphs(model, fp32_dir, opset)
+    else:
+        export_graphs(model, fp32_dir, opset, fused=attention == "fused")
+
+
+def _check_graphs(source: Source, model: Any, tmp: Path,
+                  fp32_dir: Path) -> tuple[Any, list[list[int]]]:
+    """ONNX's full check of each graph; the package's vocab.json written; the
+    tokenizer and the sample sources every verification decodes."""
+    import onnx
+
+    for graph in GRAPH_FILES:
+        onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
+    (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
+                                    encoding="utf-8")
+    tokenizer = source.tokenizer(tmp / "vocab.json")
+    samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
+    return tokenizer, samples
+
+
+def _verify_fp32(model: Any, fp32_dir: Path, samples: list[list[int]]) -> Deviation:
+    """ONNX Runtime against PyTorch at fp32, or ExportError. One step on sample inputs
+    must match tightly; along a 32-step greedy path the difference may grow in a
+    random-weight model (reported, not failed on): what matters there is that ONNX
+    Runtime would choose the same tokens."""
+    from seq2serve.export.verify import compare
+
+    fp32 = compare(model, fp32_dir / ENCODER_FILE, fp32_dir / DECODER_FILE, samples)
+    problems = []
+    if not fp32.log_probs <= FP32_LOG_PROB_TOLERANCE:
+        problems.append(f"log-prob deviation {fp32.log_probs:.3g} exceeds "
+                        f"{FP32_LOG_PROB_TOLERANCE:g}")
+    if not fp32.flip_margin <= FP32_LOG_PROB_TOLERANCE:
+        problems.append(
+            f"greedy decoding differs between ONNX Runtime and PyTorch: at "
+            f"{fp32.argmax_flips} step(s) ONNX Runtime prefers another token by up to "
+            f"{fp32.flip_margin:.3g} (more than the tolerance {FP32_LOG_PROB_TOLERANCE:g})")
+    if problems:
+        raise ExportError("verification failed:\n  " + "\n  ".join(problems))
+    return fp32
+
+
+def _write_precision(model: Any, tmp: Path, fp32_dir: Path, precision: str,
+                     opset: int) -> None:
+    """The encoder and decoder at `precision`, and the cache graphs for them."""
+    from seq2serve.export.onnx_graphs import write_cache_graphs
+    from seq2serve.export.quantize import quantize_int8
+    from seq2serve.export.verify import check_cache_graphs
+
+    for graph in (ENCODER_FILE, DECODER_FILE):
+        if precision == "fp32":
+            shutil.move(fp32_dir / graph, tmp / graph)
+        elif precision == "int8":
+            quantize_int8(fp32_dir / graph, tmp / graph)
+        else:
+            _convert_fp16(fp32_dir / graph, tmp / graph)
+    # The reorder and move graphs take the decoder's cache as it is: fp16 in fp16.
+    cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
+    write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset,
+                       vocab=model.cfg.tgt_vocab_size)
+    try:
+        check_cache_graphs(tmp)
+    except ValueError as e:
+        raise ExportError(f"verification failed: {e}") from None
+
+
+def _verify_precision(model: Any, tmp: Path, samples: list[list[int]], precision: str,
+                      fp32: Deviation) -> Deviation:
+    """The written graphs' deviation from PyTorch (fp32's own at fp32); ExportError
+    when they produce NaN or inf."""
+    from seq2serve.export.verify import check_fp16, compare
+
+    deviation = fp32
+    if precision == "int8":
+        deviation = compare(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
+    elif precision == "fp16":
+        deviation = check_fp16(model, tmp / ENCODER_FILE, tmp / DECODER_FILE, samples)
+    if not deviation.finite:
+        raise ExportError(f"{precision} graphs produce NaN or inf log-probabilities")
+    return deviation
+
+
+def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
+              precision: str, opset: int, attention: str,
+              shortlist_spec: ShortlistSpec | None, shortlist_default: bool,
+              deviation: Deviation, fp32: Deviation) -> Manifest:
+    """The package's manifest (its files' hashes are added by the caller), with the
+    tokenizer's files copied beside the graphs."""
+    shutil.copyfile(source.source_spm, tmp / "source.spm")
+    shutil.copyfile(source.target_spm, tmp / "target.spm")
+    dtypes = {name: dtype for graph in GRAPH_FILES
+              for name, dtype in _graph_dtypes(tmp / graph).items()}
+    generation = source.generation
+    if shortlist_spec is not None:
+        shortlist_dtypes = _graph_dtypes(tmp / SHORTLIST_DECODER_FILE)
+        shortlist_spec = dataclasses.replace(shortlist_spec, decoder=shortlist_graph(
+            cfg.decoder_layers, opset, shortlist_dtypes))
+        generation = dataclasses.replace(generation, shortlist=shortlist_default)
+    return Manifest(
+        name=name or source.name,
+        task=source.task,
+        source_language=source.source_language,
+        target_language=source.target_language,
+        config=cfg,
+        special_tokens=SpecialTokens.of(cfg),
+        tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
+                                 vocab="vocab.json"),
+        generation=generation,
+        precision=precision,
+        # Longer inputs were never seen in training: summarization refuses them
+        # (or truncates on request), translation splits them into sentences.
+        max_source_length=min(cfg.max_positions,
+                              source.trained_source_length or cfg.max_positions),
+        graphs=standard_graphs(cfg.decoder_layers, opset, dtypes),
+        exporter={"name": "seq2serve", "version": _exporter_version(),
+                  "source": source.origin, "deviation": deviation.as_dict(),
+                  "fp32_deviation": fp32.as_dict()},
+        format_version=format_version(attention, shortlist_spec is not None),
+        attention=attention if shortlist_spec is not None else None,
+        shortlist=shortlist_spec,
+    )
+
+
 def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
                      settings: ShortlistSettings, precision: str, opset: int) -> ShortlistSpec:
     """Learn the lexical table from `data`'s training pairs, write shortlist.npz and
@@ -282,9 +346,9 @@ def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
     the new graph against the full decoder (and PyTorch, for fp32)."""
     import onnx
 
-    from seq2serve.export import shortlist as lexical
     from seq2serve.export.shortlist_graph import shortlist_decoder
     from seq2serve.export.verify import check_shortlist
+    from seq2serve.model.package import shortlist as lexical
 
     cfg = model.cfg
     try:

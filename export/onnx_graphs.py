@@ -13,7 +13,7 @@ import torch
 from onnx import helper, numpy_helper
 from torch import nn
 
-from seq2serve.export.package import (
+from seq2serve.model.package.manifest import (
     DECODER_FILE,
     DEFAULT_ATTENTION,
     ENCODER_FILE,

@@ -1,5 +1,5 @@
 """decoder_shortlist.onnx: the package's decoder step with the output projection
-over each source's candidates only (package format 8, export/shortlist.py).
+over each source's candidates only (package format 8, model/package/shortlist.py).
 
 Built from the finished decoder.onnx (fp32, fp16 or int8, plain or fused
 attention) by replacing its last projection: everything before it is the same

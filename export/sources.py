@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seq2serve.export.package import GenerationDefaults
-from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.model.marian import ConversionError, load_marian
+from seq2serve.model.package.manifest import GenerationDefaults
+from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # Sentences for the export-time check of ONNX Runtime against PyTorch.

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import torch
 
 from seq2serve.export.onnx_graphs import sample_inputs
-from seq2serve.export.package import (
+from seq2serve.model.package.manifest import (
     DECODER_FILE,
     ENCODER_INPUTS,
     MOVE_FILE,
@@ -20,7 +20,8 @@ from seq2serve.export.package import (
     SHORTLIST_DECODER_FILE,
     decoder_inputs,
 )
-from seq2serve.export.shortlist import Projection, padded_candidates
+from seq2serve.model.package.session import EXACT_INT8_CONFIG
+from seq2serve.model.package.shortlist import Projection, padded_candidates
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 
@@ -46,7 +47,6 @@ class Deviation:
 
 
 def cpu_session(path: Path, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
-    from seq2serve.server.engine.runner import EXACT_INT8_CONFIG
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3

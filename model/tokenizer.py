@@ -312,7 +312,7 @@ def round_trip_failures(model_file: str | os.PathLike[str],
     back unchanged, mapped to what came back; empty when all round-trip.
 
     Checks both ways serving decodes: ids -> text (`decode`) and pieces ->
-    text (`decode_pieces`, what export/tokenizer.py does after mapping ids to
+    text (`decode_pieces`, what model/package/tokenizer.py does after mapping ids to
     pieces), and that no <unk> is produced. Apply it to each shipped
     tokenizer (a package's source.spm and target.spm).
     """

@@ -27,8 +27,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from seq2serve.export.package import MANIFEST, ModelPackage, PackageError, load_package
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package.manifest import MANIFEST, ModelPackage, PackageError, load_package
+from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.batching.scheduler import BatchLimits, Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.config import ServerConfig

@@ -128,28 +128,3 @@ def _v1_quota(directory: Path) -> float | None:
 
 def _ratio(quota: int, period: int) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
-
-
-def cpuinfo(field: str, root: Path = Path("/")) -> str | None:
-    """The first `field` line's value in /proc/cpuinfo (None: no such file or line)."""
-    try:
-        for line in (root / "proc" / "cpuinfo").read_text().splitlines():
-            if line.startswith(field):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-# x86 instruction sets whose u8 x s8 dot products accumulate in int32 (vpdpbusd, AMX):
-# ONNX Runtime's int8 kernels are exact on them without help.
-EXACT_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def int8_needs_exact_kernels(root: Path = Path("/")) -> bool:
-    """Whether this CPU is an x86 one without VNNI or AMX, where ONNX Runtime's u8s8
-    kernels add pairs of products in int16 (vpmaddubsw) and saturate: True when
-    /proc/cpuinfo has x86 flags (sse2) and none of EXACT_INT8_FLAGS."""
-    flags = set((cpuinfo("flags", root) or "").split())
-    return "sse2" in flags and not flags & EXACT_INT8_FLAGS
-

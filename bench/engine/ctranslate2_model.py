@@ -46,7 +46,7 @@ import numpy as np
 from ctranslate2.converters.converter import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 
-from seq2serve.export import shortlist as lexical
+from seq2serve.model.package import shortlist as lexical
 
 ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
@@ -234,7 +234,7 @@ def vocabulary_map(table: lexical.LexicalTable, settings: lexical.ShortlistSetti
 def package_vocabulary_map(package: str | os.PathLike[str], pieces: Sequence[str]) -> str:
     """`vocabulary_map` of a format 8 package's shortlist table and settings (its
     manifest's `shortlist`); ValueError if the package has none."""
-    from seq2serve.export.package import load_package
+    from seq2serve.model.package.manifest import load_package
 
     loaded = load_package(Path(package))
     spec, path = loaded.manifest.shortlist, loaded.shortlist_table_path

@@ -62,7 +62,7 @@ from seq2serve.bench.engine.systems import (
 )
 from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
 from seq2serve.bench.inputs import read_sentences, source_ids
-from seq2serve.server.resources import cpuinfo
+from seq2serve.model.package.session import cpuinfo
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
            "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
@@ -315,8 +315,8 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
 
 def _package_runs(args: argparse.Namespace, threads: int,
                   settings: list[tuple[str, int]]) -> list[Record]:
-    from seq2serve.export.package import load_package
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.manifest import load_package
+    from seq2serve.model.package.tokenizer import package_tokenizer
 
     # Packages that see the same token ids (one model in several precisions) are
     # timed round-robin together, like the peers on the OPUS-MT shape.

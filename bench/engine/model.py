@@ -84,8 +84,8 @@ def _prepared(args: argparse.Namespace) -> Prepared:
     with a shortlist, the conversion with its vocabulary map in WORK/ctranslate2-vmap)."""
     from seq2serve.bench.engine.ctranslate2_model import VMAP_FILE, convert, convert_with_vmap
     from seq2serve.export.exporter import export
-    from seq2serve.export.package import load_package
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.manifest import load_package
+    from seq2serve.model.package.tokenizer import package_tokenizer
 
     shipped = args.models_dir / args.model
     checkpoint = args.models_dir / "checkpoints" / args.model

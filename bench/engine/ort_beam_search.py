@@ -184,7 +184,7 @@ class OrtBeamSearch(System):
     name = "ort-beamsearch"
 
     def __init__(self, graph: Path, package: Path, precision: str, threads: int):
-        from seq2serve.export.package import load_package
+        from seq2serve.model.package.manifest import load_package
 
         self.graph = Path(graph)
         self.precision = precision

@@ -189,7 +189,8 @@ def cpu_session(path: Path, threads: int, profile_prefix: str | None = None) -> 
     does not load; `profile_prefix` turns on ONNX Runtime's profiler."""
     import onnxruntime as ort
 
-    from seq2serve.server.engine.runner import CPU, EXACT_INT8_CONFIG
+    from seq2serve.model.package.session import EXACT_INT8_CONFIG
+    from seq2serve.server.engine.runner import CPU
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -242,7 +243,7 @@ class CheckpointCTranslate2(System):
             VMAP_FILE,
             spm_pieces,
         )
-        from seq2serve.export.package import load_package
+        from seq2serve.model.package.manifest import load_package
 
         self.model_dir = Path(model_dir)
         self.precision = precision

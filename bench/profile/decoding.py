@@ -133,8 +133,8 @@ def print_op_profile(name: str, profile: dict[str, Any]) -> None:
 
 def workload(args: argparse.Namespace) -> tuple[Path, list[list[list[int]]], Any, str]:
     """(package, batches of token ids, decoding options, a description)."""
-    from seq2serve.export.package import load_package
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.manifest import load_package
+    from seq2serve.model.package.tokenizer import package_tokenizer
     from seq2serve.server.core.options import DecodingOptions
 
     if args.package is None:

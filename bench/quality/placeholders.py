@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seq2serve.bench.quality.score import generate_sorted
-from seq2serve.export.package import load_package
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core import placeholders as ph
 from seq2serve.server.core.options import DecodingOptions

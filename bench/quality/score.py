@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from seq2serve.bench.inputs import source_ids
-from seq2serve.export.package import load_package
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.model.train.batching import read_split
 from seq2serve.model.train.evaluate import score_with_signatures
 from seq2serve.server.assembly import default_limits

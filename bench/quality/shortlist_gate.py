@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from seq2serve.export.package import load_package
-from seq2serve.export.shortlist import ShortlistSettings
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.shortlist import ShortlistSettings
 from seq2serve.server.assembly import default_limits
 
 # Issue 35's bar for turning the shortlist on by default.
@@ -91,7 +91,7 @@ def gate(package_dir: Path, data_dirs: Sequence[Path], *, beam: int = 4,
          progress: bool = True) -> list[SplitResult]:
     from sacrebleu import BLEU, CHRF
 
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.tokenizer import package_tokenizer
     from seq2serve.server.engine.engine import Engine
     from seq2serve.server.engine.runner import RunnerConfig
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from seq2serve.export.package import Manifest, ModelPackage
-from seq2serve.export.tokenizer import PackageTokenizer
+from seq2serve.model.package.manifest import Manifest, ModelPackage
+from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo

@@ -51,7 +51,7 @@ from typing import overload
 
 import numpy as np
 
-from seq2serve.export.package import ModelPackage, load_package
+from seq2serve.model.package.manifest import ModelPackage, load_package
 from seq2serve.server.engine.decode_state import (
     CancelCheck,
     DecodeState,

@@ -52,7 +52,7 @@ source (source_slots.py), written when a source is admitted. On CUDA those go
 through the host (an upload per admission, not per step), as the server has
 no device array library to index with.
 
-A format 8 package also has a vocabulary shortlist (export/shortlist.py): its
+A format 8 package also has a vocabulary shortlist (model/package/shortlist.py): its
 table, and a second decoder graph whose log-probs are over each source's
 candidates only. A batch runs one of the two decoders. For a shortlist batch
 `shortlist_columns` gathers each admitted source's candidates and their
@@ -78,13 +78,19 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from seq2serve.export import shortlist as lexical
-from seq2serve.export.package import MANIFEST, GraphSpec, ModelPackage, PackageError, TensorSpec
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.package import shortlist as lexical
+from seq2serve.model.package.manifest import (
+    MANIFEST,
+    GraphSpec,
+    ModelPackage,
+    PackageError,
+    TensorSpec,
+)
+from seq2serve.model.package.session import EXACT_INT8_CONFIG
 from seq2serve.server.resources import (
     PROVIDERS,
     Provider,
-    int8_needs_exact_kernels,
     usable_cores,
 )
 
@@ -92,18 +98,6 @@ log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
-# Session settings every CPU session of a package gets (the server's, the exporter's
-# verification, the profiler's), so that int8 results do not depend on the CPU: x86
-# u8s8 kernels without VNNI (AVX2, AVX-512 before Cascade Lake) add pairs of
-# u8 x s8 products in int16 (vpmaddubsw), which saturates; this option makes them
-# exact there (u8u8). Issue 33: without it one greedy output in six of the shipped
-# int8 en-de and en-fr changed on an AVX2-only CPU (ONNX Runtime PR #12088 added the
-# option). Only there: where the kernels are exact already (VNNI, AMX, ARM) the
-# option changes no output but costs time (shipped int8 en-de, beam 4, batch 32, one
-# thread, Sapphire Rapids: 34.5 sentences per CPU-second with it, 55.9 without, the
-# same 128 outputs).
-EXACT_INT8_OPTION = {"session.x64quantprecision": "1"}
-EXACT_INT8_CONFIG = EXACT_INT8_OPTION if int8_needs_exact_kernels() else {}
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from seq2serve.export.shortlist import PAD_CANDIDATE, padded_candidates
+from seq2serve.model.package.shortlist import PAD_CANDIDATE, padded_candidates
 from seq2serve.server.engine.runner import EncoderState, ShortlistColumns, padded_width
 
 # Compact once holes * COMPACT_WHEN > used slots.

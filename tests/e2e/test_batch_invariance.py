@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from serving import RunningServer, server_config
 
 from seq2serve.export.quantize import per_row_activations, quantize_int8
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.client import Seq2ServeClient
 from seq2serve.server.core.options import DecodingOptions

@@ -29,7 +29,7 @@ def test_serving_modules_do_not_import_torch() -> None:
             "import seq2serve.server.app, seq2serve.server.client, seq2serve.server.engine.engine\n"
             "import seq2serve.server.cli.translate, seq2serve.server.cli.summarize\n"
             "import seq2serve.server.cli.translate_file\n"
-            "import seq2serve.export.package\n"
+            "import seq2serve.model.package.manifest\n"
             "heavy = sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules)\n"
             "print(heavy)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

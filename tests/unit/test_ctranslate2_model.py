@@ -18,8 +18,8 @@ from conftest import CORPUS
 from seq2serve.bench.engine import ctranslate2_model as ct2_model
 from seq2serve.bench.server import libretranslate_peer
 from seq2serve.export.exporter import export
-from seq2serve.export.package import load_package
-from seq2serve.export.tokenizer import PackageTokenizer
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
@@ -87,7 +87,7 @@ def test_bench_systems_return_the_same_ids_with_eos(shipped: tuple[Path, Path]) 
     """`seq2serve bench --model`'s two systems, batched as it batches (sorted by
     length): the same greedy ids, each ended by the EOS both generated."""
     from seq2serve.bench.engine.systems import CheckpointCTranslate2, Seq2Serve
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.tokenizer import package_tokenizer
 
     package, ct2_dir = shipped
     tokenizer = package_tokenizer(load_package(package))
@@ -262,7 +262,7 @@ def test_onnx_runtime_beam_search_equals_the_engine_one_sentence_at_a_time(
     the engine's, EOS and length limit included."""
     from seq2serve.bench.engine.ort_beam_search import OrtBeamSearch, build
     from seq2serve.bench.engine.systems import Seq2Serve
-    from seq2serve.export.tokenizer import package_tokenizer
+    from seq2serve.model.package.tokenizer import package_tokenizer
 
     package, _ = shipped
     graph = build(SHIPPED, tmp_path / "ort", "fp32")

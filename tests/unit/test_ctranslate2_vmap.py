@@ -21,10 +21,10 @@ from test_ctranslate2_model import tiny_checkpoint
 from seq2serve.bench.engine import ctranslate2_model as ct2_model
 from seq2serve.bench.engine import harness
 from seq2serve.bench.engine.systems import CTRANSLATE2_VMAP, CheckpointCTranslate2
-from seq2serve.export import shortlist as lexical
 from seq2serve.export.exporter import export
-from seq2serve.export.package import load_package
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package import shortlist as lexical
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import package_tokenizer
 
 SETTINGS = lexical.ShortlistSettings(first=8, best=6)  # candidates a strict subset
 

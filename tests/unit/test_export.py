@@ -20,9 +20,7 @@ from onnx import helper, numpy_helper
 from seq2serve.export.exporter import ExportError, ExportReport, export
 from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.onnx_graphs import SELECT_CHUNK, write_cache_graphs
-from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.sources import SourceError
-from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.export.verify import (
     check_cache_graphs,
     cpu_session,
@@ -30,6 +28,8 @@ from seq2serve.export.verify import (
     ort_teacher_forced,
     path_mask,
 )
+from seq2serve.model.package.manifest import PackageError, load_package
+from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.server.engine.runner import EXACT_INT8_CONFIG
 
 MAX_NEW = 24
@@ -431,8 +431,8 @@ def test_int8_graphs_compute_the_quantized_model(
     sample step (a batch with padding, rows at different positions) every output."""
     from seq2serve.export.exporter import FP32_LOG_PROB_TOLERANCE
     from seq2serve.export.onnx_graphs import sample_inputs
-    from seq2serve.export.package import ENCODER_INPUTS, decoder_inputs
     from seq2serve.export.sources import load_source
+    from seq2serve.model.package.manifest import ENCODER_INPUTS, decoder_inputs
 
     package, fp32_graphs = drawn_int8
     model = load_source(drawn).model

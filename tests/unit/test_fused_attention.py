@@ -19,14 +19,14 @@ from invariance import decode_joining, result_key
 from test_engine import MAX_NEW, PARITY, SCORE_TOLERANCE, TEXTS, hf_generate
 
 from seq2serve.export.exporter import ExportError, export
-from seq2serve.export.package import (
+from seq2serve.model.package.manifest import (
     FORMAT_VERSION,
     READABLE_FORMATS,
     PackageError,
     load_package,
     sha256_file,
 )
-from seq2serve.export.tokenizer import package_tokenizer
+from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine

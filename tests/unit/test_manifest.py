@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seq2serve.export.package import (
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.package.manifest import (
     READABLE_FORMATS,
     GenerationDefaults,
     PackageError,
@@ -20,7 +21,6 @@ from seq2serve.export.package import (
     load_package,
     sha256_file,
 )
-from seq2serve.model.config import ModelConfig
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine

@@ -5,11 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seq2serve.server.resources import (
-    cgroup_cpu_quota,
-    int8_needs_exact_kernels,
-    usable_cores,
-)
+from seq2serve.model.package.session import int8_needs_exact_kernels
+from seq2serve.server.resources import cgroup_cpu_quota, usable_cores
 
 NODE = range(64)  # the CPUs of a 64-core node
 
@@ -88,8 +85,9 @@ def _cpuinfo(root: Path, text: str) -> Path:
 
 
 def test_exact_int8_kernels_only_where_the_cpu_lacks_vnni(tmp_path: Path) -> None:
-    """The x64quantprecision option (runner.EXACT_INT8_CONFIG) on x86 without VNNI or
-    AMX alone: an AVX2 EPYC saturates in int16, VNNI and AMX CPUs and ARM do not."""
+    """The x64quantprecision option (model/package/session.py's EXACT_INT8_CONFIG) on
+    x86 without VNNI or AMX alone: an AVX2 EPYC saturates in int16, VNNI and AMX CPUs
+    and ARM do not."""
     x86 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma {}\n"
     assert int8_needs_exact_kernels(_cpuinfo(tmp_path / "zen3", x86.format("")))
     assert int8_needs_exact_kernels(_cpuinfo(tmp_path / "skx", x86.format("avx512f avx512bw")))

@@ -16,10 +16,10 @@ from conftest import CORPUS
 from invariance import decode_joining, result_key
 from test_export import drawn_checkpoint
 
-from seq2serve.export import shortlist as lexical
 from seq2serve.export.exporter import export
-from seq2serve.export.package import PackageError, load_package
 from seq2serve.export.verify import check_shortlist
+from seq2serve.model.package import shortlist as lexical
+from seq2serve.model.package.manifest import PackageError, load_package
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.engine.decoding import top_k_exact

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from seq2serve.export.tokenizer import PackageTokenizer
 from seq2serve.model import checkpoint as ckpt
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.model.tokenizer import (
     REQUIRED_CHARS,
     ROUND_TRIP_TEXTS,
@@ -115,7 +115,7 @@ def test_new_tokenizers_round_trip_german_and_french(tmp_path: Path) -> None:
     # letters the tiny corpus never shows are single pieces, not byte spellings
     assert "Ü" not in "".join(read_split(CORPUS, "train")[1])
     assert [c for c in REQUIRED_CHARS if tok.sp.piece_to_id(c) == tok.unk_id] == []
-    # serving (export/tokenizer.py) runs the same model file and gets the same text
+    # serving (model/package/tokenizer.py) runs the same model file and gets the same text
     vocab = tmp_path / "vocab.json"
     vocab.write_text(json.dumps(PackageTokenizer.vocab_from_sentencepiece(tok.path)))
     served = PackageTokenizer(tok.path, tok.path, vocab, unk_id=tok.unk_id, eos_id=tok.eos_id,

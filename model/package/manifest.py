@@ -41,7 +41,7 @@ from seq2serve.model.config import ModelConfig
 FORMAT_VERSION = 8
 # Format 6 packages have the same graph inputs and outputs with plain attention
 # (export/fused_attention.py says what changed); format 8 is format 6 or 7 (its
-# manifest says which attention) with a vocabulary shortlist (export/shortlist.py):
+# manifest says which attention) with a vocabulary shortlist (model/package/shortlist.py):
 # a lexical table and a second decoder graph. The runner serves all three.
 READABLE_FORMATS = (6, 7, FORMAT_VERSION)
 # How the exporter builds the attention: "fused" writes format 7, "plain" format 6.
@@ -294,7 +294,7 @@ class ShortlistSpec:
     translations scoring at least `threshold`, and the special pieces)."""
 
     decoder: GraphSpec
-    first: int  # the exporter's settings (export/shortlist.py ShortlistSettings)
+    first: int  # the exporter's settings (model/package/shortlist.py ShortlistSettings)
     best: int
     threshold: float
     table: str = SHORTLIST_FILE

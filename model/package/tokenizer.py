@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from seq2serve.export.package import ModelPackage
+from seq2serve.model.package.manifest import ModelPackage
 
 SPIECE_UNDERLINE = "\u2581"
 
