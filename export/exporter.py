@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
-from seq2serve.export.sources import SAMPLE_TEXTS, Source, SourceError, load_source
+from seq2serve.export.sources import SAMPLE_TEXTS, load_source
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.package.manifest import (
     ATTENTIONS,
     DECODER_FILE,

@@ -170,12 +170,14 @@ def exporter_key() -> str:
     import hashlib
 
     import seq2serve.export as exporter
-    import seq2serve.model.marian as converted
+    import seq2serve.model.families as converted
+    import seq2serve.model.package as package_format
     import seq2serve.model.transformer as traced
 
     digest = hashlib.sha256()
     sources = [*sorted(Path(exporter.__file__).parent.glob("*.py")), Path(traced.__file__),
-               Path(converted.__file__)]
+               *sorted(Path(converted.__file__).parent.glob("*.py")),
+               *sorted(Path(package_format.__file__).parent.glob("*.py"))]
     for file in sources:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:10]

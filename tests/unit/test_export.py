@@ -20,7 +20,6 @@ from onnx import helper, numpy_helper
 from seq2serve.export.exporter import ExportError, ExportReport, export
 from seq2serve.export.exporter import run as export_cli
 from seq2serve.export.onnx_graphs import SELECT_CHUNK, write_cache_graphs
-from seq2serve.export.sources import SourceError
 from seq2serve.export.verify import (
     check_cache_graphs,
     cpu_session,
@@ -28,6 +27,7 @@ from seq2serve.export.verify import (
     ort_teacher_forced,
     path_mask,
 )
+from seq2serve.model.families.source import SourceError
 from seq2serve.model.package.manifest import PackageError, load_package
 from seq2serve.model.package.tokenizer import PackageTokenizer
 from seq2serve.server.engine.runner import EXACT_INT8_CONFIG

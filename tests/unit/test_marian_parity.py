@@ -12,7 +12,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from seq2serve.model.marian import ConversionError, convert_marian, load_marian
+from seq2serve.model.families.hf import ConversionError
+from seq2serve.model.families.marian import convert_marian, load_marian
 
 TOL = 1e-4
 VOCAB, PAD, EOS = 41, 40, 0

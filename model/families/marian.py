@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,15 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.hf import (
+    ACTIVATION_MAP,
+    ConversionError,
+    is_int,
+    read_config,
+    read_weights,
+)
+from seq2serve.model.families.source import Source, SourceError, default_generation
 from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
-
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-TORCH_FILE = "pytorch_model.bin"
 
 # transformers' MarianConfig defaults: a config.json that omits a field means these.
 HF_DEFAULTS: dict[str, Any] = {
@@ -64,18 +68,6 @@ HF_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
-# transformers' ACT2FN name -> ours. gelu_python is exact (erf) GELU; the tanh
-# variants are the same formula as torch's approximate="tanh".
-ACTIVATION_MAP = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_new",
-    "gelu_pytorch_tanh": "gelu_new",
-    "swish": "swish",
-    "silu": "swish",
-}
-
 # BART-era flags that old Marian conversions wrote. transformers' Marian ignores
 # them and always computes post-norm without extra LayerNorms, so a value other
 # than the Marian one means the checkpoint is not what its config claims.
@@ -92,91 +84,17 @@ MARIAN_FLAG_VALUES = {
 SUPPORTED_ARCHITECTURES = ("MarianMTModel", "MarianModel")
 
 
-class ConversionError(ValueError):
-    """Everything wrong with one checkpoint, listed together."""
-
-    def __init__(self, source: str | Path, problems: Iterable[str]):
-        self.source = str(source)
-        self.problems = list(problems)
-        super().__init__(
-            f"cannot convert Marian checkpoint {self.source}:\n  - " + "\n  - ".join(self.problems)
-        )
-
-
-# -- files ---------------------------------------------------------------------
-
-
-def read_config(path: Path, problems: list[str]) -> dict[str, Any] | None:
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        problems.append(f"{CONFIG_FILE} not found in {path}")
-        return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append(f"{CONFIG_FILE} is not readable JSON: {exc}")
-        return None
-    if not isinstance(data, dict):
-        problems.append(f"{CONFIG_FILE} must hold a JSON object, got {type(data).__name__}")
-        return None
-    return data
-
-
-def _load_one(file: Path, problems: list[str]) -> dict[str, Tensor] | None:
-    try:
-        if file.name.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(str(file), device="cpu")
-        data = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any reader failure is a problem to report, not a crash
-        problems.append(f"{file.name} cannot be read: {type(exc).__name__}: {exc}")
-        return None
-    if not isinstance(data, Mapping) or not all(isinstance(v, Tensor) for v in data.values()):
-        problems.append(f"{file.name} does not hold a flat name -> tensor mapping")
-        return None
-    return dict(data)
-
-
-def read_weights(path: Path, problems: list[str]) -> dict[str, Tensor] | None:
-    """Prefer safetensors; accept single-file or sharded (`*.index.json`) checkpoints."""
-    for single in (SAFETENSORS_FILE, TORCH_FILE):
-        index = path / f"{single}.index.json"
-        if (path / single).is_file():
-            return _load_one(path / single, problems)
-        if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                                    .values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                problems.append(f"{index.name} is not a valid shard index: {exc}")
-                return None
-            weights: dict[str, Tensor] = {}
-            ok = True
-            for shard in shards:
-                part = _load_one(path / shard, problems)
-                ok = ok and part is not None
-                weights.update(part or {})
-            return weights if ok else None
-    problems.append(f"no weights in {path}: expected {SAFETENSORS_FILE} or {TORCH_FILE}")
-    return None
-
-
 # -- config ----------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unk_id(path: Path | None, hf: Mapping[str, Any]) -> tuple[int, str]:
     """Marian configs carry no unk id; the tokenizer's vocab.json does."""
-    if _is_int(hf.get("unk_token_id")):
+    if is_int(hf.get("unk_token_id")):
         return hf["unk_token_id"], "config.json"
     if path is not None and (path / "vocab.json").is_file():
         try:
             vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
-            if _is_int(vocab.get("<unk>")):
+            if is_int(vocab.get("<unk>")):
                 return vocab["<unk>"], "vocab.json"
         except (OSError, ValueError, AttributeError):
             pass
@@ -207,14 +125,14 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
                  "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
                  "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
                  "decoder_start_token_id"):
-        if _is_int(hf[name]):
+        if is_int(hf[name]):
             ints[name] = hf[name]
         else:
             found.append(f"{name} must be an integer, got {hf[name]!r}")
             ints[name] = 1
     decoder_vocab = hf["decoder_vocab_size"] if hf["decoder_vocab_size"] is not None \
         else ints["vocab_size"]
-    if not _is_int(decoder_vocab):
+    if not is_int(decoder_vocab):
         found.append(f"decoder_vocab_size must be an integer, got {decoder_vocab!r}")
         decoder_vocab = ints["vocab_size"]
     if hf["share_encoder_decoder_embeddings"] and decoder_vocab != ints["vocab_size"]:
@@ -230,7 +148,7 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
     eos = hf["eos_token_id"]
     if isinstance(eos, list) and len(set(eos)) == 1:
         eos = eos[0]
-    if not _is_int(eos):
+    if not is_int(eos):
         found.append(f"eos_token_id must be one integer, got {eos!r}")
         eos = 0
 
@@ -241,7 +159,7 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
         activation = "relu"
 
     # Marian has no BOS token; the decoder starts from pad. Keep the id in range.
-    bos = hf["bos_token_id"] if _is_int(hf["bos_token_id"]) else ints["decoder_start_token_id"]
+    bos = hf["bos_token_id"] if is_int(hf["bos_token_id"]) else ints["decoder_start_token_id"]
     unk, unk_source = _unk_id(path, hf_config)
     cfg = ModelConfig(
         src_vocab_size=ints["vocab_size"],
@@ -277,7 +195,7 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
             "source": "huggingface-marian",
             "transformers_version": hf_config.get("transformers_version"),
             "unk_id_from": unk_source,
-            "bos_id_from": "config.json" if _is_int(hf["bos_token_id"])
+            "bos_id_from": "config.json" if is_int(hf["bos_token_id"])
             else "decoder_start_token_id (Marian has no BOS)",
         },
     )
@@ -463,3 +381,70 @@ def load_marian(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2Seq
     model = Seq2SeqTransformer(cfg)
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
+
+
+# -- the exporter's source ----------------------------------------------------------
+
+
+def _marian_languages(path: Path) -> tuple[str, str]:
+    """From tokenizer_config.json, else from an opus-mt-SRC-TGT directory name."""
+    cfg_file = path / "tokenizer_config.json"
+    if cfg_file.is_file():
+        data = json.loads(cfg_file.read_text(encoding="utf-8"))
+        if data.get("source_lang") and data.get("target_lang"):
+            return str(data["source_lang"]), str(data["target_lang"])
+    parts = path.resolve().name.split("-")
+    if len(parts) >= 4 and parts[0] == "opus" and parts[1] == "mt":
+        return parts[2], parts[3]
+    return "und", "und"
+
+
+def load_source(path: Path) -> Source:
+    """A Marian (OPUS-MT) folder as the exporter takes it: the model, its two
+    SentencePiece models and vocab.json, its languages and generation defaults."""
+    problems: list[str] = []
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        if not (path / name).is_file():
+            problems.append(f"{name}: missing (a Marian directory needs the tokenizer files)")
+    tokenizer_cfg = path / "tokenizer_config.json"
+    if tokenizer_cfg.is_file():
+        if json.loads(tokenizer_cfg.read_text(encoding="utf-8")).get("separate_vocabs"):
+            problems.append("tokenizer_config.json: separate_vocabs is not supported")
+    model = None
+    try:
+        model = load_marian(path)
+    except ConversionError as e:
+        problems.extend(e.problems)
+    vocab: dict[str, int] = {}
+    if (path / "vocab.json").is_file():
+        try:
+            vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            problems.append(f"vocab.json: not valid JSON ({e})")
+    if model is not None and vocab and max(vocab.values()) >= model.cfg.tgt_vocab_size:
+        problems.append(f"vocab.json: ids reach {max(vocab.values())} but the model's "
+                        f"vocabulary has {model.cfg.tgt_vocab_size} entries")
+    if problems or model is None:
+        raise SourceError(path, problems)
+    generation = default_generation(model.cfg.max_positions)
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        hf = json.loads(gen_file.read_text(encoding="utf-8"))
+        generation = dataclasses.replace(
+            generation, beam_size=int(hf.get("num_beams", generation.beam_size)),
+            max_length=min(int(hf.get("max_length", 256)), model.cfg.max_positions),
+            length_penalty=float(hf.get("length_penalty", 1.0)))
+    src, tgt = _marian_languages(path)
+    return Source(
+        kind="marian",
+        model=model,
+        name=path.resolve().name,
+        task="translate",
+        source_language=src,
+        target_language=tgt,
+        source_spm=path / "source.spm",
+        target_spm=path / "target.spm",
+        vocab=vocab,
+        generation=generation,
+        origin={"format": "huggingface-marian"},
+    )

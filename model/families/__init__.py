@@ -1,0 +1,1 @@
+"""The Hugging Face model families the exporter loads (registry.py)."""
