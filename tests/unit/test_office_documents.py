@@ -34,8 +34,8 @@ from seq2serve.server.core.documents import (
     media_type,
     read_document,
 )
-from seq2serve.server.core.documents.inline import Paragraph, Piece
 from seq2serve.server.core.documents.queueing import translate_document
+from seq2serve.server.core.inline import Paragraph, Piece
 from seq2serve.server.core.placeholders import SENTINEL, mask, restore
 
 _WORDS = re.compile(r"\{\d+\}|[^\W\d_]+")

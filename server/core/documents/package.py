@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from seq2serve.server.core.documents.base import Document, DocumentError
-from seq2serve.server.core.documents.inline import Paragraph
+from seq2serve.server.core.inline import Paragraph
 
 
 @dataclass(frozen=True)
