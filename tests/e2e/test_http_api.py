@@ -21,6 +21,7 @@ from serving import RunningServer, free_port, server_config
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.client import Seq2ServeClient
+from seq2serve.server.core.markup import extract
 
 TEXTS = ["the house is small", "Open the file. Close it.", "a b c d"]
 
@@ -87,12 +88,19 @@ def test_auto_detection_reports_each_text(http: httpx.Client) -> None:
 
 def test_html_keeps_markup_and_leaves_code_alone(http: httpx.Client,
                                                  grpc_client: Seq2ServeClient) -> None:
+    # One text for the paragraph (no longer one per run between tags): the code rides in
+    # it as an empty tag, the bold as a tag pair, both masked by the core as any request's.
     html = '<p class="x">the house is small <code>rm -rf</code> <b>a b c d</b></p>'
+    [text] = extract(html).texts
+    assert text == "the house is small <x1/> <g2>a b c d</g2>"
     body = http.post("/translate", json={"q": html, "source": "en", "target": "de",
                                          "format": "html"}).json()
-    runs = grpc_best(grpc_client, ["the house is small", "a b c d"])
-    assert body["translatedText"] == (f'<p class="x">{runs[0][0]} <code>rm -rf</code> '
-                                      f"<b>{runs[1][0]}</b></p>")
+    [[tagged]] = grpc_best(grpc_client, [text])
+    assert body["translatedText"] == extract(html).render([tagged])
+    out = body["translatedText"]
+    assert out.startswith('<p class="x">') and out.endswith("</p>")
+    assert out.count("<code>rm -rf</code>") == 1 and out.count("<b>") == 1
+    assert "<g" not in out and "<x" not in out
 
 
 def test_libretranslate_python_client(server: RunningServer,
