@@ -5,9 +5,11 @@ answers, the exact cache, keys and limits, bad input, the drain."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +32,9 @@ TEXTS = ["the house is small", "Open the file. Close it.", "a b c d"]
 def server(models_dir: Path) -> Iterator[RunningServer]:
     running = RunningServer(server_config(models_dir, http_port=free_port(),
                                           max_texts_per_request=16, max_text_chars=2000,
-                                          max_message_bytes=1 << 20, cache_mb=16.0))
+                                          max_message_bytes=1 << 20, cache_mb=16.0,
+                                          max_document_characters=5000,
+                                          max_document_unpacked_bytes=200_000))
     yield running
     running.stop()
 
@@ -246,6 +250,24 @@ def test_files_translate_and_download(http: httpx.Client, grpc_client: Seq2Serve
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("x.docx", b"PK")})
     assert bad.status_code == 400 and "x.docx is not a Word document" in bad.json()["error"]
+
+
+def test_a_file_past_the_document_limits_is_413_naming_the_limit(http: httpx.Client) -> None:
+    many = b"the house is small\n" * 300  # 5,400 characters: past the 5,000 of the fixture
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("notes.txt", many)})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == ("notes.txt has 5400 characters of text to translate; "
+                                      "the limit is 5000")
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/media/zeros.bin", bytes(1 << 20))  # 1 MiB, about 1 KB packed
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("bomb.docx", packed.getvalue())})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == ("bomb.docx unpacks to 1048576 bytes; the limit is "
+                                      "200000 bytes")
+    assert http.get("/health").status_code == 200
 
 
 def test_summarize_without_a_summarizer_names_the_problem(http: httpx.Client) -> None:
