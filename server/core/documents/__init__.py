@@ -8,7 +8,7 @@ translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
 `opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
-`package.py` (the archive read as untrusted input, its `Limits`), `inline.py`
+`package.py` (the archive read as untrusted input, its `Limits`), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
