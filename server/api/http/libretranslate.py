@@ -273,7 +273,8 @@ class LibreTranslateApi:
                 self._request(pair, texts, options, software), Call())
             return [([h.text for h in t.hypotheses], t.hypotheses[0].repaired)
                     for t in result.translations]
-        # HTML: only the text runs go to the model, all documents' runs in one request.
+        # HTML: only the text blocks go to the model (a sentence with its inline tags as
+        # tag pairs, core/markup.py), all documents' blocks in one request.
         documents = [extract(text) for text in texts]
         runs = [run for document in documents for run in document.texts]
         translated: list[str] = []
