@@ -48,6 +48,7 @@ from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.assembly import ModelLoadError, ModelWorkers
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.cache import ResponseCache
+from seq2serve.server.core.documents import Limits
 from seq2serve.server.core.glossary import Glossaries, GlossaryError
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import Translation
@@ -91,6 +92,14 @@ def check_bindable(host: str, port: int, what: str) -> None:
             hint = BUSY_HINT if e.errno == errno.EADDRINUSE else ""
             raise StartupError(f"cannot listen for {what} on {address(host, port)}: "
                                f"{e.strerror}{hint}") from None
+
+
+def document_limits(config: ServerConfig) -> Limits:
+    """What one /translate_file upload may hold (HTTP 413 past it)."""
+    return Limits(members=config.max_document_members,
+                  unpacked_bytes=config.max_document_unpacked_bytes,
+                  characters=config.max_document_characters,
+                  paragraphs=config.max_document_paragraphs)
 
 
 def load_glossaries(config: ServerConfig) -> Glossaries:
@@ -244,7 +253,8 @@ class Server:
         settings = HttpSettings(
             libre=LibreSettings(char_limit=config.max_text_chars,
                                 batch_limit=config.max_texts_per_request,
-                                alternatives_limit=config.max_beam_size - 1),
+                                alternatives_limit=config.max_beam_size - 1,
+                                document_limits=document_limits(config)),
             max_body_bytes=config.max_message_bytes,
             cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()),
             timeout_s=config.http_timeout_s or None)

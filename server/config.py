@@ -167,7 +167,21 @@ class ServerConfig:
     max_length_cap: int = field(default=512, metadata=_meta(
         "largest max_length (new tokens) accepted", "N"))
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata=_meta(
-        "largest gRPC message received or sent", "BYTES"))
+        "largest gRPC message received or sent, and largest HTTP body (a /translate_file "
+        "upload included)", "BYTES"))
+    # The limits on one file of /translate_file (core/documents/package.py's Limits, whose
+    # defaults these are; tests/unit/test_config.py holds them equal). Past one: HTTP 413.
+    max_document_members: int = field(default=5000, metadata=_meta(
+        "most files in an uploaded document's archive (.docx, .pptx, .odt, .odp, .epub)",
+        "N"))
+    max_document_unpacked_bytes: int = field(default=64 * 1024 * 1024, metadata=_meta(
+        "most bytes an uploaded document's archive may unpack to, all its files together "
+        "(declared and counted while inflating)", "BYTES"))
+    max_document_characters: int = field(default=1_000_000, metadata=_meta(
+        "most characters of text to translate in one uploaded file", "N"))
+    max_document_paragraphs: int = field(default=50_000, metadata=_meta(
+        "most texts (paragraphs, entries, lines) to translate in one uploaded file; a "
+        "document's cost about 2 KB of memory each while it is translated", "N"))
     drain_delay_s: float = field(default=5.0, metadata=_meta(
         "on SIGTERM, how long health says NOT_SERVING while new calls are still served, so "
         "load balancers stop routing here before the port closes", "SECONDS"))
@@ -200,7 +214,9 @@ class ServerConfig:
             int_problem("max_running_beam", self.max_running_beam, 1, MAX_BEAM_SIZE),
             *(int_problem(name, getattr(self, name), 1) for name in (
                 "max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
-                "max_texts_per_request", "max_text_chars", "max_length_cap")),
+                "max_texts_per_request", "max_text_chars", "max_length_cap",
+                "max_document_members", "max_document_unpacked_bytes",
+                "max_document_characters", "max_document_paragraphs")),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
             float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),

@@ -30,6 +30,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,

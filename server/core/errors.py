@@ -14,11 +14,13 @@ ECHO_CHARS = 64
 
 
 class ErrorKind(str, Enum):
-    """Why a request was refused or not finished (names as gRPC's status codes)."""
+    """Why a request was refused or not finished (names as gRPC's status codes, but
+    TOO_LARGE, which gRPC calls RESOURCE_EXHAUSTED and HTTP 413)."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the client's input: fix it, do not retry
     NOT_FOUND = "NOT_FOUND"  # no served model fits
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the queue or the answer is too big
+    TOO_LARGE = "TOO_LARGE"  # the input is past a size limit: send less, do not retry
     UNAVAILABLE = "UNAVAILABLE"  # loading or stopping: retry, elsewhere if need be
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
@@ -46,6 +48,11 @@ class NotFound(ServiceError):
 class ResourceExhausted(ServiceError):
     def __init__(self, message: str):
         super().__init__(ErrorKind.RESOURCE_EXHAUSTED, message)
+
+
+class TooLarge(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.TOO_LARGE, message)
 
 
 class Unavailable(ServiceError):

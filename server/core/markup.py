@@ -1,50 +1,67 @@
 """HTML fragments for `format=html` translation: the text to translate, and the markup kept.
 
-`extract(html)` splits a fragment into the runs of text worth translating and the markup
-around them; `Document.render(translations)` puts the fragment back together with each run
+`extract(html)` splits a fragment into its blocks of text (one text per sentence
+or paragraph, whatever inline tags run through it) and the markup around them;
+`Document.render(translations)` puts the fragment back together with each block
 replaced by its translation. Only text is translated:
 
-- Tags, attributes (including `alt` and `title`), comments, doctypes and processing
-  instructions come back byte for byte as they were.
-- Text inside `<code>`, `<pre>`, `<script>` and `<style>`, inside any element with
-  `translate="no"` or with the class `notranslate`, and inside all their descendants, is
-  kept as it is (a `translate="yes"` below such an element does not switch translation back
-  on: being conservative leaves text untranslated, never garbles code). End tags the
-  HTML standard leaves implicit are not inferred: `<p translate="no">a<p>b` keeps `b` too.
-- A run is the text between two tags, trimmed of whitespace (`&nbsp;` and other entities
-  that stand for whitespace count as whitespace); the whitespace stays in the markup around
-  it, so the layout survives a translation that drops or adds spaces. Runs without a letter
-  (`2024`, `|`, `&copy;`) are kept, not translated.
+- Tags, attributes (including `href`, `alt` and `title`), comments, doctypes and
+  processing instructions come back as they were spelled: a block's inline tags are
+  the fragment's own start and end tags, copied, never rewritten.
+- Text inside `<code>`, `<pre>`, `<script>`, `<style>`, `<kbd>`, `<samp>`, `<var>`,
+  inside any element with `translate="no"` or with the class `notranslate`, and inside
+  all their descendants, is kept as it is (a `translate="yes"` below such an element
+  does not switch translation back on: being conservative leaves text untranslated,
+  never garbles code). End tags the HTML standard leaves implicit are not inferred:
+  `<p translate="no">a<p>b` keeps `b` too.
 
-Inline tags split a sentence: `<b>Warning:</b> the disk is almost full` is two runs,
-`Warning:` and `the disk is almost full`, each translated alone. Translating the block as
-one unit would need placeholder tokens in the sentence for the tags, which our models were
-never trained on and would drop, move or translate. Splitting at tags is what
-LibreTranslate's argos-translate-html does in practice too: it translates each text node
-alone (argostranslate.tags has a tag-injection path for short sentences with inline tags,
-but its `depth()` never counts a tag level, so the path is not taken). The cost is a worse
-translation of sentences broken by inline tags; the gain is markup that always comes back
-intact.
+Blocks (the whole-sentence way of the office formats, core/documents/inline.py):
+block-level elements (`<p>`, `<li>`, `<td>`, headings, `<div>`, `<br>`, any element not
+named below) separate texts; inline elements (`INLINE_ELEMENTS`: `<b>`, `<i>`, `<em>`,
+`<strong>`, `<a>`, `<span>`, `<sub>`, `<sup>`, `<u>`, `<small>`, `<mark>` ...) ride inside
+the sentence. "My name <b>is</b> Michael" is one text, `My name <g1>is</g1> Michael`, whose
+tag pair the core masks and brings back around the words that translate "is"
+(core/placeholders.py); `inline.Paragraph` reads the translation back, and a span the
+model loses goes to the nearest word, never dropped. An image, a `<code>` or a
+`translate="no"` span inside the sentence is an empty `<xN/>`: moved with its words, put
+back byte for byte, inside the inline elements it was in. The style that covers most of
+a block goes untagged, so a block in one style (`<li><b>Title</b></li>`) or with no inline
+tags at all is its plain text, entities unescaped, as the model sees any text. A block
+whose inline tags do not nest (`<b>a <i>b</b> c</i>`), cross a block boundary
+(`<b>a<br>b</b>`), nest deeper than `MAX_INLINE_DEPTH` or number more than
+`MAX_INLINE_TAGS` is split at its inline tags instead, each run of text alone: the markup
+always comes back intact. The parser is `html.parser`'s, not lxml's: lxml would rewrite
+a fragment (close its tags, quote its attributes, respell its entities); so this module
+shares inline.py's reading of tagged translations with the office formats, not
+mixed.py's tree walk.
 
-Entities: a run's text is HTML-unescaped before translation (`&amp;` in the fragment is `&`
-for the model) and each translation is escaped again (`&`, `<`, `>`), so a translation that
-contains `<b>` shows that text and can never inject markup. A run whose translation equals
-its text is put back in its original spelling, so the identity translation reproduces the
-input exactly (`&#39;` stays `&#39;`), malformed input included.
+- A block is trimmed of whitespace (`&nbsp;` and other entities that stand for whitespace
+  count as whitespace); the whitespace stays in the markup around it, so the layout
+  survives a translation that drops or adds spaces. Blocks without a letter (`2024`,
+  `|`, `&copy;`) are kept, not translated.
+
+Entities: a block's text is HTML-unescaped before translation (`&amp;` in the fragment is
+`&` for the model; in a block with tags it stays `&amp;`, which the core masks and brings
+back) and each translation is escaped again (`&`, `<`, `>`), so a translation that
+contains `<b>` shows that text and can never inject markup. A block whose translation
+equals its text is put back in its original spelling, so the identity translation
+reproduces the input exactly (`&#39;` stays `&#39;`), malformed input included.
 
 Parsing uses `html.parser.HTMLParser` from the standard library: it is an event-based
 tokenizer with no recursion, tolerant of any input (unclosed, stray and misnested tags;
 nesting 10,000 deep is a list of that length here, not a call stack), and needs no
 dependency. Each event's original text is the slice of the input from its start
 (`getpos()`) to the next event's start, so every character of the input lands in exactly
-one part or run, whatever the parser makes of it. Should the parser raise on some input it
-cannot tokenize, the rest of the fragment from that point on is kept as markup.
+one part or block, whatever the parser makes of it. Should the parser raise on some input
+it cannot tokenize, the rest of the fragment from that point on is kept as markup.
 
-Complexity: linear in the input for ordinary HTML (about 0.6 s per MB here), memory linear
-in the input. The standard parser is quadratic on pathological input: 140 KB of
+Complexity: linear in the input for ordinary HTML (about 2 s per MB here, where
+splitting at every tag took 0.8 s: the blocks and their tagged texts cost the rest), memory
+linear in the input. The standard parser is quadratic on pathological input: 140 KB of
 unterminated `<!--` take 3.4 s, 600 KB of `&#;` 5 s. So the caller bounds the input size
-(at 20 KB the worst case is about 0.15 s) and, if it wishes, the number of runs.
-Thread-safe: both functions are pure.
+(at 20 KB the worst case is about 0.15 s) and, if it wishes, the number of blocks.
+`extract` is pure; a `Document` renders one translation at a time (not shared between
+threads).
 """
 
 from __future__ import annotations
@@ -56,8 +73,10 @@ from dataclasses import dataclass
 from enum import Enum
 from html.parser import HTMLParser
 
+from seq2serve.server.core.inline import Paragraph, Piece, has_letters
+
 # Elements whose content is code, data or preformatted text: never translated.
-SKIPPED_ELEMENTS = frozenset({"code", "pre", "script", "style"})
+SKIPPED_ELEMENTS = frozenset({"code", "pre", "script", "style", "kbd", "samp", "var"})
 # The class that marks content not to translate (the convention of web translators).
 NO_TRANSLATE_CLASS = "notranslate"
 # Elements that have no end tag and so are never open: they must not enter the stack.
@@ -65,34 +84,130 @@ VOID_ELEMENTS = frozenset({
     "area", "base", "br", "col", "embed", "hr", "img", "input", "keygen", "link", "meta",
     "param", "source", "track", "wbr",
 })
+# Elements that style the words they wrap inside a sentence (HTML's phrasing content
+# that holds text); every other element separates texts. E-books use the same (epub.py).
+INLINE_ELEMENTS = frozenset({
+    "a", "abbr", "b", "bdi", "bdo", "big", "cite", "del", "dfn", "em", "font", "i", "ins",
+    "mark", "q", "s", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u",
+})
+# Kept whole inside a sentence (an `<xN/>` the translation moves): the void elements
+# that sit in running text, and the skipped elements that are phrasing content.
+_OPAQUE_INLINE = frozenset({"img", "wbr", "code", "kbd", "samp", "var"}) | INLINE_ELEMENTS
+# Beyond these a block is split at its inline tags (bounds the work per block and keeps
+# the sentinels few: each tag is one).
+MAX_INLINE_DEPTH = 16
+MAX_INLINE_TAGS = 40
 
 
 @dataclass(frozen=True)
 class Document:
-    """A fragment split into translatable runs and the markup between them.
+    """A fragment split into translatable blocks and the markup between them.
 
     `parts` has one more item than `texts`: the fragment is
-    parts[0] + run 0 + parts[1] + run 1 + ... + parts[-1]. `sources` holds each run as it
-    was spelled in the fragment (entities and all); `texts` the same runs unescaped, which
-    is what the model translates.
+    parts[0] + block 0 + parts[1] + block 1 + ... + parts[-1]. `sources` holds each
+    block as it is spelled in the fragment (inline tags, entities and all); `texts` what
+    the model translates: a block's text unescaped, or, when it has inline tags, the
+    tagged text of inline.py (`My name <g1>is</g1> Michael`).
     """
 
     texts: tuple[str, ...]
     sources: tuple[str, ...]
     parts: tuple[str, ...]
+    blocks: tuple[_Block, ...]
 
     def render(self, translations: Sequence[str]) -> str:
-        """The fragment with run i replaced by translations[i] (escaped)."""
+        """The fragment with block i replaced by translations[i] (escaped)."""
         if len(translations) != len(self.texts):
             raise ValueError(f"translations: {len(translations)} given for "
-                             f"{len(self.texts)} text runs; one per run is needed")
+                             f"{len(self.texts)} text blocks; one per block is needed")
         out = [self.parts[0]]
-        for text, source, translation, after in zip(self.texts, self.sources, translations,
-                                                    self.parts[1:], strict=True):
-            # An unchanged run keeps its spelling, so identity round-trips exactly.
-            out.append(source if translation == text else html.escape(translation, quote=False))
+        for block, translation, after in zip(self.blocks, translations, self.parts[1:],
+                                             strict=True):
+            out.append(block.render(translation))
             out.append(after)
         return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """The inline elements around a text, outermost first: each its start tag and its
+    end tag as the fragment spells them."""
+
+    elements: tuple[tuple[str, str], ...]
+
+    @property
+    def plain(self) -> bool:
+        return not self.elements
+
+
+_PLAIN = _Chain(())
+
+
+@dataclass(frozen=True)
+class _Opaque:
+    """Markup kept whole inside a sentence, and the inline elements it was in."""
+
+    source: str
+    chain: _Chain
+
+
+class _Block:
+    """One block: its source spelling, the text the model translates, and how a
+    translation becomes HTML again."""
+
+    def __init__(self, source: str, pieces: list[Piece] | None) -> None:
+        self.source = source
+        self.paragraph: Paragraph | None = None
+        self.tagged = False
+        self._written: list[list[Piece]] = []
+        if pieces is None:  # text alone
+            self.text = html.unescape(source)
+            return
+        self.paragraph = Paragraph(pieces, self._written.append)
+        self.tagged = bool(self.paragraph.tags)
+        # Without tags the model gets plain text, as for a block without inline markup.
+        self.text = self.paragraph.text if self.tagged else html.unescape(self.paragraph.text)
+
+    def render(self, translation: str) -> str:
+        # An unchanged block keeps its spelling, so identity round-trips exactly.
+        if translation == self.text:
+            return self.source
+        if self.paragraph is None:
+            return html.escape(translation, quote=False)
+        self.paragraph.fill(translation if self.tagged
+                            else html.escape(translation, quote=False))
+        return _html(self._written.pop())
+
+
+def _html(pieces: list[Piece]) -> str:
+    """Pieces as HTML: text escaped, each in the fragment's own tags of its chain (open
+    elements shared with the next piece stay open), opaque markup as it was."""
+    out: list[str] = []
+    stack: list[tuple[str, str]] = []
+
+    def enter(chain: _Chain) -> None:
+        common = 0
+        while (common < len(stack) and common < len(chain.elements)
+               and stack[common] == chain.elements[common]):
+            common += 1
+        while len(stack) > common:
+            out.append(stack.pop()[1])
+        for element in chain.elements[common:]:
+            out.append(element[0])
+            stack.append(element)
+
+    for piece in pieces:
+        if piece.text is not None:
+            assert isinstance(piece.style, _Chain)
+            enter(piece.style)
+            out.append(html.escape(piece.text, quote=False))
+            continue
+        for item in piece.content:
+            assert isinstance(item, _Opaque)
+            enter(item.chain)
+            out.append(item.source)
+    enter(_PLAIN)
+    return "".join(out)
 
 
 class _Kind(str, Enum):
@@ -107,6 +222,11 @@ class _Kind(str, Enum):
 class _Event:
     start: int  # offset of the event's first character in the fragment
     kind: _Kind
+    tag: str = ""  # a tag's element name, lower case
+    role: str = ""  # markup: open, close, void (no content), comment, other
+    hidden: bool = False  # inside kept content (code, translate="no"), its tags included
+    opens_hidden: bool = False  # the start tag of kept content
+    closes_hidden: bool = False  # the end tag that ends kept content
 
 
 class _Splitter(HTMLParser):
@@ -136,10 +256,13 @@ class _Splitter(HTMLParser):
         return bool(self._open) and self._open[-1][1]
 
     def _text(self, kind: _Kind) -> None:
-        self.events.append(_Event(self.position(), _Kind.MARKUP if self._skipping() else kind))
+        if self._skipping():
+            self._markup("other")
+        else:
+            self.events.append(_Event(self.position(), kind))
 
-    def _markup(self) -> None:
-        self.events.append(_Event(self.position(), _Kind.MARKUP))
+    def _markup(self, role: str, tag: str = "") -> None:
+        self.events.append(_Event(self.position(), _Kind.MARKUP, tag, role, self._skipping()))
 
     def handle_data(self, data: str) -> None:
         self._text(_Kind.DATA)
@@ -151,40 +274,45 @@ class _Splitter(HTMLParser):
         self._text(_Kind.REF)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._markup()
         if tag in VOID_ELEMENTS:
+            self._markup("void", tag)
             return
-        skipped = self._skipping() or tag in SKIPPED_ELEMENTS or _marked_no_translate(attrs)
+        before = self._skipping()
+        skipped = before or tag in SKIPPED_ELEMENTS or _marked_no_translate(attrs)
+        self.events.append(_Event(self.position(), _Kind.MARKUP, tag, "open", skipped,
+                                  opens_hidden=skipped and not before))
         self._open.append((tag, skipped))
         self._open_count[tag] += 1
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         # `<x/>` opens nothing (its content, if any, is not inside it for the parser).
-        self._markup()
+        self._markup("void", tag)
 
     def handle_endtag(self, tag: str) -> None:
-        self._markup()
-        if not self._open_count[tag]:
-            return  # a stray end tag closes nothing
-        # Close the innermost element of that name and everything opened inside it, as
-        # browsers do for misnested tags. Each element is popped once: linear overall.
-        while True:
-            name, _ = self._open.pop()
-            self._open_count[name] -= 1
-            if name == tag:
-                return
+        before = self._skipping()
+        if self._open_count[tag]:
+            # Close the innermost element of that name and everything opened inside it,
+            # as browsers do for misnested tags. Each element is popped once: linear.
+            while True:
+                name, _ = self._open.pop()
+                self._open_count[name] -= 1
+                if name == tag:
+                    break
+        # (A stray end tag closes nothing.)
+        self.events.append(_Event(self.position(), _Kind.MARKUP, tag, "close", before,
+                                  closes_hidden=before and not self._skipping()))
 
     def handle_comment(self, data: str) -> None:
-        self._markup()
+        self._markup("comment")
 
     def handle_decl(self, decl: str) -> None:
-        self._markup()
+        self._markup("other")
 
     def handle_pi(self, data: str) -> None:
-        self._markup()
+        self._markup("other")
 
     def unknown_decl(self, data: str) -> None:
-        self._markup()
+        self._markup("other")
 
 
 def _marked_no_translate(attrs: list[tuple[str, str | None]]) -> bool:
@@ -221,48 +349,162 @@ def _parse(fragment: str) -> list[_Event]:
     return events
 
 
-def extract(fragment: str) -> Document:
-    """Split an HTML fragment into the text runs to translate and the markup around them."""
-    events = _parse(fragment)
-    texts: list[str] = []
-    sources: list[str] = []
-    parts: list[str] = []
-    markup_from = 0  # where the markup not yet put into parts begins
+class _Token(str, Enum):
+    """What a stretch of the fragment is to a block."""
+
+    TEXT = "text"
+    OPEN = "open"  # an inline element's start tag
+    CLOSE = "close"  # an inline element's end tag
+    OPAQUE = "opaque"  # kept whole inside a sentence: an image, a comment, <code>...</code>
+    BREAK = "break"  # separates blocks: every other tag, declaration, kept block
+
+
+@dataclass(frozen=True)
+class _Span:
+    kind: _Token
+    begin: int
+    end: int
+    tag: str = ""
+
+
+def _spans(fragment: str, events: list[_Event]) -> list[_Span]:
+    """The fragment cut into text, inline tags, opaque and breaking markup."""
+    out: list[_Span] = []
     i = 0
     while i < len(events):
-        if events[i].kind is _Kind.MARKUP:
-            i += 1
+        event = events[i]
+        end = _next_start(events, i, len(fragment))
+        if event.opens_hidden:
+            # Kept content: to the end tag that ends it (or the fragment's end).
+            j = i + 1
+            while j < len(events) and events[j].hidden and not events[j].closes_hidden:
+                j += 1
+            closed = j < len(events) and events[j].closes_hidden
+            end = _next_start(events, j, len(fragment)) if closed else (
+                events[j].start if j < len(events) else len(fragment))
+            whole = closed and events[j].tag == event.tag and event.tag in _OPAQUE_INLINE
+            out.append(_Span(_Token.OPAQUE if whole else _Token.BREAK, event.start, end))
+            i = j + 1 if closed else j
             continue
-        # A run: the longest sequence of text events.
-        j = i
-        while j < len(events) and events[j].kind is not _Kind.MARKUP:
-            j += 1
-        run_start = events[i].start
-        run_end = events[j].start if j < len(events) else len(fragment)
-        refs = {e.start: _next_start(events, k, len(fragment))
-                for k, e in enumerate(events[i:j], start=i) if e.kind is _Kind.REF}
-        begin, end = _trim(fragment, run_start, run_end, refs)
-        text = html.unescape(fragment[begin:end])
-        if any(ch.isalpha() for ch in text):
-            parts.append(fragment[markup_from:begin])
-            texts.append(text)
-            sources.append(fragment[begin:end])
-            markup_from = end
-        i = j
+        if event.kind is not _Kind.MARKUP:
+            if out and out[-1].kind is _Token.TEXT:
+                out[-1] = _Span(_Token.TEXT, out[-1].begin, end)
+            else:
+                out.append(_Span(_Token.TEXT, event.start, end))
+        elif event.hidden:
+            out.append(_Span(_Token.BREAK, event.start, end))
+        elif event.role in ("open", "close") and event.tag in INLINE_ELEMENTS:
+            kind = _Token.OPEN if event.role == "open" else _Token.CLOSE
+            out.append(_Span(kind, event.start, end, event.tag))
+        elif event.role == "comment" or (event.role == "void" and event.tag in _OPAQUE_INLINE):
+            out.append(_Span(_Token.OPAQUE, event.start, end))
+        else:
+            out.append(_Span(_Token.BREAK, event.start, end))
+        i += 1
+    return out
+
+
+def _well_formed(spans: list[_Span]) -> bool:
+    """Whether a block's inline tags nest, close within it, and stay within the bounds."""
+    stack: list[str] = []
+    tags = 0
+    for span in spans:
+        if span.kind is _Token.OPEN:
+            stack.append(span.tag)
+            tags += 1
+            if len(stack) > MAX_INLINE_DEPTH:
+                return False
+        elif span.kind is _Token.CLOSE:
+            if not stack or stack.pop() != span.tag:
+                return False
+        elif span.kind is _Token.OPAQUE:
+            tags += 1
+        if tags > MAX_INLINE_TAGS:
+            return False
+    return not stack
+
+
+def _candidates(spans: list[_Span]) -> list[list[_Span]]:
+    """The stretches between breaks; one whose inline tags are not well-formed is cut at
+    every tag (its runs of text translated alone, as before blocks)."""
+    out: list[list[_Span]] = []
+    current: list[_Span] = []
+    for span in [*spans, _Span(_Token.BREAK, 0, 0)]:
+        if span.kind is not _Token.BREAK:
+            current.append(span)
+            continue
+        if _well_formed(current):
+            out.append(current)
+        else:
+            out.extend([s] for s in current if s.kind is _Token.TEXT)
+        current = []
+    return [c for c in out if any(s.kind is _Token.TEXT for s in c)]
+
+
+def _pieces(fragment: str, spans: list[_Span], begin: int, end: int) -> list[Piece] | None:
+    """A block's pieces for inline.py, or None for text alone."""
+    inside = [s for s in spans if s.end > begin and s.begin < end]
+    if all(s.kind is _Token.TEXT for s in inside):
+        return None
+    closes: dict[int, str] = {}  # an open tag's offset -> its end tag's spelling
+    opened: list[int] = []
+    for span in inside:
+        if span.kind is _Token.OPEN:
+            opened.append(span.begin)
+        elif span.kind is _Token.CLOSE:
+            closes[opened.pop()] = fragment[span.begin:span.end]
+    pieces: list[Piece] = []
+    chain: list[tuple[str, str]] = []
+    for span in inside:
+        source = fragment[max(span.begin, begin):min(span.end, end)]
+        if span.kind is _Token.OPEN:
+            chain.append((source, closes[span.begin]))
+        elif span.kind is _Token.CLOSE:
+            chain.pop()
+        elif span.kind is _Token.OPAQUE:
+            pieces.append(Piece(None, content=(_Opaque(source, _Chain(tuple(chain))),)))
+        elif source:
+            pieces.append(Piece(html.unescape(source), _Chain(tuple(chain))))
+    return pieces
+
+
+def extract(fragment: str) -> Document:
+    """Split an HTML fragment into the text blocks to translate and the markup around them."""
+    events = _parse(fragment)
+    refs = {e.start: _next_start(events, k, len(fragment))
+            for k, e in enumerate(events) if e.kind is _Kind.REF}
+    ref_by_end = {stop: start for start, stop in refs.items()}
+    blocks: list[_Block] = []
+    parts: list[str] = []
+    markup_from = 0  # where the markup not yet put into parts begins
+    for spans in _candidates(_spans(fragment, events)):
+        begin, end = _trim(fragment, spans[0].begin, spans[-1].end, refs, ref_by_end)
+        text = "".join(html.unescape(fragment[max(s.begin, begin):min(s.end, end)])
+                       for s in spans if s.kind is _Token.TEXT)
+        if not any(ch.isalpha() for ch in text):
+            continue
+        pieces = _pieces(fragment, spans, begin, end)
+        if pieces is not None and not has_letters(pieces):
+            continue
+        parts.append(fragment[markup_from:begin])
+        blocks.append(_Block(fragment[begin:end], pieces))
+        markup_from = end
     parts.append(fragment[markup_from:])
-    return Document(texts=tuple(texts), sources=tuple(sources), parts=tuple(parts))
+    return Document(texts=tuple(b.text for b in blocks),
+                    sources=tuple(b.source for b in blocks), parts=tuple(parts),
+                    blocks=tuple(blocks))
 
 
 def _next_start(events: list[_Event], k: int, length: int) -> int:
     return events[k + 1].start if k + 1 < len(events) else length
 
 
-def _trim(fragment: str, begin: int, end: int, refs: dict[int, int]) -> tuple[int, int]:
+def _trim(fragment: str, begin: int, end: int, refs: dict[int, int],
+          ref_by_end: dict[int, int]) -> tuple[int, int]:
     """[begin, end) without leading and trailing whitespace, literal or as a reference.
 
-    `refs` maps the start of each character reference in the run to its end.
+    `refs` maps the start of each character reference to its end, `ref_by_end` back.
     """
-    ref_by_end = {stop: start for start, stop in refs.items()}
     while begin < end:
         if fragment[begin].isspace():
             begin += 1

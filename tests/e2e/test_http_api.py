@@ -5,9 +5,11 @@ answers, the exact cache, keys and limits, bad input, the drain."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from serving import RunningServer, free_port, server_config
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.client import Seq2ServeClient
+from seq2serve.server.core.markup import extract
 
 TEXTS = ["the house is small", "Open the file. Close it.", "a b c d"]
 
@@ -29,7 +32,9 @@ TEXTS = ["the house is small", "Open the file. Close it.", "a b c d"]
 def server(models_dir: Path) -> Iterator[RunningServer]:
     running = RunningServer(server_config(models_dir, http_port=free_port(),
                                           max_texts_per_request=16, max_text_chars=2000,
-                                          max_message_bytes=1 << 20, cache_mb=16.0))
+                                          max_message_bytes=1 << 20, cache_mb=16.0,
+                                          max_document_characters=5000,
+                                          max_document_unpacked_bytes=200_000))
     yield running
     running.stop()
 
@@ -87,12 +92,19 @@ def test_auto_detection_reports_each_text(http: httpx.Client) -> None:
 
 def test_html_keeps_markup_and_leaves_code_alone(http: httpx.Client,
                                                  grpc_client: Seq2ServeClient) -> None:
+    # One text for the paragraph (no longer one per run between tags): the code rides in
+    # it as an empty tag, the bold as a tag pair, both masked by the core as any request's.
     html = '<p class="x">the house is small <code>rm -rf</code> <b>a b c d</b></p>'
+    [text] = extract(html).texts
+    assert text == "the house is small <x1/> <g2>a b c d</g2>"
     body = http.post("/translate", json={"q": html, "source": "en", "target": "de",
                                          "format": "html"}).json()
-    runs = grpc_best(grpc_client, ["the house is small", "a b c d"])
-    assert body["translatedText"] == (f'<p class="x">{runs[0][0]} <code>rm -rf</code> '
-                                      f"<b>{runs[1][0]}</b></p>")
+    [[tagged]] = grpc_best(grpc_client, [text])
+    assert body["translatedText"] == extract(html).render([tagged])
+    out = body["translatedText"]
+    assert out.startswith('<p class="x">') and out.endswith("</p>")
+    assert out.count("<code>rm -rf</code>") == 1 and out.count("<b>") == 1
+    assert "<g" not in out and "<x" not in out
 
 
 def test_libretranslate_python_client(server: RunningServer,
@@ -238,6 +250,24 @@ def test_files_translate_and_download(http: httpx.Client, grpc_client: Seq2Serve
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("x.docx", b"PK")})
     assert bad.status_code == 400 and "x.docx is not a Word document" in bad.json()["error"]
+
+
+def test_a_file_past_the_document_limits_is_413_naming_the_limit(http: httpx.Client) -> None:
+    many = b"the house is small\n" * 300  # 5,400 characters: past the 5,000 of the fixture
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("notes.txt", many)})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == ("notes.txt has 5400 characters of text to translate; "
+                                      "the limit is 5000")
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/media/zeros.bin", bytes(1 << 20))  # 1 MiB, about 1 KB packed
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("bomb.docx", packed.getvalue())})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == ("bomb.docx unpacks to 1048576 bytes; the limit is "
+                                      "200000 bytes")
+    assert http.get("/health").status_code == 200
 
 
 def test_summarize_without_a_summarizer_names_the_problem(http: httpx.Client) -> None:

@@ -5,11 +5,14 @@ translate-file` over gRPC, on catalogs cut from Debian packages
 keeps its translated entries byte for byte and marks the new ones fuzzy; a Word
 document made with python-docx comes back a Word document, translated, its bold
 words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
-.odp and .epub come back translated and open in their libraries."""
+.odp and .epub come back translated and open in their libraries; HTML (format=html and
+.html files) is translated a sentence at a time, its bold and links on the translated
+words."""
 
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -26,6 +29,7 @@ from office_files import book_file, odp_file, odt_file, slides_file
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
+from seq2serve.server.client import Seq2ServeClient
 from seq2serve.server.core.documents import read_document
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "en-de"
@@ -203,3 +207,36 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     suffix = Path(name).suffix
     (tmp_path / f"source{suffix}").write_bytes(raw)
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")
+
+
+HTML_SENTENCES = ["Please open the file and save it.", "My name is Michael.",
+                  "See the manual for details."]
+HTML = ('<p>Please <b>open the file</b> and save it.</p><li>My name <b>is</b> Michael.</li>'
+        '<p>See <a href="https://example.org/a?b=1&amp;c=2">the manual</a> for details.</p>')
+HTML_PATTERN = re.compile(r"<p>(.*)<b>(.+)</b>(.*)</p><li>(.*)<b>(.+)</b>(.*)</li><p>(.*)"
+                          r'<a href="https://example\.org/a\?b=1&amp;c=2">(.+)</a>(.*)</p>')
+
+
+def test_html_is_translated_a_sentence_at_a_time(server: RunningServer,
+                                                 http: httpx.Client) -> None:
+    """"My name <b>is</b> Michael" was three texts, each translated alone; now it is one,
+    whose words are the whole sentence's translation, and whose bold and link hold the
+    words that translate theirs, the link's href as it was."""
+    with Seq2ServeClient(server.target) as client:
+        whole = [nbest[0].text for nbest in client.translate(
+            HTML_SENTENCES, source_language="en", target_language="de")]
+    body = http.post("/translate", json={"q": HTML, "source": "en", "target": "de",
+                                         "format": "html"}).json()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("page.html", HTML.encode())})
+    assert answer.status_code == 200, answer.text
+    page = http.get(answer.json()["translatedFileUrl"]).text
+    assert page == body["translatedText"]  # the .html file the same way
+    found = HTML_PATTERN.fullmatch(page)
+    assert found is not None, page
+    groups = found.groups()
+    assert ["".join(groups[i:i + 3]) for i in (0, 3, 6)] == whole, page
+    # "open the file", "is", "the manual" (shipped en-de: "öffnen Sie die Datei", "ist",
+    # "das Handbuch").
+    assert "Datei" in groups[1] and groups[4].strip() == "ist" and "Handbuch" in groups[7]
+    assert "placeholdersRepaired" not in body

@@ -9,8 +9,10 @@ import pytest
 
 import seq2serve.server
 from seq2serve.server import config as cfg
+from seq2serve.server.app import document_limits
 from seq2serve.server.assembly import batch_limits, option_limits
 from seq2serve.server.config import ConfigError, ServerConfig
+from seq2serve.server.core.documents import DEFAULT_LIMITS, Limits
 from seq2serve.server.problems import Problem
 from seq2serve.server.resources import usable_cores
 
@@ -107,6 +109,10 @@ BAD = {
     "max_beam_size": (129, "max_beam_size must be in [1, 128], got 129"),
     "max_length_cap": (0, "max_length_cap must be >= 1, got 0"),
     "max_message_bytes": (10, "max_message_bytes must be in [1024, 2147483647], got 10"),
+    "max_document_members": (0, "max_document_members must be >= 1, got 0"),
+    "max_document_unpacked_bytes": (0, "max_document_unpacked_bytes must be >= 1, got 0"),
+    "max_document_characters": (-1, "max_document_characters must be >= 1, got -1"),
+    "max_document_paragraphs": (0, "max_document_paragraphs must be >= 1, got 0"),
     "grace_period_s": (-5.0, "grace_period_s must be in [0, 3600], got -5.0"),
     "drain_delay_s": (3601.0, "drain_delay_s must be in [0, 3600], got 3601.0"),
     "log_level": ("LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, "
@@ -191,3 +197,14 @@ def test_a_value_of_the_wrong_type_is_named() -> None:
         ("port", "port must be an integer, got '50051'"),
         ("reflection", "reflection must be true or false, got 'yes'"),
     ]
+
+
+def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Path) -> None:
+    # config.py imports no layer, so the defaults are written twice: held equal here.
+    assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS
+    c = load(["--models-dir", str(tmp_path), "--max-document-paragraphs", "7"],
+             {"SEQ2SERVE_MAX_DOCUMENT_CHARACTERS": "900",
+              "SEQ2SERVE_MAX_DOCUMENT_UNPACKED_BYTES": "4096",
+              "SEQ2SERVE_MAX_DOCUMENT_MEMBERS": "12"})
+    assert document_limits(c) == Limits(members=12, unpacked_bytes=4096, characters=900,
+                                         paragraphs=7)

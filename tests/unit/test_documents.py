@@ -264,10 +264,13 @@ def test_balanced_lines() -> None:
     assert balanced("Ja", 2) == ["Ja"]
 
 
-def test_txt_and_html_as_before() -> None:
+def test_txt_and_html() -> None:
     text = translate(read_document("notes.txt", b"the house\n\n  a b\n", "de"))
     assert text == b"THE HOUSE\n\n  A B\n"
-    page = translate(read_document("p.html", b"<p>Hello <b>world</b></p><code>x</code>", "de"))
+    # An .html file's sentence is one text with its inline tags, as format=html's.
+    html = b"<p>Hello <b>world</b></p><code>x</code>"
+    assert read_document("p.html", html, "de").texts == ("Hello <g1>world</g1>",)
+    page = translate(read_document("p.html", html, "de"))
     assert page == b"<p>HELLO <b>WORLD</b></p><code>x</code>"
     with pytest.raises(DocumentError, match="not UTF-8"):
         read_document("x.txt", b"\xff\xfe", "de")

@@ -1,24 +1,103 @@
-"""format=html: text runs out of a fragment, translations back in, markup untouched."""
+"""format=html: blocks of text out of a fragment (one text per sentence, its inline tags
+as tag pairs), translations back in, markup untouched."""
 
 import random
+import re
 import sys
 
 import pytest
 
-from seq2serve.server.core.markup import extract
+from seq2serve.server.core.markup import MAX_INLINE_DEPTH, extract
+from seq2serve.server.core.placeholders import SENTINEL, mask, restore
+
+_WORDS = re.compile(r"\{\d+\}|[^\W\d_]+")
 
 
-def upper(html: str) -> str:
-    """The fragment with every run 'translated' to upper case."""
+def model(masked: str) -> str:
+    """A stand-in model: every word upper-cased, sentinels copied where they are."""
+    return _WORDS.sub(lambda m: m.group(0) if SENTINEL.fullmatch(m.group(0))
+                      else m.group(0).upper(), masked)
+
+
+def through_core(text: str, model=model) -> str:
+    """A text as the core translates it: masked, translated, restored."""
+    masked = mask(text)
+    return restore(masked, model(masked.text)).text
+
+
+def upper(html: str, model=model) -> str:
+    """The fragment with every block 'translated' to upper case through the core."""
     document = extract(html)
-    return document.render([text.upper() for text in document.texts])
+    return document.render([through_core(text, model) for text in document.texts])
 
 
-def test_inline_tags_split_the_sentence():
-    document = extract("<p><b>Warning:</b> the disk is almost full</p>")
-    assert document.texts == ("Warning:", "the disk is almost full")
-    assert document.render(["Achtung:", "die Platte ist fast voll"]) == \
-        "<p><b>Achtung:</b> die Platte ist fast voll</p>"
+def test_a_sentence_with_inline_tags_is_one_text():
+    document = extract("<p>My name <b>is</b> Michael</p><p><b>Warning:</b> the disk is "
+                       "almost full</p>")
+    assert document.texts == ("My name <g1>is</g1> Michael",
+                              "<g1>Warning:</g1> the disk is almost full")
+    assert upper("<p>My name <b>is</b> Michael</p>") == "<p>MY NAME <b>IS</b> MICHAEL</p>"
+    assert document.render(["Ich <g1>heiße</g1> Michael",
+                            "<g1>Achtung:</g1> die Platte ist fast voll"]) == (
+        "<p>Ich <b>heiße</b> Michael</p><p><b>Achtung:</b> die Platte ist fast voll</p>")
+
+
+def test_the_bold_lands_on_the_words_the_model_moved_it_with():
+    def reorder(masked: str) -> str:
+        assert masked == "Please {0} open the file {1} and save it."
+        return "Bitte speichern und {0} die Datei öffnen {1}."
+
+    assert upper('<p>Please <b class="k">open the file</b> and save it.</p>', reorder) == \
+        '<p>Bitte speichern und <b class="k">die Datei öffnen</b>.</p>'
+
+
+def test_a_span_the_model_loses_goes_to_the_nearest_word_never_dropped():
+    html = '<p>Please <a href="https://x.org/a?b=1&amp;c=2">open</a> the file.</p>'
+    out = upper(html, lambda masked: "Bitte die Datei speichern.")
+    # The core's repair puts the lost pair back before the full stop; the empty pair's
+    # link goes to the word beside it, its href as it was.
+    assert out == '<p>Bitte die Datei <a href="https://x.org/a?b=1&amp;c=2">speichern</a> .</p>'
+
+
+def test_nested_links_images_and_code_ride_inside_the_sentence():
+    html = ('<li>Open <a href="/f"><img src="i.png"> the <em>new</em> file</a> with '
+            '<code>vi -R</code> and <span translate="no">Acme</span> now</li>')
+    document = extract(html)
+    # Each style is one flat pair (the link, the emphasis in the link), as for the office
+    # formats; the image goes back inside the link it was in, nested tags as they were.
+    assert document.texts == ("Open <x1/><g2> the </g2><g3>new</g3><g4> file</g4> with <x5/> "
+                              "and <x6/> now",)
+    assert upper(html) == ('<li>OPEN <a href="/f"><img src="i.png"> THE <em>NEW</em> FILE</a> '
+                           'WITH <code>vi -R</code> AND <span translate="no">Acme</span> NOW</li>')
+
+
+def test_blocks_separate_texts_inline_tags_do_not():
+    html = ("<h1>A <i>title</i></h1><div>First line<br>second <u>line</u></div>"
+            "<table><tr><td>one <sup>1</sup></td><td>two</td></tr></table>")
+    assert extract(html).texts == ("A <g1>title</g1>", "First line", "second <g1>line</g1>",
+                                   "one <g1>1</g1>", "two")
+
+
+def test_a_block_in_one_style_is_its_plain_text():
+    document = extract("<li><b>Tom &amp; Jerry</b></li><p><span>a <i>b</i></span></p>")
+    assert document.texts == ("Tom & Jerry", "a <g1>b</g1>")
+    assert document.render(["Tom & Jerry!", "x <g1>y</g1>"]) == \
+        "<li><b>Tom &amp; Jerry!</b></li><p><span>x <i>y</i></span></p>"
+
+
+@pytest.mark.parametrize("html", [
+    "<p>a <b>b <i>c</b> d</i> e</p>",  # misnested
+    "<p><b>bold<br>still bold</b> plain</p>",  # across a block boundary
+    "<p>a <b>open to the end</p>",  # never closed
+    "<p>" + "<span>" * (MAX_INLINE_DEPTH + 1) + "deep" + "</span>" * (MAX_INLINE_DEPTH + 1)
+    + "</p>",
+])
+def test_inline_tags_that_do_not_nest_split_the_block_as_before(html):
+    document = extract(html)
+    assert all("<g" not in text and "<x" not in text for text in document.texts)
+    assert len(document.texts) > 1 or html.count("<span>") > MAX_INLINE_DEPTH
+    assert document.render(document.texts) == html
+    assert upper(html) == re.sub(r">([^<]+)<", lambda m: ">" + m.group(1).upper() + "<", html)
 
 
 def test_whitespace_stays_around_the_runs():
@@ -46,11 +125,13 @@ def test_an_unchanged_run_keeps_its_spelling():
         "<p>it&#39;s &quot;here&quot;</p><p>geh</p>"
 
 
-@pytest.mark.parametrize("element", ["code", "pre", "script", "style"])
+@pytest.mark.parametrize("element", ["code", "kbd", "pre", "script", "style"])
 def test_code_elements_and_their_descendants_are_kept(element):
     html = f"Run <{element}>make <b>all</b> &amp; wait</{element}> now"
     document = extract(html)
-    assert document.texts == ("Run", "now")
+    # Inline code rides in the sentence as one opaque tag; a block of code separates.
+    inline = element in ("code", "kbd")
+    assert document.texts == (("Run <x1/> now",) if inline else ("Run", "now"))
     assert upper(html) == f"RUN <{element}>make <b>all</b> &amp; wait</{element}> NOW"
 
 
@@ -100,7 +181,7 @@ def test_misnested_and_stray_end_tags():
 
 def test_render_needs_one_translation_per_run():
     document = extract("<p>a</p><p>b</p>")
-    with pytest.raises(ValueError, match="translations: 1 given for 2 text runs"):
+    with pytest.raises(ValueError, match="translations: 1 given for 2 text blocks"):
         document.render(["x"])
 
 
@@ -120,7 +201,7 @@ def test_broken_character_references_do_not_swallow_the_markup():
     # must still be tags, not text.
     html = "a &#; b &#; c &#x; <b>bold</b> end"
     document = extract(html)
-    assert document.texts == ("a &#; b &#; c &#x;", "bold", "end")
+    assert document.texts == ("a &amp;#; b &amp;#; c &amp;#x; <g1>bold</g1> end",)
     assert upper(html) == "A &amp;#; B &amp;#; C &amp;#X; <b>BOLD</b> END"
 
 
@@ -177,10 +258,11 @@ def _check_invariants(html: str) -> None:
         + document.parts[-1] == html
     for text in document.texts:
         assert text == text.strip() and any(ch.isalpha() for ch in text)
-    # A translation full of markup characters adds no markup: every `<` in the output
-    # comes from the fragment's markup.
+    # A translation full of markup characters adds no markup: it comes back escaped, and
+    # the only markup in a block is its own (its tags, each where the core put it).
     rendered = document.render(["<x>&" for _ in document.texts])
-    assert rendered.count("<") == sum(part.count("<") for part in document.parts)
+    assert "<x>" not in rendered
+    assert rendered.count("&lt;") >= len(document.texts)
 
 
 def test_random_fragments_round_trip():
@@ -207,9 +289,9 @@ def test_deep_nesting_uses_no_recursion():
         document = extract(html)
     finally:
         sys.setrecursionlimit(old_limit)
-    assert document.texts == ("deep", "text")
+    assert document.texts == ("deep <g1>text</g1>",)
     assert document.render(document.texts) == html
-    assert document.render(["tief", "Text"]) == html.replace("deep", "tief").replace(
+    assert document.render(["tief <g1>Text</g1>"]) == html.replace("deep", "tief").replace(
         "text", "Text")
 
 

@@ -30,12 +30,14 @@ from office_files import W, book_file, odp_file, odt_file, saved, slides_file, w
 from seq2serve.server.core.documents import (
     SUFFIXES,
     DocumentError,
+    DocumentTooLarge,
     Limits,
     media_type,
     read_document,
 )
-from seq2serve.server.core.documents.inline import Paragraph, Piece
 from seq2serve.server.core.documents.queueing import translate_document
+from seq2serve.server.core.errors import ErrorKind
+from seq2serve.server.core.inline import Paragraph, Piece
 from seq2serve.server.core.placeholders import SENTINEL, mask, restore
 
 _WORDS = re.compile(r"\{\d+\}|[^\W\d_]+")
@@ -487,12 +489,30 @@ def test_a_member_that_inflates_past_what_its_header_says_is_refused() -> None:
 
 
 def test_the_limits_bound_members_bytes_and_characters() -> None:
+    # Each a DocumentTooLarge: of the kind TOO_LARGE (HTTP 413), still a DocumentError.
     raw = word_file()
-    with pytest.raises(DocumentError, match="files in its archive; the limit is 3"):
+    with pytest.raises(DocumentTooLarge, match="files in its archive; the limit is 3") as e:
         translate("a.docx", raw, members=3)
-    with pytest.raises(DocumentError, match="the limit is 4000 bytes"):
+    assert e.value.kind is ErrorKind.TOO_LARGE and isinstance(e.value, DocumentError)
+    with pytest.raises(DocumentTooLarge, match="the limit is 4000 bytes"):
         translate("a.docx", raw, unpacked_bytes=4000)
-    with pytest.raises(DocumentError, match="characters of text to translate; the limit is 50"):
+    with pytest.raises(DocumentTooLarge,
+                       match="characters of text to translate; the limit is 50"):
         translate("a.docx", raw, characters=50)
-    with pytest.raises(DocumentError, match="more than 5 paragraphs to translate; the limit"):
+    with pytest.raises(DocumentTooLarge, match="more than 5 paragraphs to translate; the limit"):
         translate("a.docx", raw, paragraphs=5)
+    # A file that is not what it says stays a 400.
+    with pytest.raises(DocumentError) as e:
+        read_document("a.docx", b"PK", "de")
+    assert e.value.kind is ErrorKind.INVALID_ARGUMENT
+
+
+def test_the_text_limits_bound_every_format() -> None:
+    page = b"<p>one</p><p>two</p><p>three</p>"
+    assert read_document("a.html", page, "de", limits=Limits(paragraphs=3)).texts
+    with pytest.raises(DocumentTooLarge, match="a.html has 3 texts to translate; the limit "
+                                               "is 2"):
+        read_document("a.html", page, "de", limits=Limits(paragraphs=2))
+    with pytest.raises(DocumentTooLarge, match="a.txt has 11 characters of text to "
+                                               "translate; the limit is 10"):
+        read_document("a.txt", b"hello\nworld!\n", "de", limits=Limits(characters=10))

@@ -43,6 +43,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
+    ErrorKind.TOO_LARGE: 413,  # Content Too Large (RFC 9110)
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.DEADLINE_EXCEEDED: 504,
     ErrorKind.CANCELLED: 499,

@@ -23,7 +23,13 @@ from starlette.responses import JSONResponse, Response
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
 from seq2serve.server.core.detect import Detector, language_name
-from seq2serve.server.core.documents import SUFFIXES, media_type, read_document
+from seq2serve.server.core.documents import (
+    DEFAULT_LIMITS,
+    SUFFIXES,
+    Limits,
+    media_type,
+    read_document,
+)
 from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
@@ -48,6 +54,7 @@ class LibreSettings:
     alternatives_limit: int  # the widest n-best beyond the best
     frontend_timeout_ms: int = 500
     suggestions: bool = False
+    document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
 
 
 @dataclass(frozen=True)
@@ -266,7 +273,8 @@ class LibreTranslateApi:
                 self._request(pair, texts, options, software), Call())
             return [([h.text for h in t.hypotheses], t.hypotheses[0].repaired)
                     for t in result.translations]
-        # HTML: only the text runs go to the model, all documents' runs in one request.
+        # HTML: only the text blocks go to the model (a sentence with its inline tags as
+        # tag pairs, core/markup.py), all documents' blocks in one request.
         documents = [extract(text) for text in texts]
         runs = [run for document in documents for run in document.texts]
         translated: list[str] = []
@@ -343,7 +351,8 @@ class LibreTranslateApi:
     # -- files -----------------------------------------------------------------------
 
     async def translate_file(self, request: Request) -> Response:
-        """A whole file (core/documents/): .txt, .html, gettext .po/.pot, XLIFF, .srt.
+        """A whole file (core/documents/): .txt, .html, gettext .po/.pot, XLIFF, .srt,
+        .docx, .pptx, .odt, .odp, .epub, read within `document_limits` (413 past them).
         All of its texts are queued together as ordinary core requests, so placeholders,
         markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
         field) retranslates entries that are translated already."""
@@ -362,7 +371,8 @@ class LibreTranslateApi:
             raise invalid("Invalid request: empty file")
         overwrite = fields.boolean("overwrite", False)
         document = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: read_document(name, raw, target, overwrite))
+            None, lambda: read_document(name, raw, target, overwrite,
+                                        self.settings.document_limits))
         if source == "auto":
             source = document.source_language.split("-")[0].split("_")[0] or "auto"
         [language] = [s for s, _ in await self._sources(

@@ -8,7 +8,7 @@ translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
 `opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
-`package.py` (the archive read as untrusted input, its `Limits`), `inline.py`
+`package.py` (the archive read as untrusted input, its `Limits`), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
@@ -20,7 +20,12 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from seq2serve.server.core.documents import epub, office, opendocument
-from seq2serve.server.core.documents.base import Document, DocumentError, Tally
+from seq2serve.server.core.documents.base import (
+    Document,
+    DocumentError,
+    DocumentTooLarge,
+    Tally,
+)
 from seq2serve.server.core.documents.epub import read_epub
 from seq2serve.server.core.documents.gettext import GettextDocument
 from seq2serve.server.core.documents.office import read_docx, read_pptx
@@ -31,8 +36,8 @@ from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
 from seq2serve.server.core.errors import lone_surrogate
 
-__all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "Limits", "Tally",
-           "media_type", "read_document"]
+__all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "DocumentTooLarge",
+           "Limits", "Tally", "media_type", "read_document"]
 
 # LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
 SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt", ".docx", ".pptx",
@@ -49,7 +54,8 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
                   limits: Limits = DEFAULT_LIMITS) -> Document:
     """The file `name` (its suffix says the format) read for translation into `target`;
     `overwrite` retranslates entries that are translated already (formats with entries
-    that can be: .po, .xliff); `limits` bound what a zipped format may unpack to."""
+    that can be: .po, .xliff); `limits` bound what a zipped format may unpack to, and
+    what any format may ask to have translated (DocumentTooLarge past them)."""
     base = PurePath(name).name
     suffix = PurePath(base).suffix.lower()
     document: Document
@@ -57,6 +63,15 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
         document = _PACKAGES[suffix][0](base, data, limits)
     else:
         document = _read(base, data, target, overwrite)
+        # A package counts as it reads (package.py); the others once read, within the
+        # upload's bytes.
+        if len(document.texts) > limits.paragraphs:
+            raise DocumentTooLarge(f"{base[:64]} has {len(document.texts)} texts to "
+                                   f"translate; the limit is {limits.paragraphs}")
+        characters = sum(len(text) for text in document.texts)
+        if characters > limits.characters:
+            raise DocumentTooLarge(f"{base[:64]} has {characters} characters of text to "
+                                   f"translate; the limit is {limits.characters}")
     # A format's own escapes or declared charset (a catalog in `unicode_escape`) can
     # still yield a lone surrogate, which no translation could encode.
     for i, text in enumerate(document.texts):

@@ -14,11 +14,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from seq2serve.server.core.errors import InvalidArgument
+from seq2serve.server.core.errors import ErrorKind, InvalidArgument
 
 
 class DocumentError(InvalidArgument):
     """A file that cannot be read or written as its format says (the client's input)."""
+
+
+class DocumentTooLarge(DocumentError):
+    """A file past a limit on what it may unpack to or ask to have translated (`Limits`):
+    a DocumentError still, of the kind TOO_LARGE (HTTP 413, not 400)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.kind = ErrorKind.TOO_LARGE
 
 
 @dataclass

@@ -28,7 +28,7 @@ from seq2serve.server.core.documents.package import (
     Package,
     PackageDocument,
 )
-from seq2serve.server.core.markup import NO_TRANSLATE_CLASS
+from seq2serve.server.core.markup import INLINE_ELEMENTS, NO_TRANSLATE_CLASS, SKIPPED_ELEMENTS
 
 MEDIA_TYPE = "application/epub+zip"
 CONTAINER = "META-INF/container.xml"
@@ -40,11 +40,7 @@ _BLOCKS = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", 
                      "caption", "figcaption", "blockquote", "div", "title", "summary",
                      "legend", "label", "section", "article", "aside", "header", "footer",
                      "nav", "figure", "main", "body"})
-_INLINE = frozenset({"a", "abbr", "b", "bdi", "bdo", "big", "cite", "del", "dfn", "em",
-                     "font", "i", "ins", "mark", "q", "s", "small", "span", "strike",
-                     "strong", "sub", "sup", "time", "tt", "u"})
-_SKIPPED = frozenset({"code", "pre", "kbd", "samp", "script", "style", "svg", "math",
-                      "var"})
+_SKIPPED = SKIPPED_ELEMENTS | {"svg", "math"}
 
 
 def _local(element: etree._Element, namespace: str) -> str | None:
@@ -62,7 +58,7 @@ def _skipped(element: etree._Element) -> bool:
 
 
 XHTML_RULES = Rules(block=lambda e: _local(e, XHTML) in _BLOCKS,
-                    inline=lambda e: _local(e, XHTML) in _INLINE, skip=_skipped)
+                    inline=lambda e: _local(e, XHTML) in INLINE_ELEMENTS, skip=_skipped)
 NCX_RULES = Rules(block=lambda e: _local(e, NCX) == "text", inline=lambda e: False,
                   skip=lambda e: False)
 

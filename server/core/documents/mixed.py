@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from lxml import etree
 
-from seq2serve.server.core.documents.inline import Paragraph, Piece, has_letters
+from seq2serve.server.core.inline import Paragraph, Piece, has_letters
 
 Test = Callable[[etree._Element], bool]
 

@@ -25,7 +25,6 @@ from typing import Literal
 from lxml import etree
 
 from seq2serve.server.core.documents.base import DocumentError
-from seq2serve.server.core.documents.inline import Paragraph, Piece, has_letters
 from seq2serve.server.core.documents.package import (
     DEFAULT_LIMITS,
     Limits,
@@ -33,6 +32,7 @@ from seq2serve.server.core.documents.package import (
     PackageDocument,
     Part,
 )
+from seq2serve.server.core.inline import Paragraph, Piece, has_letters
 
 DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PPTX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.presentationml.presentation"

@@ -22,18 +22,22 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from seq2serve.server.core.documents.base import Document, DocumentError
-from seq2serve.server.core.documents.inline import Paragraph
+from seq2serve.server.core.documents.base import Document, DocumentError, DocumentTooLarge
+from seq2serve.server.core.inline import Paragraph
 
 
 @dataclass(frozen=True)
 class Limits:
-    """How much an uploaded package may hold: the bounds on time and memory."""
+    """How much an uploaded file may hold: the bounds on time and memory. Past any of
+    them a file is refused with `DocumentTooLarge` (HTTP 413). The server takes them
+    from its settings (`--max-document-*`); `seq2serve translate-file` reads with these
+    defaults."""
 
     members: int = 5000  # files in the archive
     unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
-    characters: int = 1_000_000  # characters of text to translate in the file
-    paragraphs: int = 50_000  # texts to translate in the file (about 2 KB of memory each)
+    characters: int = 1_000_000  # characters of text to translate in the file (any format)
+    paragraphs: int = 50_000  # texts to translate in the file (any format; about 2 KB of
+    # memory each in a package)
 
 
 DEFAULT_LIMITS = Limits()
@@ -62,11 +66,11 @@ class Package:
         except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError):
             raise DocumentError(f"{name} is not {kind}: it is not a zip archive") from None
         if len(self.infos) > limits.members:
-            raise DocumentError(f"{name} has {len(self.infos)} files in its archive; the "
+            raise DocumentTooLarge(f"{name} has {len(self.infos)} files in its archive; the "
                                 f"limit is {limits.members}")
         declared = sum(info.file_size for info in self.infos)
         if declared > limits.unpacked_bytes:
-            raise DocumentError(f"{name} unpacks to {declared} bytes; the limit is "
+            raise DocumentTooLarge(f"{name} unpacks to {declared} bytes; the limit is "
                                 f"{limits.unpacked_bytes} bytes")
         if any(info.flag_bits & 0x1 for info in self.infos):
             raise DocumentError(f"{name} is encrypted")
@@ -89,11 +93,14 @@ class Package:
                 while chunk := stream.read(_CHUNK):
                     out += chunk
                     self._read += len(chunk)
-                    if self._read > self.limits.unpacked_bytes or len(out) > info.file_size:
-                        raise DocumentError(
+                    if self._read > self.limits.unpacked_bytes:
+                        raise DocumentTooLarge(
                             f"{self.name} unpacks to more than {self.limits.unpacked_bytes} "
-                            f"bytes (or more than its archive says, at {member[:64]}); the "
-                            f"limit is {self.limits.unpacked_bytes} bytes")
+                            f"bytes (at {member[:64]}); the limit is "
+                            f"{self.limits.unpacked_bytes} bytes")
+                    if len(out) > info.file_size:
+                        raise DocumentError(f"{self.name}: {member[:64]} unpacks to more "
+                                            "than its archive says")
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
             raise DocumentError(f"{self.name}: {member[:64]} cannot be unpacked: {e}") from None
         return bytes(out)
@@ -106,7 +113,7 @@ class Package:
         part = Part(member, raw, tree, find(tree.getroot()))
         self._paragraphs += len(part.paragraphs)
         if self._paragraphs > self.limits.paragraphs:
-            raise DocumentError(f"{self.name} has more than {self.limits.paragraphs} "
+            raise DocumentTooLarge(f"{self.name} has more than {self.limits.paragraphs} "
                                 f"paragraphs to translate; the limit is "
                                 f"{self.limits.paragraphs}")
         return part
@@ -183,7 +190,7 @@ class PackageDocument(Document):
         self._texts = [p.text for part in self.parts for p in part.paragraphs]
         characters = sum(len(t) for t in self._texts)
         if characters > package.limits.characters:
-            raise DocumentError(f"{name} has {characters} characters of text to translate; "
+            raise DocumentTooLarge(f"{name} has {characters} characters of text to translate; "
                                 f"the limit is {package.limits.characters}")
         self.tally.entries = len(self._texts)
 

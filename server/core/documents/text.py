@@ -1,9 +1,10 @@
 """Plain text (.txt) and HTML (.html, .htm) files, as /translate_file has always read them.
 
 - .txt: each non-blank line is one text; blank lines and line breaks stay.
-- .html: the text runs of core/markup.py (the `format=html` rules of /translate:
-  tags, attributes, code and `translate="no"` kept byte for byte), all of the
-  file's runs queued together.
+- .html: the blocks of core/markup.py (the `format=html` rules of /translate: one
+  text per paragraph or sentence, its inline tags as tag pairs that land on the
+  translated words; tags, attributes, code and `translate="no"` kept as spelled),
+  all of the file's blocks queued together.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class HtmlDocument(Document):
         self._check(translations)
         self.tally.filled = sum(t is not None for t in translations)
         self.tally.skipped = len(translations) - self.tally.filled
-        # A run left as it was is its own translation: markup.py puts it back as spelled.
+        # A block left as it was is its own translation: markup.py puts it back as spelled.
         filled = [source if t is None else t
                   for source, t in zip(self.document.texts, translations, strict=True)]
         return self.document.render(filled).encode("utf-8")
