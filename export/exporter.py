@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -36,7 +35,6 @@ from seq2serve.model.package.manifest import (
     Manifest,
     ShortlistSpec,
     SpecialTokens,
-    TokenizerFiles,
     format_version,
     load_package,
     sha256_file,
@@ -224,15 +222,13 @@ def _trace(model: Any, fp32_dir: Path, opset: int, attention: str) -> None:
 
 def _check_graphs(source: Source, model: Any, tmp: Path,
                   fp32_dir: Path) -> tuple[Any, list[list[int]]]:
-    """ONNX's full check of each graph; the package's vocab.json written; the
+    """ONNX's full check of each graph; the package's tokenizer files written; the
     tokenizer and the sample sources every verification decodes."""
     import onnx
 
     for graph in GRAPH_FILES:
         onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
-    (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
-                                    encoding="utf-8")
-    tokenizer = source.tokenizer(tmp / "vocab.json")
+    tokenizer = source.write_tokenizer(tmp)
     samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
     return tokenizer, samples
 
@@ -304,9 +300,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
               shortlist_spec: ShortlistSpec | None, shortlist_default: bool,
               deviation: Deviation, fp32: Deviation) -> Manifest:
     """The package's manifest (its files' hashes are added by the caller), with the
-    tokenizer's files copied beside the graphs."""
-    shutil.copyfile(source.source_spm, tmp / "source.spm")
-    shutil.copyfile(source.target_spm, tmp / "target.spm")
+    tokenizer's files (written beside the graphs by `_check_graphs`) listed."""
     dtypes = {name: dtype for graph in GRAPH_FILES
               for name, dtype in _graph_dtypes(tmp / graph).items()}
     generation = source.generation
@@ -322,8 +316,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
         target_language=source.target_language,
         config=cfg,
         special_tokens=SpecialTokens.of(cfg),
-        tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
-                                 vocab="vocab.json"),
+        tokenizer=source.tokenizer_files(),
         generation=generation,
         precision=precision,
         # Longer inputs were never seen in training: summarization refuses them
