@@ -12,13 +12,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from seq2serve.model.families import marian
+from seq2serve.model.families import bart, marian
 from seq2serve.model.families.hf import CONFIG_FILE
 from seq2serve.model.families.source import Source
 
 # model_type -> the family's loader.
 FAMILIES: dict[str, Callable[[Path], Source]] = {
     "marian": marian.load_source,
+    "bart": bart.load_source,
 }
 
 
