@@ -32,6 +32,7 @@ from seq2serve.model.package.manifest import (
     PRECISIONS,
     SHORTLIST_DECODER_FILE,
     SHORTLIST_FILE,
+    TASKS,
     Manifest,
     ShortlistSpec,
     SpecialTokens,
@@ -107,7 +108,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
            name: str | None = None, opset: int = 17, progress: bool = True,
            attention: str = DEFAULT_ATTENTION, shortlist_from: str | Path | None = None,
            shortlist: ShortlistSettings | None = None,
-           shortlist_default: bool = False) -> ExportReport:
+           shortlist_default: bool = False, task: str | None = None) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
     "plain" (the traced chain of standard operators, format 6).
@@ -115,6 +116,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     a mix's directory whose corpus.json lists its parts) to learn a vocabulary
     shortlist from (package format 8, model/package/shortlist.py), with `shortlist`'s
     settings, used by default when `shortlist_default`.
+    task: the package's task (one of TASKS), overriding the one the folder says
+    (a BART folder that says none needs it).
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -125,7 +128,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     settings = shortlist or ShortlistSettings()
     source = _checked_source(source_dir, output_dir, precision, attention, settings,
-                             shortlist_from, shortlist_default)
+                             shortlist_from, shortlist_default, task)
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -185,7 +188,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
 
 def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
                     settings: ShortlistSettings, shortlist_from: str | Path | None,
-                    shortlist_default: bool) -> Source:
+                    shortlist_default: bool, task: str | None = None) -> Source:
     """The loaded source, or SourceError listing every problem of the request (the
     CTranslate2 converters' rule: collect all, then fail once)."""
     problems: list[str] = []
@@ -201,9 +204,12 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
             problems.append(f"--shortlist-from {shortlist_from}: not a directory")
     elif shortlist_default:
         problems.append("--shortlist-default needs --shortlist-from")
+    if task is not None and task not in TASKS:
+        problems.append(f"--task must be one of {TASKS}, got {task!r}")
+        task = None
     source: Source | None = None
     try:
-        source = load_source(source_dir)
+        source = load_source(source_dir, task)
     except SourceError as e:
         problems.extend(e.problems)
     if problems or source is None:
@@ -376,9 +382,10 @@ def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path,
-                        help="a seq2serve checkpoint directory, or a Hugging Face Marian "
-                        "(OPUS-MT) model directory: config.json, model.safetensors or "
-                        "pytorch_model.bin, source.spm, target.spm, vocab.json")
+                        help="a seq2serve checkpoint directory, or a Hugging Face model "
+                        "directory: Marian (OPUS-MT: config.json, model.safetensors or "
+                        "pytorch_model.bin, source.spm, target.spm, vocab.json) or BART "
+                        "(config.json, the weights, tokenizer.json or vocab.json + merges.txt)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -386,6 +393,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "quantization, for CPU)")
     parser.add_argument("--name", help="model name in the manifest (default: the source "
                         "directory's name)")
+    parser.add_argument("--task", choices=TASKS, help="the package's task, overriding the "
+                        "one the folder says (task_specific_params); a BART folder that says "
+                        "none needs it")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "
@@ -422,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
                             getattr(args, "shortlist_first", 100),
                             getattr(args, "shortlist_best", 100),
                             getattr(args, "shortlist_threshold", 0.0)),
-                        shortlist_default=getattr(args, "shortlist_default", False))
+                        shortlist_default=getattr(args, "shortlist_default", False),
+                        task=getattr(args, "task", None))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

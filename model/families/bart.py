@@ -29,8 +29,10 @@ Exactness notes (checked against transformers 5.24 `modeling_bart.py`):
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -297,7 +299,7 @@ def _task(hf: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
 def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
     """The folder's tokenizer.json; or, where it has only vocab.json + merges.txt,
     one written by transformers' BartTokenizer (at export only) into a temporary
-    folder."""
+    folder (removed when the process ends)."""
     if (path / TOKENIZER_JSON).is_file():
         return path / TOKENIZER_JSON
     if not ((path / "vocab.json").is_file() and (path / "merges.txt").is_file()):
@@ -313,6 +315,7 @@ def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
     try:
         tokenizer = transformers.BartTokenizer.from_pretrained(str(path))
         out = Path(tempfile.mkdtemp(prefix="seq2serve-bart-tokenizer-"))
+        atexit.register(shutil.rmtree, out, True)  # read by the export, then of no use
         tokenizer.save_pretrained(str(out))
     except Exception as e:  # any failure of the reader is a problem to report
         problems.append(f"vocab.json + merges.txt: cannot build {TOKENIZER_JSON} "
@@ -347,22 +350,22 @@ def _generation(hf: Mapping[str, Any], task_params: Mapping[str, Any], path: Pat
     return dataclasses.replace(generation, **changes), forced
 
 
-def load_source(path: Path) -> Source:
+def load_source(path: Path, task: str | None = None) -> Source:
     """A BART folder as the exporter takes it: the model, its tokenizer.json, its
-    task (summarization only: task_specific_params must name it) and generation
-    defaults."""
+    task (`task`, as `export --task` asks, else the folder's: task_specific_params
+    must name summarization) and generation defaults."""
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
         hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass  # load_bart reports it
-    task, task_params = _task(hf if isinstance(hf, dict) else {})
+    said, task_params = _task(hf if isinstance(hf, dict) else {})
+    task = task or said
     if task is None:
-        problems.append("config.json: task_specific_params names no summarization task; a "
-                        "BART folder must say its task, and only summarization is served "
-                        "(add task_specific_params {\"summarization\": {}} for a "
-                        "summarization model)")
+        problems.append("config.json: task_specific_params names no summarization task and "
+                        "a BART folder must say its task: export it with --task "
+                        "(summarize or translate)")
     tokenizer_json = _tokenizer_json(path, problems)
     model = None
     try:
@@ -387,7 +390,7 @@ def load_source(path: Path) -> Source:
         kind="bart",
         model=model,
         name=path.resolve().name,
-        task=task or "summarize",
+        task=task,
         source_language="en",
         target_language="en",
         tokenizer_json=tokenizer_json,

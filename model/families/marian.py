@@ -309,7 +309,7 @@ def _marian_languages(path: Path) -> tuple[str, str]:
     return "und", "und"
 
 
-def load_source(path: Path) -> Source:
+def load_source(path: Path, task: str | None = None) -> Source:
     """A Marian (OPUS-MT) folder as the exporter takes it: the model, its two
     SentencePiece models and vocab.json, its languages and generation defaults."""
     problems: list[str] = []
@@ -349,7 +349,7 @@ def load_source(path: Path) -> Source:
         kind="marian",
         model=model,
         name=path.resolve().name,
-        task="translate",
+        task=task or "translate",
         source_language=src,
         target_language=tgt,
         source_spm=path / "source.spm",

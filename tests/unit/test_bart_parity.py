@@ -186,10 +186,32 @@ def test_weight_problems_are_listed_together(tmp_path: Path) -> None:
 
 
 def test_a_folder_must_say_its_task(tmp_path: Path) -> None:
-    make_bart_dir(tmp_path, task_specific_params=None)
+    """A folder that says no task is refused asking for --task; with it, it exports.
+    Without tokenizer.json, the exporter builds it from vocab.json + merges.txt."""
+    folder = make_bart_dir(tmp_path / "bart", task_specific_params=None)
     with pytest.raises(SourceError) as info:
-        export(tmp_path, tmp_path / "out", progress=False)
-    assert any("summarization" in p for p in info.value.problems)
+        export(folder, tmp_path / "out", progress=False)
+    assert any("--task" in p for p in info.value.problems), info.value.problems
+    with pytest.raises(SourceError, match="--task must be one of"):
+        export(folder, tmp_path / "out", progress=False, task="chat")
+    hf_tok = transformers.BartTokenizer.from_pretrained(str(folder))
+    (folder / "tokenizer.json").unlink()
+    export(folder, tmp_path / "out", progress=False, task="summarize")
+    package = load_package(tmp_path / "out")
+    assert package.manifest.task == "summarize"
+    ours = package_tokenizer(package)
+    for text in TEXTS:
+        assert ours.encode(text) == hf_tok(text)["input_ids"]
+
+
+def test_missing_tokenizer_files_are_named(tmp_path: Path) -> None:
+    folder = make_bart_dir(tmp_path / "bart")
+    for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+        (folder / name).unlink()
+    with pytest.raises(SourceError) as info:
+        export(folder, tmp_path / "out", progress=False)
+    assert any("tokenizer.json: missing" in p and "merges.txt" in p
+               for p in info.value.problems), info.value.problems
 
 
 def test_tokenizer_matches_bart_tokenizer(bart_dir: Path, bart_package: Path,
