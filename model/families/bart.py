@@ -324,17 +324,27 @@ def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
     return out / TOKENIZER_JSON
 
 
+GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "min_length",
+                   "no_repeat_ngram_size", "early_stopping", "forced_bos_token_id",
+                   "forced_eos_token_id")
+
+
 def _generation(hf: Mapping[str, Any], task_params: Mapping[str, Any], path: Path,
                 max_positions: int) -> tuple[Any, dict[str, Any]]:
-    """GenerationDefaults from generation_config.json, else the task's parameters,
-    with Hugging Face's lengths (which count the decoder start token) made counts
-    of generated tokens; and the forced tokens the engine does not apply yet."""
+    """GenerationDefaults as generate() would run the folder: the task's parameters
+    (what transformers' summarization pipeline applies), under config.json's own
+    generation keys, under generation_config.json; Hugging Face's lengths (which
+    count the decoder start token) made counts of generated tokens, no limit
+    relative to the source (generate() has none). Also the forced tokens, which the
+    engine does not apply yet."""
     settings: dict[str, Any] = dict(task_params)
+    settings.update({k: hf[k] for k in GENERATION_KEYS if k in hf})
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
-        settings.update(json.loads(gen_file.read_text(encoding="utf-8")))
-    generation = default_generation(max_positions)
-    changes: dict[str, Any] = {}
+        loaded = json.loads(gen_file.read_text(encoding="utf-8"))
+        if isinstance(loaded, dict):
+            settings.update(loaded)
+    changes: dict[str, Any] = {"max_length_ratio": 0.0}
     if is_int(settings.get("num_beams")):
         changes["beam_size"] = settings["num_beams"]
     if isinstance(settings.get("length_penalty"), (int, float)):
@@ -345,9 +355,11 @@ def _generation(hf: Mapping[str, Any], task_params: Mapping[str, Any], path: Pat
         changes["min_length"] = max(settings["min_length"] - 1, 0)
     if is_int(settings.get("no_repeat_ngram_size")):
         changes["no_repeat_ngram_size"] = settings["no_repeat_ngram_size"]
-    forced = {key: settings.get(key, hf.get(key))
-              for key in ("forced_bos_token_id", "forced_eos_token_id")}
-    return dataclasses.replace(generation, **changes), forced
+    early = settings.get("early_stopping")
+    if isinstance(early, bool) or early == "never":
+        changes["early_stopping"] = early
+    forced = {key: settings.get(key) for key in ("forced_bos_token_id", "forced_eos_token_id")}
+    return dataclasses.replace(default_generation(max_positions), **changes), forced
 
 
 def load_source(path: Path, task: str | None = None) -> Source:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 import torch
 import transformers
 from conftest import CORPUS
 from safetensors.torch import load_file, save_file
-from serving import RunningServer, server_config
+from serving import RunningServer, free_port, server_config
 from torch import Tensor
 
 from seq2serve.export.exporter import export
@@ -328,6 +329,36 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
     assert diff <= TOL
 
 
+def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any],
+                                                    bart_dir: Path) -> None:
+    """With no options, the package's defaults decode as generate() under the
+    folder's task parameters (max_length and min_length counting the start token)."""
+    from seq2serve.server.core.options import DecodingOptions
+
+    tok, model = hf
+    params = json.loads((bart_dir / "config.json").read_text())["task_specific_params"]
+    summarization = dict(params["summarization"])
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+               for i in range(len(TEXTS))]
+    with torch.no_grad():
+        ref = model.generate(**batch, **summarization, do_sample=False,
+                             forced_eos_token_id=None, forced_bos_token_id=None,
+                             suppress_tokens=[1], output_scores=True,
+                             return_dict_in_generate=True)
+    expected = []
+    for row in ref.sequences[:, 1:].tolist():
+        row = row[: row.index(2)] if 2 in row else row
+        expected.append([t for t in row if t != 1])
+    results = engine.generate(sources, DecodingOptions())
+    assert [r[0].token_ids for r in results] == expected
+    diff = max(abs(r[0].score - s) for r, s in zip(results, ref.sequences_scores.tolist(),
+                                                    strict=True))
+    assert diff <= TOL
+    assert any(r[0].finish_reason == "length" and len(r[0].token_ids) == 29 for r in results) \
+        or all(r[0].finish_reason == "eos" for r in results)
+
+
 @pytest.mark.skip(reason="TODO(issue 45): forced BOS/EOS land in the engine on another branch; "
                   "then bart-large-cnn's forced_bos_token_id=0 must match generate() too")
 def test_engine_matches_generate_with_forced_tokens(engine: Any, hf: tuple[Any, Any]) -> None:
@@ -359,7 +390,9 @@ def test_served_summarize_returns_the_engine_text(bart_package: Path, engine: An
     text = CORPUS[0]
     expected = engine.generate([tokenizer.encode(text)],
                                DecodingOptions(beam_size=2, max_length=MAX_NEW))[0][0]
-    server = RunningServer(server_config(models))
+    # The HTTP door's /summarize decodes with the package's defaults.
+    defaults = engine.generate([tokenizer.encode(text)], DecodingOptions())[0][0]
+    server = RunningServer(server_config(models, http_port=free_port()))
     try:
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.TranslatorStub(channel)
@@ -367,11 +400,14 @@ def test_served_summarize_returns_the_engine_text(bart_package: Path, engine: An
                 model="tiny-bart", texts=[text],
                 options=pb.DecodingOptions(beam_size=2, max_length=MAX_NEW,
                                            return_token_ids=True)), timeout=60)
+        answer = httpx.post(f"{server.http_url}/summarize", data={"q": text},
+                            timeout=60).json()
     finally:
         server.stop()
     best = response.summaries[0].hypotheses[0]
     assert list(best.token_ids) == expected.token_ids
     assert best.text == tokenizer.decode(expected.token_ids)
+    assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
 
 
 def test_old_configs_keep_their_behaviour() -> None:
