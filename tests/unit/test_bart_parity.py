@@ -233,7 +233,7 @@ def test_tokenizer_matches_bart_tokenizer(bart_dir: Path, bart_package: Path,
         assert ours.decode(ids) == hf_tok.decode(cut, skip_special_tokens=True), ids
 
 
-def test_export_fp32_and_int8(bart_dir: Path, bart_package: Path, tmp_path: Path) -> None:
+def test_export_fp32_int8_fp16(bart_dir: Path, bart_package: Path, tmp_path: Path) -> None:
     package = load_package(bart_package)
     manifest = package.manifest
     assert manifest.task == "summarize"
@@ -246,9 +246,13 @@ def test_export_fp32_and_int8(bart_dir: Path, bart_package: Path, tmp_path: Path
     assert manifest.generation.max_length == 29 and manifest.generation.min_length == 2
     assert manifest.generation.beam_size == 2
     assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
-    report = export(bart_dir, tmp_path / "int8", precision="int8", progress=False)
-    assert report.precision == "int8"
-    assert load_package(tmp_path / "int8").manifest.tokenizer.type == "tokenizers"
+    for precision in ("int8", "fp16"):
+        report = export(bart_dir, tmp_path / precision, precision=precision, progress=False)
+        assert report.precision == precision
+        assert report.fp32_deviation["log_probs"] <= TOL
+        if precision == "fp16":  # 11 significant bits (test_export.py's bound)
+            assert report.deviation["log_probs"] <= 0.05
+        assert load_package(tmp_path / precision).manifest.tokenizer.type == "tokenizers"
 
 
 def test_plain_attention_export(bart_dir: Path, tmp_path: Path) -> None:
@@ -327,6 +331,19 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
                for (_, s), h in zip(r, o, strict=True))
     print(case, f"score diff {diff:.1e}")
     assert diff <= TOL
+
+
+def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
+    from seq2serve.server.core.options import DecodingOptions
+
+    tokenizer = hf[0]
+    sources = [tokenizer(t)["input_ids"] for t in TEXTS]
+    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
+    together = engine.generate(sources, options)
+    for src, result in zip(sources, together, strict=True):
+        alone = engine.generate([src], options)[0]
+        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
 
 
 def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any],
