@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -33,10 +32,10 @@ from seq2serve.model.package.manifest import (
     PRECISIONS,
     SHORTLIST_DECODER_FILE,
     SHORTLIST_FILE,
+    TASKS,
     Manifest,
     ShortlistSpec,
     SpecialTokens,
-    TokenizerFiles,
     format_version,
     load_package,
     sha256_file,
@@ -109,7 +108,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
            name: str | None = None, opset: int = 17, progress: bool = True,
            attention: str = DEFAULT_ATTENTION, shortlist_from: str | Path | None = None,
            shortlist: ShortlistSettings | None = None,
-           shortlist_default: bool = False) -> ExportReport:
+           shortlist_default: bool = False, task: str | None = None) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
     "plain" (the traced chain of standard operators, format 6).
@@ -117,6 +116,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     a mix's directory whose corpus.json lists its parts) to learn a vocabulary
     shortlist from (package format 8, model/package/shortlist.py), with `shortlist`'s
     settings, used by default when `shortlist_default`.
+    task: the package's task (one of TASKS), overriding the one the folder says
+    (a BART folder that says none needs it).
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -127,7 +128,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     settings = shortlist or ShortlistSettings()
     source = _checked_source(source_dir, output_dir, precision, attention, settings,
-                             shortlist_from, shortlist_default)
+                             shortlist_from, shortlist_default, task)
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -187,7 +188,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
 
 def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
                     settings: ShortlistSettings, shortlist_from: str | Path | None,
-                    shortlist_default: bool) -> Source:
+                    shortlist_default: bool, task: str | None = None) -> Source:
     """The loaded source, or SourceError listing every problem of the request (the
     CTranslate2 converters' rule: collect all, then fail once)."""
     problems: list[str] = []
@@ -203,9 +204,12 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
             problems.append(f"--shortlist-from {shortlist_from}: not a directory")
     elif shortlist_default:
         problems.append("--shortlist-default needs --shortlist-from")
+    if task is not None and task not in TASKS:
+        problems.append(f"--task must be one of {TASKS}, got {task!r}")
+        task = None
     source: Source | None = None
     try:
-        source = load_source(source_dir)
+        source = load_source(source_dir, task)
     except SourceError as e:
         problems.extend(e.problems)
     if problems or source is None:
@@ -224,15 +228,13 @@ def _trace(model: Any, fp32_dir: Path, opset: int, attention: str) -> None:
 
 def _check_graphs(source: Source, model: Any, tmp: Path,
                   fp32_dir: Path) -> tuple[Any, list[list[int]]]:
-    """ONNX's full check of each graph; the package's vocab.json written; the
+    """ONNX's full check of each graph; the package's tokenizer files written; the
     tokenizer and the sample sources every verification decodes."""
     import onnx
 
     for graph in GRAPH_FILES:
         onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
-    (tmp / "vocab.json").write_text(json.dumps(source.vocab, ensure_ascii=False),
-                                    encoding="utf-8")
-    tokenizer = source.tokenizer(tmp / "vocab.json")
+    tokenizer = source.write_tokenizer(tmp)
     samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
     return tokenizer, samples
 
@@ -304,9 +306,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
               shortlist_spec: ShortlistSpec | None, shortlist_default: bool,
               deviation: Deviation, fp32: Deviation) -> Manifest:
     """The package's manifest (its files' hashes are added by the caller), with the
-    tokenizer's files copied beside the graphs."""
-    shutil.copyfile(source.source_spm, tmp / "source.spm")
-    shutil.copyfile(source.target_spm, tmp / "target.spm")
+    tokenizer's files (written beside the graphs by `_check_graphs`) listed."""
     dtypes = {name: dtype for graph in GRAPH_FILES
               for name, dtype in _graph_dtypes(tmp / graph).items()}
     generation = source.generation
@@ -322,8 +322,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
         target_language=source.target_language,
         config=cfg,
         special_tokens=SpecialTokens.of(cfg),
-        tokenizer=TokenizerFiles(source_model="source.spm", target_model="target.spm",
-                                 vocab="vocab.json"),
+        tokenizer=source.tokenizer_files(),
         generation=generation,
         precision=precision,
         # Longer inputs were never seen in training: summarization refuses them
@@ -383,9 +382,10 @@ def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path,
-                        help="a seq2serve checkpoint directory, or a Hugging Face Marian "
-                        "(OPUS-MT) model directory: config.json, model.safetensors or "
-                        "pytorch_model.bin, source.spm, target.spm, vocab.json")
+                        help="a seq2serve checkpoint directory, or a Hugging Face model "
+                        "directory: Marian (OPUS-MT: config.json, model.safetensors or "
+                        "pytorch_model.bin, source.spm, target.spm, vocab.json) or BART "
+                        "(config.json, the weights, tokenizer.json or vocab.json + merges.txt)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -393,6 +393,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "quantization, for CPU)")
     parser.add_argument("--name", help="model name in the manifest (default: the source "
                         "directory's name)")
+    parser.add_argument("--task", choices=TASKS, help="the package's task, overriding the "
+                        "one the folder says (task_specific_params); a BART folder that says "
+                        "none needs it")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "
@@ -429,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
                             getattr(args, "shortlist_first", 100),
                             getattr(args, "shortlist_best", 100),
                             getattr(args, "shortlist_threshold", 0.0)),
-                        shortlist_default=getattr(args, "shortlist_default", False))
+                        shortlist_default=getattr(args, "shortlist_default", False),
+                        task=getattr(args, "task", None))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

@@ -157,7 +157,7 @@ class FusedEncoder(nn.Module):
         model = self.model
         b, s = src_ids.shape
         positions = torch.arange(s).expand(b, s)
-        x = model.embed(model.src_embed, src_ids, positions)  # (B, S, D)
+        x = model.embed_source(src_ids, positions)  # (B, S, D)
         mask = src_mask.to(torch.int32)  # (B, S)
         for layer in model.encoder_layers:
             assert isinstance(layer, EncoderLayer)
@@ -185,7 +185,7 @@ class FusedDecoderStep(nn.Module):
         self_k, self_v, cross_k, cross_v = (caches[i * layers:(i + 1) * layers]
                                             for i in range(4))
         n = tokens.shape[0]
-        x = model.embed(model.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
+        x = model.embed_target(tokens[:, None], positions[:, None])  # (N, 1, D)
         seqlens_k = positions.to(torch.int32)  # (N,)
         total = (positions.max() + 1).to(torch.int32)  # a scalar
         mask = src_mask.to(torch.int32)  # (B, S)

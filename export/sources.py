@@ -9,6 +9,7 @@ config.json's model_type (model/families/registry.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -60,12 +61,15 @@ def is_checkpoint(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == "seq2serve-checkpoint"
 
 
-def load_source(path: str | Path) -> Source:
+def load_source(path: str | Path, task: str | None = None) -> Source:
+    """The source in the folder `path`; `task` (export --task) overrides the task
+    the folder says."""
     root = Path(path)
     if not root.is_dir():
         raise SourceError(root, [f"{root}: not a directory"])
     if is_checkpoint(root):
-        return load_seq2serve(root)
+        source = load_seq2serve(root)
+        return dataclasses.replace(source, task=task) if task else source
     kind = model_type(root)
     if kind not in FAMILIES:
         found = f"model_type {kind!r}" if kind else "no model_type"
@@ -73,4 +77,4 @@ def load_source(path: str | Path) -> Source:
             f"config.json: missing, unreadable, or of an unknown architecture ({found}; "
             f"expected a seq2serve checkpoint or a Hugging Face folder with model_type one "
             f"of {', '.join(repr(k) for k in sorted(FAMILIES))})"])
-    return FAMILIES[kind](root)
+    return FAMILIES[kind](root, task)

@@ -9,6 +9,10 @@ from typing import Any
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish")
 POSITION_LAYOUTS = ("interleaved", "split")
+POSITIONS = ("sinusoid", "learned")
+# Field metadata: a manifest leaves the field out while it holds its default, so
+# that packages written before it existed read back and write back unchanged.
+OMITTED_AT_DEFAULT = {"omitted_at_default": True}
 
 
 @dataclass
@@ -19,7 +23,12 @@ class ModelConfig:
     (post-norm, ReLU, interleaved sinusoids). The switches cover the Marian
     (OPUS-MT) variant exactly: `position_layout="split"` puts sines in the first
     half of the vector and cosines in the second, `activation="swish"`, a final
-    logits bias, and the decoder starting from the pad token.
+    logits bias, and the decoder starting from the pad token. BART's:
+    `positions="learned"` (one learned table per stack, position p at row p: the
+    Hugging Face offset of 2 is folded away at conversion) and
+    `layernorm_embedding` (a LayerNorm after token embedding + position, in the
+    encoder and in the decoder). The defaults of the two are the behaviour of
+    checkpoints and manifests written before they existed.
     """
 
     src_vocab_size: int = 8000
@@ -42,7 +51,9 @@ class ModelConfig:
     share_embeddings: bool = True  # one matrix for source and target tokens
     tie_output: bool = True  # output projection = target embedding matrix
     final_logits_bias: bool = False
-    position_layout: str = "interleaved"
+    position_layout: str = "interleaved"  # of sinusoids
+    positions: str = field(default="sinusoid", metadata=OMITTED_AT_DEFAULT)  # one of POSITIONS
+    layernorm_embedding: bool = field(default=False, metadata=OMITTED_AT_DEFAULT)
     pad_id: int = 0
     eos_id: int = 2
     bos_id: int = 1
@@ -68,7 +79,9 @@ class ModelConfig:
             out.append(
                 f"position_layout must be one of {POSITION_LAYOUTS}, got {self.position_layout!r}"
             )
-        if self.d_model % 2:
+        if self.positions not in POSITIONS:
+            out.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.positions == "sinusoid" and self.d_model % 2:
             out.append(f"d_model must be even for sinusoidal positions, got {self.d_model}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:

@@ -248,10 +248,23 @@ class Seq2SeqTransformer(nn.Module):
             self.register_buffer("final_logits_bias", torch.zeros(cfg.tgt_vocab_size))
         else:
             self.final_logits_bias = None
-        self.register_buffer(
-            "positions", sinusoid_table(cfg.max_positions, cfg.d_model, cfg.position_layout),
-            persistent=False,
-        )
+        # Sinusoids: one table for both stacks, recomputed (not saved). Learned
+        # (BART): one table per stack, saved with the weights.
+        self.src_positions: nn.Parameter | None = None
+        self.tgt_positions: nn.Parameter | None = None
+        if cfg.positions == "learned":
+            self.src_positions = nn.Parameter(torch.zeros(cfg.max_positions, cfg.d_model))
+            self.tgt_positions = nn.Parameter(torch.zeros(cfg.max_positions, cfg.d_model))
+        else:
+            self.register_buffer(
+                "positions", sinusoid_table(cfg.max_positions, cfg.d_model, cfg.position_layout),
+                persistent=False,
+            )
+        # BART's LayerNorm of the embedded tokens (after adding positions), per stack.
+        self.src_embed_norm = (nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+                               if cfg.layernorm_embedding else None)
+        self.tgt_embed_norm = (nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+                               if cfg.layernorm_embedding else None)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
@@ -274,9 +287,27 @@ class Seq2SeqTransformer(nn.Module):
 
     # -- pieces ---------------------------------------------------------------
 
-    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids (B, T), positions (B, T) -> (B, T, D)."""
-        return self.dropout(table(ids) * self.embed_scale + self.positions[positions])
+    def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor,
+              position_table: Tensor | None = None, norm: nn.Module | None = None) -> Tensor:
+        """ids (B, T), positions (B, T) -> (B, T, D): the tokens' embedding (scaled)
+        plus their positions' (from `position_table`, by default the sinusoids),
+        normalised by `norm` where given."""
+        if position_table is None:
+            position_table = self.positions
+        x = table(ids) * self.embed_scale + position_table[positions]
+        if norm is not None:
+            x = norm(x)
+        return self.dropout(x)
+
+    def embed_source(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The encoder's input: source ids (B, S), positions (B, S) -> (B, S, D)."""
+        return self.embed(self.src_embed, ids, positions, self.src_positions,
+                          self.src_embed_norm)  # src_positions None: the sinusoids
+
+    def embed_target(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The decoder's input: target ids (N, T), positions (N, T) -> (N, T, D)."""
+        return self.embed(self.tgt_embed, ids, positions, self.tgt_positions,
+                          self.tgt_embed_norm)
 
     def logits(self, hidden: Tensor) -> Tensor:
         out = self.output(hidden)
@@ -288,7 +319,7 @@ class Seq2SeqTransformer(nn.Module):
         """src_ids (B, S), src_mask (B, S) nonzero = token -> memory (B, S, D)."""
         b, s = src_ids.shape
         positions = torch.arange(s, device=src_ids.device).expand(b, s)
-        x = self.embed(self.src_embed, src_ids, positions)
+        x = self.embed_source(src_ids, positions)
         mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         for layer in self.encoder_layers:
             x = layer(x, mask)
@@ -339,7 +370,7 @@ class Seq2SeqTransformer(nn.Module):
         if not torch.jit.is_tracing():
             self_k = [fit_cache(k, positions) for k in self_k]
             self_v = [fit_cache(v, positions) for v in self_v]
-        x = self.embed(self.tgt_embed, tokens[:, None], positions[:, None])  # (N, 1, D)
+        x = self.embed_target(tokens[:, None], positions[:, None])  # (N, 1, D)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         # Row r attends to its own slots 0..positions[r]: (N, 1, 1, Tc).
         slots = torch.arange(self_k[0].shape[2], device=tokens.device)
@@ -387,7 +418,7 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.run_encoder(src_ids, src_mask)
         b, t = tgt_in.shape
         positions = torch.arange(t, device=tgt_in.device).expand(b, t)
-        x = self.embed(self.tgt_embed, tgt_in, positions)
+        x = self.embed_target(tgt_in, positions)
         self_mask = causal_mask(t, tgt_in.device)  # (T, T), broadcast over (B, H)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         for layer in self.decoder_layers:

@@ -67,7 +67,7 @@ def _subgraphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:
                     ) -> tuple[Tensor, ...]:
             self_kv, cross_kv = past[:2 * layers], past[2 * layers:]
             positions = torch.zeros_like(input_ids, dtype=torch.long) + self_kv[0].shape[2]
-            x = model.embed(model.tgt_embed, input_ids.long(), positions)  # (N, 1, D)
+            x = model.embed_target(input_ids.long(), positions)  # (N, 1, D)
             cross_mask = enc_mask.bool()[:, None, None, :]
             presents: list[Tensor] = []
             for i, layer in enumerate(model.decoder_layers):

@@ -1,7 +1,8 @@
 """What every Hugging Face family shares: reading config.json and the weights
 (safetensors or a torch file, single or sharded) as plain data, with every problem
 collected before failing (CTranslate2-converter style) and raised as one
-`ConversionError`; transformers' activation names. `transformers` is never
+`ConversionError`; transformers' activation names; the BART layout's weight
+mapping (Marian and BART name their layers alike): names, ties, checks. `transformers` is never
 imported here (a test-only dependency) and nothing is fetched from a hub.
 """
 
@@ -9,11 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from seq2serve.model.config import ModelConfig
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -104,3 +108,154 @@ def read_weights(path: Path, problems: list[str]) -> dict[str, Tensor] | None:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- the BART layout (Marian, BART): tensor names, ties, checks ---------------------
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "out_proj")
+_AFFINE = ("weight", "bias")
+
+
+def layer_names(cfg: ModelConfig, hf_prefix: str) -> dict[str, str]:
+    """our name -> HF name for every per-layer tensor of the BART layout (Marian's
+    and BART's layers carry the same names)."""
+    names: dict[str, str] = {}
+    for i in range(cfg.encoder_layers):
+        ours, hf = f"encoder_layers.{i}.", f"{hf_prefix}encoder.layers.{i}."
+        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
+        pairs += [("attn_block.norm", "self_attn_layer_norm"), ("ffn.fc1", "fc1"),
+                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
+        for a, b in pairs:
+            for t in _AFFINE:
+                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
+    for i in range(cfg.decoder_layers):
+        ours, hf = f"decoder_layers.{i}.", f"{hf_prefix}decoder.layers.{i}."
+        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
+        pairs += [(f"cross_attn.{p}", f"encoder_attn.{p}") for p in _ATTN]
+        pairs += [("self_block.norm", "self_attn_layer_norm"),
+                  ("cross_block.norm", "encoder_attn_layer_norm"), ("ffn.fc1", "fc1"),
+                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
+        for a, b in pairs:
+            for t in _AFFINE:
+                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
+    return names
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of our model for `cfg`, by name, with its shape."""
+    from seq2serve.model.transformer import Seq2SeqTransformer
+
+    # The meta device gives every parameter's shape without allocating or initialising.
+    with torch.device("meta"):
+        model = Seq2SeqTransformer(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def same(a: Tensor | None, b: Tensor | None) -> bool:
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def hf_prefix(weights: Mapping[str, Tensor]) -> str:
+    # A ...ForConditionalGeneration/MTModel stores "model.encoder...", a bare model "encoder...".
+    if any(k.startswith("model.") for k in weights):
+        return "model."
+    return ""
+
+
+class Weights:
+    """A checkpoint's tensors by name, remembering which were read (the rest are
+    reported as unexpected)."""
+
+    def __init__(self, tensors: Mapping[str, Tensor]):
+        self.tensors = tensors
+        self.used: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def take(self, *names: str) -> Tensor | None:
+        """The first of `names` stored, or None."""
+        for name in names:
+            if name in self.tensors:
+                self.used.add(name)
+                return self.tensors[name]
+        return None
+
+
+@dataclass
+class Embeddings:
+    """The matrices the encoder, decoder and output projection read, and the HF
+    names to cite for each in messages."""
+
+    source: Tensor | None
+    target: Tensor | None
+    output: Tensor | None
+    names: dict[str, str]
+
+
+def tied_embeddings(weights: Weights, prefix: str, share: bool, tie: bool,
+                    problems: list[str]) -> Embeddings:
+    """The embedding matrices under transformers 5's rules: `share` (encoder and
+    decoder read one matrix) applies only with `tie` (tie_word_embeddings), since a
+    false tie_word_embeddings unties everything. A tied tensor is stored once,
+    under its tie target, or (older files) under every name: the first one present
+    is read and the others must equal it."""
+    shared = f"{prefix}shared.weight"
+    enc_name = f"{prefix}encoder.embed_tokens.weight"
+    dec_name = f"{prefix}decoder.embed_tokens.weight"
+    if share and tie:
+        group = [shared, enc_name, dec_name, "lm_head.weight"]
+    elif tie:
+        group = [dec_name, "lm_head.weight"]
+    else:
+        group = []
+    present = [name for name in group if name in weights]
+    for name in present[1:]:
+        weights.used.add(name)
+        if not same(weights.tensors[name], weights.tensors[present[0]]):
+            problems.append(f"config ties {name} to {present[0]} but the stored tensors differ")
+    tied = weights.take(*present) if present else None
+    if shared in weights:
+        weights.used.add(shared)  # transformers 5 keeps it, but no module reads it when untied
+    tied_name = " = ".join(present or group)  # names the tie group in messages
+    return Embeddings(
+        source=tied if share and tie else weights.take(enc_name),
+        target=tied if tie else weights.take(dec_name),
+        output=tied if tie else weights.take("lm_head.weight"),
+        names={"src_embed.weight": tied_name if share and tie else enc_name,
+               "tgt_embed.weight": tied_name if tie else dec_name,
+               "output.weight": tied_name if tie else "lm_head.weight",
+               "final_logits_bias": "final_logits_bias"})
+
+
+def logits_bias(weights: Weights) -> Tensor | None:
+    """final_logits_bias as a (V,) vector, or None where absent or all zeros (what
+    transformers loads a missing one as, and OPUS-MT's are: adding it is a pass over
+    (N, V) logits every decoder step that changes nothing)."""
+    bias = weights.take("final_logits_bias")
+    if bias is not None and bias.dim() == 2 and bias.shape[0] == 1:
+        bias = bias[0]  # stored (1, V)
+    if bias is None or (bias.is_floating_point() and not bool(bias.any())):
+        return None
+    return bias
+
+
+def check_state(cfg: ModelConfig, state: Mapping[str, Tensor | None], hf_names: Mapping[str, str],
+                weights: Weights, problems: list[str]) -> dict[str, Tensor]:
+    """Every tensor our model for `cfg` needs, present, of its shape and floating;
+    no stored tensor left unread. Returns the state dict (problems appended)."""
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
+        tensor = state.get(name)
+        if tensor is None:
+            problems.append(f"missing tensor {hf_names.get(name, name)}")
+        elif tuple(tensor.shape) != shape:
+            problems.append(f"{hf_names.get(name, name)} has shape {tuple(tensor.shape)}, "
+                            f"expected {shape}")
+        elif not tensor.is_floating_point():
+            problems.append(f"{hf_names.get(name, name)} has dtype {tensor.dtype}, expected float")
+    extra = sorted(set(weights.tensors) - weights.used)
+    if extra:
+        shown = ", ".join(extra[:10]) + (f", ... ({len(extra)} in all)" if len(extra) > 10 else "")
+        problems.append(f"unexpected tensors (layer counts or architecture differ?): {shown}")
+    return {k: v for k, v in state.items() if k in expected and v is not None}

@@ -36,9 +36,16 @@ from seq2serve.model.config import ModelConfig
 from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
+    Weights,
+    check_state,
+    hf_prefix,
     is_int,
+    layer_names,
+    logits_bias,
     read_config,
     read_weights,
+    same,
+    tied_embeddings,
 )
 from seq2serve.model.families.source import Source, SourceError, default_generation
 from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
@@ -207,63 +214,17 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
 
 # -- weights ---------------------------------------------------------------------
 
-_ATTN = ("q_proj", "k_proj", "v_proj", "out_proj")
-_AFFINE = ("weight", "bias")
 
-
-def _layer_names(cfg: ModelConfig, hf_prefix: str) -> dict[str, str]:
-    """our name -> HF name for every per-layer tensor."""
-    names: dict[str, str] = {}
-    for i in range(cfg.encoder_layers):
-        ours, hf = f"encoder_layers.{i}.", f"{hf_prefix}encoder.layers.{i}."
-        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
-        pairs += [("attn_block.norm", "self_attn_layer_norm"), ("ffn.fc1", "fc1"),
-                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
-        for a, b in pairs:
-            for t in _AFFINE:
-                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
-    for i in range(cfg.decoder_layers):
-        ours, hf = f"decoder_layers.{i}.", f"{hf_prefix}decoder.layers.{i}."
-        pairs = [(f"self_attn.{p}", f"self_attn.{p}") for p in _ATTN]
-        pairs += [(f"cross_attn.{p}", f"encoder_attn.{p}") for p in _ATTN]
-        pairs += [("self_block.norm", "self_attn_layer_norm"),
-                  ("cross_block.norm", "encoder_attn_layer_norm"), ("ffn.fc1", "fc1"),
-                  ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
-        for a, b in pairs:
-            for t in _AFFINE:
-                names[f"{ours}{a}.{t}"] = f"{hf}{b}.{t}"
-    return names
-
-
-def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    # The meta device gives every parameter's shape without allocating or initialising.
-    with torch.device("meta"):
-        model = Seq2SeqTransformer(cfg)
-    return {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
-
-
-def _same(a: Tensor | None, b: Tensor | None) -> bool:
-    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
-
-
-def _hf_prefix(weights: Mapping[str, Tensor]) -> str:
-    # MarianMTModel stores "model.encoder...", a bare MarianModel "encoder...".
-    if any(k.startswith("model.") for k in weights):
-        return "model."
-    return ""
-
-
-def _check_positions(cfg: ModelConfig, weights: Mapping[str, Tensor], prefix: str,
-                     used: set[str], problems: list[str]) -> None:
+def _check_positions(cfg: ModelConfig, weights: Weights, prefix: str,
+                     problems: list[str]) -> None:
     """Stored sinusoid tables are recomputed by our model; a table that differs
     would mean learned positions, which Marian does not have."""
     table: Tensor | None = None
     for side in ("encoder", "decoder"):
         name = f"{prefix}{side}.embed_positions.weight"
-        if name not in weights:
+        stored = weights.take(name)
+        if stored is None:
             continue
-        used.add(name)
-        stored = weights[name]
         if tuple(stored.shape) != (cfg.max_positions, cfg.d_model):
             problems.append(f"{name} has shape {tuple(stored.shape)}, expected "
                             f"{(cfg.max_positions, cfg.d_model)}")
@@ -285,94 +246,43 @@ def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     if not path.is_dir():
         raise ConversionError(path, [f"{path} is not a directory"])
     hf = read_config(path, problems)
-    weights = read_weights(path, problems)
+    stored = read_weights(path, problems)
     if hf is None:
         raise ConversionError(path, problems)
     cfg = marian_config(hf, problems, path)
-    if weights is None or problems:
+    if stored is None or problems:
         # Config problems make expected tensor shapes meaningless; report what we have.
         raise ConversionError(path, problems)
 
-    prefix = _hf_prefix(weights)
-    used: set[str] = set()
-
-    def take(*names: str) -> Tensor | None:
-        for name in names:
-            if name in weights:
-                used.add(name)
-                return weights[name]
-        return None
-
-    share_cfg = bool(hf.get("share_encoder_decoder_embeddings", True))
-    tie_cfg = bool(hf.get("tie_word_embeddings", True))
-    shared = f"{prefix}shared.weight"
-    enc_name = f"{prefix}encoder.embed_tokens.weight"
-    dec_name = f"{prefix}decoder.embed_tokens.weight"
-    # A tied tensor is stored once, under its tie target, or (older files) under
-    # every name: read the first one present and require the others to equal it.
-    if share_cfg and tie_cfg:
-        group = [shared, enc_name, dec_name, "lm_head.weight"]
-    elif tie_cfg:
-        group = [dec_name, "lm_head.weight"]
-    else:
-        group = []
-    present = [name for name in group if name in weights]
-    for name in present[1:]:
-        used.add(name)
-        if not _same(weights[name], weights[present[0]]):
-            problems.append(f"config ties {name} to {present[0]} but the stored tensors differ")
-    tied = take(*present) if present else None
-    enc = tied if share_cfg and tie_cfg else take(enc_name)
-    dec = tied if tie_cfg else take(dec_name)
-    out = tied if tie_cfg else take("lm_head.weight")
-    if shared in weights:
-        used.add(shared)  # transformers 5 keeps it, but no module reads it when untied
-
+    prefix = hf_prefix(stored)
+    weights = Weights(stored)
+    embeddings = tied_embeddings(
+        weights, prefix, share=bool(hf.get("share_encoder_decoder_embeddings", True)),
+        tie=bool(hf.get("tie_word_embeddings", True)), problems=problems)
+    enc, dec, out = embeddings.source, embeddings.target, embeddings.output
     # Share/tie in our model exactly where the matrices are equal: same outputs, less memory.
     # (Only where the config's vocabularies agree: wrong shapes are reported below.)
     cfg = dataclasses.replace(
-        cfg, share_embeddings=_same(enc, dec) and cfg.src_vocab_size == cfg.tgt_vocab_size,
-        tie_output=_same(out, dec))
+        cfg, share_embeddings=same(enc, dec) and cfg.src_vocab_size == cfg.tgt_vocab_size,
+        tie_output=same(out, dec))
     sd: dict[str, Tensor | None] = {"src_embed.weight": enc, "tgt_embed.weight": dec,
                                     "output.weight": out}
-    bias = take("final_logits_bias")
-    if bias is not None and bias.dim() == 2 and bias.shape[0] == 1:
-        bias = bias[0]  # stored (1, V)
-    # transformers loads a missing bias as zeros, and OPUS-MT's are all zeros: adding
-    # them is a pass over (N, V) logits every decoder step that changes nothing.
-    if bias is None or (bias.is_floating_point() and not bool(bias.any())):
+    bias = logits_bias(weights)
+    if bias is None:
         cfg = dataclasses.replace(cfg, final_logits_bias=False)
     else:
         sd["final_logits_bias"] = bias
-    expected = _expected_shapes(cfg)
-    tied_name = " = ".join(present or group)  # names the tie group in messages
-    hf_names = {"src_embed.weight": tied_name if share_cfg and tie_cfg else enc_name,
-                "tgt_embed.weight": tied_name if tie_cfg else dec_name,
-                "output.weight": tied_name if tie_cfg else "lm_head.weight",
-                "final_logits_bias": "final_logits_bias"}
-    for ours, theirs in _layer_names(cfg, prefix).items():
-        sd[ours] = take(theirs)
+    hf_names = dict(embeddings.names)
+    for ours, theirs in layer_names(cfg, prefix).items():
+        sd[ours] = weights.take(theirs)
         hf_names[ours] = theirs
-    _check_positions(cfg, weights, prefix, used, problems)
-
-    for name, shape in expected.items():
-        tensor = sd.get(name)
-        if tensor is None:
-            problems.append(f"missing tensor {hf_names.get(name, name)}")
-        elif tuple(tensor.shape) != shape:
-            problems.append(f"{hf_names.get(name, name)} has shape {tuple(tensor.shape)}, "
-                            f"expected {shape}")
-        elif not tensor.is_floating_point():
-            problems.append(f"{hf_names.get(name, name)} has dtype {tensor.dtype}, expected float")
-    extra = sorted(set(weights) - used)
-    if extra:
-        shown = ", ".join(extra[:10]) + (f", ... ({len(extra)} in all)" if len(extra) > 10 else "")
-        problems.append(f"unexpected tensors (layer counts or architecture differ?): {shown}")
+    _check_positions(cfg, weights, prefix, problems)
+    state = check_state(cfg, sd, hf_names, weights, problems)
     if problems:
         # A tied matrix is checked once per use; say each thing once.
         raise ConversionError(path, dict.fromkeys(problems))
     cfg.extra["path"] = str(path)
-    return cfg, {k: v for k, v in sd.items() if k in expected and v is not None}
+    return cfg, state
 
 
 def load_marian(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
@@ -399,7 +309,7 @@ def _marian_languages(path: Path) -> tuple[str, str]:
     return "und", "und"
 
 
-def load_source(path: Path) -> Source:
+def load_source(path: Path, task: str | None = None) -> Source:
     """A Marian (OPUS-MT) folder as the exporter takes it: the model, its two
     SentencePiece models and vocab.json, its languages and generation defaults."""
     problems: list[str] = []
@@ -439,7 +349,7 @@ def load_source(path: Path) -> Source:
         kind="marian",
         model=model,
         name=path.resolve().name,
-        task="translate",
+        task=task or "translate",
         source_language=src,
         target_language=tgt,
         source_spm=path / "source.spm",

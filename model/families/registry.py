@@ -12,13 +12,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from seq2serve.model.families import marian
+from seq2serve.model.families import bart, marian
 from seq2serve.model.families.hf import CONFIG_FILE
 from seq2serve.model.families.source import Source
 
-# model_type -> the family's loader.
-FAMILIES: dict[str, Callable[[Path], Source]] = {
+# model_type -> the family's loader: (folder, the task asked by `export --task` or
+# None: the folder's own) -> Source.
+FAMILIES: dict[str, Callable[[Path, str | None], Source]] = {
     "marian": marian.load_source,
+    "bart": bart.load_source,
 }
 
 

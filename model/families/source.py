@@ -1,16 +1,21 @@
 """What a loader gives the exporter: a `Source` (the PyTorch model, the tokenizer files
 the package will carry, and the manifest fields it knows), or a `SourceError`
 listing every problem found.
+
+A source's tokenizer is SentencePiece (`source_spm`, `target_spm` and `vocab`, the
+package's vocab.json) or one Hugging Face tokenizer.json (`tokenizer_json`).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seq2serve.model.package.manifest import GenerationDefaults
-from seq2serve.model.package.tokenizer import PackageTokenizer
+from seq2serve.model.package.manifest import GenerationDefaults, TokenizerFiles
+from seq2serve.model.package.tokenizer import JsonTokenizer, PackageTokenizer, Tokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 
@@ -29,19 +34,39 @@ class Source:
     task: str
     source_language: str
     target_language: str
-    source_spm: Path
-    target_spm: Path
-    vocab: dict[str, int]
+    source_spm: Path | None = None
+    target_spm: Path | None = None
+    vocab: dict[str, int] = field(default_factory=dict)
+    tokenizer_json: Path | None = None  # instead of the three above
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     origin: dict[str, Any] = field(default_factory=dict)
     # The longest source (tokens, EOS included) the model was trained on, where
     # known; the package's max_source_length is no more than this.
     trained_source_length: int | None = None
 
-    def tokenizer(self, vocab_file: Path) -> PackageTokenizer:
+    def tokenizer_files(self) -> TokenizerFiles:
+        """The manifest's tokenizer entry for the files `write_tokenizer` writes."""
+        if self.tokenizer_json is not None:
+            return TokenizerFiles(type="tokenizers", tokenizer_json="tokenizer.json")
+        return TokenizerFiles(source_model="source.spm", target_model="target.spm",
+                              vocab="vocab.json")
+
+    def write_tokenizer(self, out: Path) -> Tokenizer:
+        """The tokenizer's files copied (or, vocab.json, written) into the package
+        directory `out`; the tokenizer reading them there."""
         cfg = self.model.cfg
-        return PackageTokenizer(self.source_spm, self.target_spm, vocab_file,
-                                unk_id=cfg.unk_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+        ids = dict(unk_id=cfg.unk_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+        files = self.tokenizer_files()
+        if self.tokenizer_json is not None:
+            shutil.copyfile(self.tokenizer_json, out / files.tokenizer_json)
+            return JsonTokenizer(out / files.tokenizer_json, **ids)
+        assert self.source_spm is not None and self.target_spm is not None
+        shutil.copyfile(self.source_spm, out / files.source_model)
+        shutil.copyfile(self.target_spm, out / files.target_model)
+        (out / files.vocab).write_text(json.dumps(self.vocab, ensure_ascii=False),
+                                       encoding="utf-8")
+        return PackageTokenizer(out / files.source_model, out / files.target_model,
+                                out / files.vocab, **ids)
 
 
 def default_generation(max_positions: int, beam_size: int = 4) -> GenerationDefaults:

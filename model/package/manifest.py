@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from seq2serve.model.config import ModelConfig
+from seq2serve.model.config import OMITTED_AT_DEFAULT, ModelConfig
 
 FORMAT_VERSION = 8
 # Format 6 packages have the same graph inputs and outputs with plain attention
@@ -224,17 +224,24 @@ class SpecialTokens:
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """The tokenizer's files in the package (SentencePiece models and the vocab
-    mapping their pieces to model ids)."""
+    """The tokenizer's files in the package: of type "sentencepiece", SentencePiece
+    models and the vocab mapping their pieces to model ids; of type "tokenizers",
+    one tokenizer.json (Hugging Face `tokenizers`, e.g. BART's byte-level BPE)."""
 
-    source_model: str
-    target_model: str
-    vocab: str
-    type: str = "sentencepiece"
+    source_model: str = field(default="", metadata=OMITTED_AT_DEFAULT)
+    target_model: str = field(default="", metadata=OMITTED_AT_DEFAULT)
+    vocab: str = field(default="", metadata=OMITTED_AT_DEFAULT)
+    type: str = "sentencepiece"  # one of TOKENIZER_TYPES
     append_eos: bool = True
+    tokenizer_json: str = field(default="", metadata=OMITTED_AT_DEFAULT)  # "tokenizers" only
 
-    def files(self) -> tuple[str, str, str]:
+    def files(self) -> tuple[str, ...]:
+        if self.type == "tokenizers":
+            return (self.tokenizer_json,)
         return self.source_model, self.target_model, self.vocab
+
+
+TOKENIZER_TYPES = ("sentencepiece", "tokenizers")
 
 
 @dataclass(frozen=True)
@@ -472,6 +479,13 @@ def _manifest_problems(manifest: Manifest) -> list[str]:
     if manifest.precision not in PRECISIONS:
         problems.append(f"precision must be one of {', '.join(PRECISIONS)}, "
                         f"got {manifest.precision!r}")
+    if manifest.tokenizer.type not in TOKENIZER_TYPES:
+        problems.append(f"tokenizer.type must be one of {', '.join(TOKENIZER_TYPES)}, "
+                        f"got {manifest.tokenizer.type!r}")
+    elif not all(manifest.tokenizer.files()):
+        problems.append(f"tokenizer: a {manifest.tokenizer.type} tokenizer needs "
+                        + ("tokenizer_json" if manifest.tokenizer.type == "tokenizers"
+                           else "source_model, target_model and vocab"))
     for required in (*GRAPH_FILES, *manifest.tokenizer.files()):
         if required not in manifest.files:
             problems.append(f"'files' does not list {required}")
@@ -565,10 +579,12 @@ class _Reported(Exception):
 
 
 def _plain(value: object) -> object:
-    """Dataclasses as JSON objects (fields that are None left out), tuples as arrays."""
+    """Dataclasses as JSON objects (fields that are None left out, and those marked
+    OMITTED_AT_DEFAULT while at their default), tuples as arrays."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(v) for f in dataclasses.fields(value)
-                if (v := getattr(value, f.name)) is not None}
+                if (v := getattr(value, f.name)) is not None
+                and not (f.metadata.get("omitted_at_default") and v == f.default)}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

@@ -1,16 +1,24 @@
-"""The package tokenizer: SentencePiece pieces mapped to model ids by a vocab.
+"""The package tokenizers, by the manifest's tokenizer type (`package_tokenizer`):
 
-This is Marian's scheme (source.spm / target.spm + vocab.json, whose ids are not
-the SentencePiece ids); seq2serve's own models write a vocab.json that maps
-each piece to its SentencePiece id, so one class serves both. No torch.
+- "sentencepiece" (`PackageTokenizer`): SentencePiece pieces mapped to model ids
+  by a vocab. This is Marian's scheme (source.spm / target.spm + vocab.json, whose
+  ids are not the SentencePiece ids); seq2serve's own models write a vocab.json
+  that maps each piece to its SentencePiece id, so one class serves both.
+- "tokenizers" (`JsonTokenizer`): a Hugging Face tokenizer.json (BART's byte-level
+  BPE) run by the `tokenizers` library alone, special tokens added by its
+  post-processor as the model's tokenizer adds them.
+
+No torch, no transformers.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Protocol
 
 import sentencepiece as spm
+import tokenizers
 
 from seq2serve.model.package.manifest import ModelPackage
 
@@ -61,9 +69,52 @@ class PackageTokenizer:
         return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
 
 
-def package_tokenizer(package: ModelPackage) -> PackageTokenizer:
+class JsonTokenizer:
+    """A tokenizer.json (Hugging Face `tokenizers`): source and target share it."""
+
+    def __init__(self, file: Path, *, unk_id: int, eos_id: int, pad_id: int):
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(file))
+        self.unk_id, self.eos_id, self.pad_id = unk_id, eos_id, pad_id
+
+    def encode(self, text: str) -> list[int]:
+        """Source text -> ids, with the special tokens the model's tokenizer adds
+        (BART: <s> ... </s>)."""
+        return list(self.tokenizer.encode(text).ids)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text -> ids, as the model's tokenizer makes labels (the same
+        encoding: BART's labels are <s> ... </s>)."""
+        return self.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """Target ids -> text; stops at EOS, skips special tokens (as transformers'
+        decode(skip_special_tokens=True))."""
+        kept: list[int] = []
+        for i in ids:
+            if i == self.eos_id:
+                break
+            kept.append(i)
+        return str(self.tokenizer.decode(kept, skip_special_tokens=True))
+
+
+class Tokenizer(Protocol):
+    """What the server and the exporter ask of a package's tokenizer."""
+
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_target(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def package_tokenizer(package: ModelPackage) -> Tokenizer:
     """The tokenizer a model package lists in its manifest."""
     files, tokens = package.manifest.tokenizer, package.manifest.special_tokens
+    if files.type == "tokenizers":
+        return JsonTokenizer(package.file(files.tokenizer_json), unk_id=tokens.unk,
+                             eos_id=tokens.eos, pad_id=tokens.pad)
     return PackageTokenizer(package.file(files.source_model), package.file(files.target_model),
                             package.file(files.vocab), unk_id=tokens.unk, eos_id=tokens.eos,
                             pad_id=tokens.pad)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from seq2serve.model.package.manifest import Manifest, ModelPackage
-from seq2serve.model.package.tokenizer import PackageTokenizer
+from seq2serve.model.package.tokenizer import Tokenizer
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo
@@ -47,7 +47,7 @@ class ModelEngine(Protocol):
 class ModelHandle:
     name: str
     package: ModelPackage
-    tokenizer: PackageTokenizer
+    tokenizer: Tokenizer
     engine: ModelEngine  # the first engine: options, limits and provider are the same in all
     scheduler: Scheduler
     workers: tuple[ModelWorker, ...]  # one per engine, all taking from `scheduler`

@@ -1,0 +1,413 @@
+"""Load a Hugging Face BART directory (BartForConditionalGeneration, e.g.
+facebook/bart-large-cnn) into `Seq2SeqTransformer`.
+
+Reads `config.json` as plain JSON and the weights with `safetensors` or
+`torch.load(weights_only=True)`; `transformers` is imported only to build a
+tokenizer.json from vocab.json + merges.txt for a folder that has none (at
+export, never in the server). Every problem found is collected before failing
+and raised as one `ConversionError` / `SourceError`.
+
+Exactness notes (checked against transformers 5.24 `modeling_bart.py`):
+- BART is post-norm with no final stack LayerNorm, LayerNorm eps 1e-5; its
+  layers carry Marian's tensor names (the shared table in hf.py).
+- Positions are learned, one table per stack, looked up at position + 2 (the
+  offset of `BartLearnedPositionalEmbedding`): the offset is folded at
+  conversion, our table being the stored one from row 2 on.
+- `layernorm_embedding`: a LayerNorm after token embedding (scaled by
+  sqrt(d_model) iff `scale_embedding`) + position, in the encoder and decoder.
+- Logits get `final_logits_bias` (dropped when all zeros).
+- Ties as Marian's in transformers 5, BART always sharing one matrix between
+  encoder and decoder: `tie_word_embeddings=false` unties everything; we share
+  and tie in our model exactly where the stored tensors are equal.
+- The decoder starts from </s> (decoder_start_token_id 2); bos <s> 0, pad 1,
+  eos 2, unk <unk> (the tokenizer's, 3 by convention).
+- Generation: bart-large-cnn forces <s> as the first token
+  (forced_bos_token_id) and </s> at max_length (forced_eos_token_id); the
+  engine does not force tokens yet: both are recorded in the manifest's
+  exporter.source for when it does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.hf import (
+    ACTIVATION_MAP,
+    ConversionError,
+    Weights,
+    check_state,
+    hf_prefix,
+    is_int,
+    layer_names,
+    logits_bias,
+    read_config,
+    read_weights,
+    same,
+    tied_embeddings,
+)
+from seq2serve.model.families.source import Source, SourceError, default_generation
+from seq2serve.model.transformer import Seq2SeqTransformer
+
+# transformers' BartConfig defaults: a config.json that omits a field means these.
+HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50265,
+    "max_position_embeddings": 1024,
+    "encoder_layers": 12,
+    "encoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16,
+    "decoder_layers": 12,
+    "decoder_ffn_dim": 4096,
+    "decoder_attention_heads": 16,
+    "activation_function": "gelu",
+    "d_model": 1024,
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "scale_embedding": False,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 2,
+    "tie_word_embeddings": True,
+}
+
+# Keys of older (transformers 2/3) BART configs. transformers 5's BART ignores
+# them and always computes post-norm with learned positions and no final stack
+# LayerNorm (mBART's layout has them): another value means another model.
+BART_FLAG_VALUES = {
+    "normalize_before": False,
+    "add_final_layer_norm": False,
+    "static_position_embeddings": False,
+    "add_bias_logits": False,
+    "normalize_embedding": True,
+}
+
+SUPPORTED_ARCHITECTURES = ("BartForConditionalGeneration", "BartModel")
+POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding looks position p up at row p + 2
+TOKENIZER_JSON = "tokenizer.json"
+
+
+# -- config ----------------------------------------------------------------------
+
+
+def _unk_id(path: Path | None, hf: Mapping[str, Any]) -> tuple[int, str]:
+    """BART configs carry no unk id; the tokenizer's vocabulary does."""
+    if is_int(hf.get("unk_token_id")):
+        return hf["unk_token_id"], "config.json"
+    if path is not None:
+        try:
+            if (path / TOKENIZER_JSON).is_file():
+                data = json.loads((path / TOKENIZER_JSON).read_text(encoding="utf-8"))
+                unk = data.get("model", {}).get("vocab", {}).get("<unk>")
+                if is_int(unk):
+                    return unk, TOKENIZER_JSON
+            if (path / "vocab.json").is_file():
+                unk = json.loads((path / "vocab.json").read_text(encoding="utf-8")).get("<unk>")
+                if is_int(unk):
+                    return unk, "vocab.json"
+        except (OSError, ValueError, AttributeError):
+            pass
+    return 3, "BART convention (<s>=0, <pad>=1, </s>=2, <unk>=3)"
+
+
+def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
+                path: Path | None = None) -> ModelConfig:
+    """Our `ModelConfig` for a BART config.json. Without `problems`, raises a
+    `ConversionError` listing every problem; with it, appends to it and returns a
+    best-effort config."""
+    own = problems is None
+    found: list[str] = [] if own else problems
+    hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if v is not None}}
+
+    if hf_config.get("model_type") != "bart":
+        found.append(f"model_type must be 'bart', got {hf_config.get('model_type')!r}")
+    archs = hf_config.get("architectures")
+    if archs is not None and not any(a in SUPPORTED_ARCHITECTURES for a in archs or ()):
+        found.append(f"architectures must include one of {SUPPORTED_ARCHITECTURES}, got {archs}")
+    for flag, bart_value in BART_FLAG_VALUES.items():
+        if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != bart_value:
+            found.append(f"{flag}={hf_config[flag]!r} is not supported (BART has "
+                         f"{flag}={bart_value!r})")
+
+    ints: dict[str, int] = {}
+    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
+                 "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
+                 "bos_token_id", "decoder_start_token_id"):
+        if is_int(hf[name]):
+            ints[name] = hf[name]
+        else:
+            found.append(f"{name} must be an integer, got {hf[name]!r}")
+            ints[name] = 1
+    eos = hf["eos_token_id"]
+    if isinstance(eos, list) and len(set(eos)) == 1:
+        eos = eos[0]
+    if not is_int(eos):
+        found.append(f"eos_token_id must be one integer, got {eos!r}")
+        eos = 2
+    activation = ACTIVATION_MAP.get(hf["activation_function"])
+    if activation is None:
+        found.append(f"activation_function must be one of {sorted(ACTIVATION_MAP)}, "
+                     f"got {hf['activation_function']!r}")
+        activation = "gelu"
+    unk, unk_source = _unk_id(path, hf_config)
+    cfg = ModelConfig(
+        src_vocab_size=ints["vocab_size"],
+        tgt_vocab_size=ints["vocab_size"],
+        d_model=ints["d_model"],
+        encoder_layers=ints["encoder_layers"],
+        decoder_layers=ints["decoder_layers"],
+        encoder_heads=ints["encoder_attention_heads"],
+        decoder_heads=ints["decoder_attention_heads"],
+        encoder_ffn_dim=ints["encoder_ffn_dim"],
+        decoder_ffn_dim=ints["decoder_ffn_dim"],
+        max_positions=ints["max_position_embeddings"],
+        dropout=float(hf["dropout"]),
+        attention_dropout=float(hf["attention_dropout"]),
+        activation_dropout=float(hf["activation_dropout"]),
+        activation=activation,
+        pre_norm=False,
+        layer_norm_eps=1e-5,  # transformers' nn.LayerNorm default, not configurable
+        scale_embedding=bool(hf["scale_embedding"]),
+        # convert_bart() shares/ties where the stored tensors are equal
+        share_embeddings=bool(hf["tie_word_embeddings"]),
+        tie_output=bool(hf["tie_word_embeddings"]),
+        final_logits_bias=True,
+        positions="learned",
+        layernorm_embedding=True,
+        pad_id=ints["pad_token_id"],
+        eos_id=eos,
+        bos_id=ints["bos_token_id"],
+        unk_id=unk,
+        decoder_start_id=ints["decoder_start_token_id"],
+        extra={
+            "source": "huggingface-bart",
+            "transformers_version": hf_config.get("transformers_version"),
+            "unk_id_from": unk_source,
+        },
+    )
+    found.extend(cfg.problems())
+    if own and found:
+        raise ConversionError("config", found)
+    return cfg
+
+
+# -- weights ---------------------------------------------------------------------
+
+
+def _learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
+                       problems: list[str]) -> dict[str, Tensor | None]:
+    """Each stack's position table with the offset folded: (max_positions, d_model)
+    from the stored (max_positions + 2, d_model); and the embedding LayerNorms."""
+    state: dict[str, Tensor | None] = {}
+    want = (cfg.max_positions + POSITION_OFFSET, cfg.d_model)
+    for side, ours in (("encoder", "src"), ("decoder", "tgt")):
+        name = f"{prefix}{side}.embed_positions.weight"
+        table = weights.take(name)
+        if table is None:
+            problems.append(f"missing tensor {name}")
+        elif tuple(table.shape) != want:
+            problems.append(f"{name} has shape {tuple(table.shape)}, expected {want} "
+                            f"(max_position_embeddings + {POSITION_OFFSET} rows)")
+        else:
+            state[f"{ours}_positions"] = table[POSITION_OFFSET:]
+        for t in ("weight", "bias"):
+            state[f"{ours}_embed_norm.{t}"] = weights.take(
+                f"{prefix}{side}.layernorm_embedding.{t}")
+    return state
+
+
+def convert_bart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(ModelConfig, state dict for `Seq2SeqTransformer`) from a BART directory,
+    or one `ConversionError` listing every problem found."""
+    path = Path(path)
+    problems: list[str] = []
+    if not path.is_dir():
+        raise ConversionError(path, [f"{path} is not a directory"])
+    hf = read_config(path, problems)
+    stored = read_weights(path, problems)
+    if hf is None:
+        raise ConversionError(path, problems)
+    cfg = bart_config(hf, problems, path)
+    if stored is None or problems:
+        raise ConversionError(path, problems)
+
+    prefix = hf_prefix(stored)
+    weights = Weights(stored)
+    tie = hf.get("tie_word_embeddings")
+    embeddings = tied_embeddings(weights, prefix, share=True,
+                                 tie=True if tie is None else bool(tie), problems=problems)
+    enc, dec, out = embeddings.source, embeddings.target, embeddings.output
+    cfg = dataclasses.replace(cfg, share_embeddings=same(enc, dec), tie_output=same(out, dec))
+    sd: dict[str, Tensor | None] = {"src_embed.weight": enc, "tgt_embed.weight": dec,
+                                    "output.weight": out}
+    bias = logits_bias(weights)
+    if bias is None:
+        cfg = dataclasses.replace(cfg, final_logits_bias=False)
+    else:
+        sd["final_logits_bias"] = bias
+    hf_names = dict(embeddings.names)
+    for side, ours in (("encoder", "src"), ("decoder", "tgt")):
+        hf_names[f"{ours}_positions"] = f"{prefix}{side}.embed_positions.weight"
+        for t in ("weight", "bias"):
+            hf_names[f"{ours}_embed_norm.{t}"] = f"{prefix}{side}.layernorm_embedding.{t}"
+    sd.update(_learned_positions(cfg, weights, prefix, problems))
+    for ours, theirs in layer_names(cfg, prefix).items():
+        sd[ours] = weights.take(theirs)
+        hf_names[ours] = theirs
+    state = check_state(cfg, sd, hf_names, weights, problems)
+    if problems:
+        raise ConversionError(path, dict.fromkeys(problems))
+    cfg.extra["path"] = str(path)
+    return cfg, state
+
+
+def load_bart(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
+    """A `Seq2SeqTransformer` in eval mode with the BART checkpoint's weights."""
+    cfg, state = convert_bart(path)
+    model = Seq2SeqTransformer(cfg)
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype).eval()
+
+
+# -- the exporter's source ----------------------------------------------------------
+
+
+def _task(hf: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The task the folder says it is for (task_specific_params), and that task's
+    generation settings: only summarization is served."""
+    params = hf.get("task_specific_params")
+    if isinstance(params, dict):
+        for key in sorted(params):
+            if key.startswith("summarization"):
+                value = params[key]
+                return "summarize", value if isinstance(value, dict) else {}
+    return None, {}
+
+
+def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
+    """The folder's tokenizer.json; or, where it has only vocab.json + merges.txt,
+    one written by transformers' BartTokenizer (at export only) into a temporary
+    folder (removed when the process ends)."""
+    if (path / TOKENIZER_JSON).is_file():
+        return path / TOKENIZER_JSON
+    if not ((path / "vocab.json").is_file() and (path / "merges.txt").is_file()):
+        problems.append(f"{TOKENIZER_JSON}: missing, and no vocab.json + merges.txt to build "
+                        "it from (a BART directory needs its tokenizer files)")
+        return None
+    try:
+        import transformers
+    except ImportError:
+        problems.append(f"{TOKENIZER_JSON}: missing; building it from vocab.json + merges.txt "
+                        "needs transformers installed (pip install transformers)")
+        return None
+    try:
+        tokenizer = transformers.BartTokenizer.from_pretrained(str(path))
+        out = Path(tempfile.mkdtemp(prefix="seq2serve-bart-tokenizer-"))
+        atexit.register(shutil.rmtree, out, True)  # read by the export, then of no use
+        tokenizer.save_pretrained(str(out))
+    except Exception as e:  # any failure of the reader is a problem to report
+        problems.append(f"vocab.json + merges.txt: cannot build {TOKENIZER_JSON} "
+                        f"({type(e).__name__}: {e})")
+        return None
+    return out / TOKENIZER_JSON
+
+
+GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "min_length",
+                   "no_repeat_ngram_size", "early_stopping", "forced_bos_token_id",
+                   "forced_eos_token_id")
+
+
+def _generation(hf: Mapping[str, Any], task_params: Mapping[str, Any], path: Path,
+                max_positions: int) -> tuple[Any, dict[str, Any]]:
+    """GenerationDefaults as generate() would run the folder: the task's parameters
+    (what transformers' summarization pipeline applies), under config.json's own
+    generation keys, under generation_config.json; Hugging Face's lengths (which
+    count the decoder start token) made counts of generated tokens, no limit
+    relative to the source (generate() has none). Also the forced tokens, which the
+    engine does not apply yet."""
+    settings: dict[str, Any] = dict(task_params)
+    settings.update({k: hf[k] for k in GENERATION_KEYS if k in hf})
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        loaded = json.loads(gen_file.read_text(encoding="utf-8"))
+        if isinstance(loaded, dict):
+            settings.update(loaded)
+    changes: dict[str, Any] = {"max_length_ratio": 0.0}
+    if is_int(settings.get("num_beams")):
+        changes["beam_size"] = settings["num_beams"]
+    if isinstance(settings.get("length_penalty"), (int, float)):
+        changes["length_penalty"] = float(settings["length_penalty"])
+    if is_int(settings.get("max_length")):
+        changes["max_length"] = min(max(settings["max_length"] - 1, 1), max_positions)
+    if is_int(settings.get("min_length")):
+        changes["min_length"] = max(settings["min_length"] - 1, 0)
+    if is_int(settings.get("no_repeat_ngram_size")):
+        changes["no_repeat_ngram_size"] = settings["no_repeat_ngram_size"]
+    early = settings.get("early_stopping")
+    if isinstance(early, bool) or early == "never":
+        changes["early_stopping"] = early
+    forced = {key: settings.get(key) for key in ("forced_bos_token_id", "forced_eos_token_id")}
+    return dataclasses.replace(default_generation(max_positions), **changes), forced
+
+
+def load_source(path: Path, task: str | None = None) -> Source:
+    """A BART folder as the exporter takes it: the model, its tokenizer.json, its
+    task (`task`, as `export --task` asks, else the folder's: task_specific_params
+    must name summarization) and generation defaults."""
+    problems: list[str] = []
+    hf: dict[str, Any] = {}
+    try:
+        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass  # load_bart reports it
+    said, task_params = _task(hf if isinstance(hf, dict) else {})
+    task = task or said
+    if task is None:
+        problems.append("config.json: task_specific_params names no summarization task and "
+                        "a BART folder must say its task: export it with --task "
+                        "(summarize or translate)")
+    tokenizer_json = _tokenizer_json(path, problems)
+    model = None
+    try:
+        model = load_bart(path)
+    except ConversionError as e:
+        problems.extend(e.problems)
+    if tokenizer_json is not None and model is not None:
+        try:
+            vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
+            added = [t["id"] for t in json.loads(tokenizer_json.read_text(encoding="utf-8"))
+                     .get("added_tokens", [])]
+            top = max([*vocab.values(), *added])
+            if top >= model.cfg.tgt_vocab_size:
+                problems.append(f"{TOKENIZER_JSON}: ids reach {top} but the model's "
+                                f"vocabulary has {model.cfg.tgt_vocab_size} entries")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            problems.append(f"{TOKENIZER_JSON}: not a byte-level BPE tokenizer.json ({e})")
+    if problems or model is None or tokenizer_json is None:
+        raise SourceError(path, problems)
+    generation, forced = _generation(hf, task_params, path, model.cfg.max_positions)
+    return Source(
+        kind="bart",
+        model=model,
+        name=path.resolve().name,
+        task=task,
+        source_language="en",
+        target_language="en",
+        tokenizer_json=tokenizer_json,
+        generation=generation,
+        origin={"format": "huggingface-bart",
+                # not applied by the engine yet (see the module's notes)
+                "forced_tokens": forced},
+    )
