@@ -170,13 +170,23 @@ def _write(data: bytes, output: str) -> str:
         sys.stdout.flush()
         return "standard output"
     target = Path(output)
-    # Whole or not at all: a failed write never leaves half a catalog behind.
+    # Whole or not at all: a failed write never leaves half a catalog behind. mkstemp
+    # makes the file 0600: give it the mode the file it replaces had, else the one a
+    # plain open() would (0666 less the umask), as a translator's other files have.
+    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
+        os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
     return str(target)
+
+
+def _umask() -> int:
+    current = os.umask(0)  # the only way to read it: set, then restore at once
+    os.umask(current)
+    return current

@@ -184,6 +184,18 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     assert "5 of 5 entries translated" in result.stderr
     check_word(raw, (tmp_path / "guide.de.docx").read_bytes())
+    # The translation gets the mode a plain open() gives a new file (mkstemp's is 0600),
+    # and a file it replaces keeps its own.
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert (tmp_path / "guide.de.docx").stat().st_mode == plain.stat().st_mode
+    (tmp_path / "guide.de.docx").chmod(0o640)
+    again = subprocess.run(
+        [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file",
+         str(tmp_path / "guide.docx"), "--to", "de", "--from", "en", "--server", server.target],
+        capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "guide.de.docx").stat().st_mode & 0o777 == 0o640
 
 
 @pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
