@@ -221,6 +221,33 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")
 
 
+EPUBCHECK = Path("/usr/share/java/epubcheck.jar")
+
+
+@pytest.mark.skipif(not EPUBCHECK.exists(), reason=f"{EPUBCHECK} is missing (apt-get install "
+                    "epubcheck)")
+def test_a_translated_book_passes_the_epub_validator(http: httpx.Client, tmp_path: Path) -> None:
+    """The W3C's EPUB validator (Debian's epubcheck, run by java: binfmt may be off)
+    finds in the translated book no error or warning that it does not find in the
+    book as ebooklib wrote it."""
+    raw = book_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("book.epub", raw)})
+    assert answer.status_code == 200, answer.text
+    (tmp_path / "book.de.epub").write_bytes(http.get(answer.json()["translatedFileUrl"]).content)
+    (tmp_path / "book.epub").write_bytes(raw)
+
+    def problems(name: str) -> list[str]:
+        run = subprocess.run(["java", "-jar", str(EPUBCHECK), str(tmp_path / name)],
+                             capture_output=True, text=True, timeout=300)
+        assert "EPUBCheck completed" in run.stdout + run.stderr, run.stdout + run.stderr
+        return sorted(line.replace(str(tmp_path / name), "BOOK")
+                      for line in (run.stdout + run.stderr).splitlines()
+                      if line.startswith(("ERROR", "WARNING", "FATAL")))
+
+    assert problems("book.de.epub") == problems("book.epub")
+
+
 HTML_SENTENCES = ["Please open the file and save it.", "My name is Michael.",
                   "See the manual for details."]
 HTML = ('<p>Please <b>open the file</b> and save it.</p><li>My name <b>is</b> Michael.</li>'
