@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.generation import generation_from_hf, suppressed_by_hf
 from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
@@ -40,7 +41,7 @@ from seq2serve.model.families.hf import (
     read_config,
     read_weights,
 )
-from seq2serve.model.families.source import Source, SourceError, default_generation
+from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
 
 # transformers' MarianConfig defaults: a config.json that omits a field means these.
@@ -426,14 +427,11 @@ def load_source(path: Path) -> Source:
                         f"vocabulary has {model.cfg.tgt_vocab_size} entries")
     if problems or model is None:
         raise SourceError(path, problems)
-    generation = default_generation(model.cfg.max_positions)
+    # What generate() does: generation_config.json, or config.json's generation keys
+    # in a folder without one (GenerationConfig.from_model_config).
     gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        hf = json.loads(gen_file.read_text(encoding="utf-8"))
-        generation = dataclasses.replace(
-            generation, beam_size=int(hf.get("num_beams", generation.beam_size)),
-            max_length=min(int(hf.get("max_length", 256)), model.cfg.max_positions),
-            length_penalty=float(hf.get("length_penalty", 1.0)))
+    settings = json.loads((gen_file if gen_file.is_file() else path / "config.json")
+                          .read_text(encoding="utf-8"))
     src, tgt = _marian_languages(path)
     return Source(
         kind="marian",
@@ -445,6 +443,7 @@ def load_source(path: Path) -> Source:
         source_spm=path / "source.spm",
         target_spm=path / "target.spm",
         vocab=vocab,
-        generation=generation,
+        generation=generation_from_hf(settings, model.cfg.max_positions),
+        suppress=suppressed_by_hf(settings),
         origin={"format": "huggingface-marian"},
     )

@@ -34,7 +34,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from seq2serve.model.config import ModelConfig
 
@@ -257,11 +257,23 @@ class GenerationDefaults:
     # Decode over the vocabulary shortlist (a format 8 package's table) unless a
     # request says otherwise; None or False: over the whole vocabulary.
     shortlist: bool | None = None
+    # The model's, not a request's (no request option overrides them), applied as
+    # generate() applies generation_config's keys of these names: the first new
+    # token is forced_bos_token_id, the last one a row's limit allows is
+    # forced_eos_token_id, and no output contains a bad word. None: off (as in
+    # manifests written before these keys).
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
+    bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+
+    MODEL_KEYS: ClassVar[tuple[str, ...]] = (
+        "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids")
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
-        """The fields this package sets, by name."""
+        """The request options' defaults this package sets, by name (the model's
+        own keys, MODEL_KEYS, are not request options)."""
         return {f.name: value for f in dataclasses.fields(self)
-                if (value := getattr(self, f.name)) is not None}
+                if f.name not in self.MODEL_KEYS and (value := getattr(self, f.name)) is not None}
 
 
 def shortlist_decoder_inputs(layers: int) -> list[TensorSpec]:
