@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from seq2serve.export.exporter import export
+from seq2serve.model.families.generation import generation_from_hf
 from seq2serve.model.families.hf import ConversionError
 from seq2serve.model.families.marian import convert_marian, load_marian
 from seq2serve.server.assembly import default_limits
@@ -405,3 +406,39 @@ def test_forced_eos_follows_each_sources_own_limit(forced_eos: Folder) -> None:
         ref = generate_nbest(one, max_new_tokens=limit, num_return_sequences=2)
         assert compare(ref, [result]) == (1, pytest.approx(0.0, abs=TOL)), (i, ref, result)
         assert all(len(h.token_ids) < limit and h.finish_reason == "eos" for h in result)
+
+
+def test_generation_from_hf_counts_as_generate_does() -> None:
+    g = generation_from_hf({"max_length": 12, "min_length": 4, "num_beams": 4,
+                            "eos_token_id": 0, "bad_words_ids": [[0], [7], [3, 4]],
+                            "forced_eos_token_id": 0, "length_penalty": 0.6,
+                            "no_repeat_ngram_size": 3, "early_stopping": True}, 64)
+    assert (g.max_length, g.min_length, g.max_length_ratio, g.beam_size) == (11, 3, 0.0, 4)
+    assert (g.length_penalty, g.no_repeat_ngram_size, g.early_stopping) == (0.6, 3, True)
+    # A one-token bad word that is EOS is dropped, as NoBadWordsLogitsProcessor does.
+    assert (g.forced_eos_token_id, g.bad_words_ids) == (0, ((7,), (3, 4)))
+    # max_new_tokens / min_new_tokens take precedence and count new tokens.
+    g = generation_from_hf({"max_length": 12, "max_new_tokens": 5, "min_length": 4,
+                            "min_new_tokens": 2}, 64)
+    assert (g.max_length, g.min_length) == (5, 2)
+    # Nothing set: generate()'s defaults (greedy, and 20 new tokens: see below); a
+    # limit past the positions is the positions'.
+    g = generation_from_hf({}, 64)
+    assert (g.beam_size, g.max_length, g.min_length, g.early_stopping, g.length_penalty,
+            g.forced_bos_token_id, g.forced_eos_token_id, g.bad_words_ids) == (
+        1, 20, 0, False, 1.0, None, None, None)
+    assert generation_from_hf({}, 16).max_length == 15  # start + new <= positions
+    assert generation_from_hf({"max_length": 512}, 64).max_length == 64
+
+
+@torch.no_grad()
+def test_generates_default_length_is_20_new_tokens() -> None:
+    """transformers 5.24: with max_length set nowhere, generate() makes 20 new
+    tokens (its default max_length 20 plus the start token), not 19."""
+    hf = hf_model(seed=4)
+    hf.generation_config.forced_eos_token_id = None
+    assert hf.generation_config.max_length is None
+    src, mask, _ = inputs(hf)
+    out = hf.generate(input_ids=src, attention_mask=mask, num_beams=1, do_sample=False,
+                      suppress_tokens=[EOS])  # no EOS: the limit ends every row
+    assert out.shape[1] == 1 + 20 == 1 + generation_from_hf({}, 64).max_length
