@@ -408,6 +408,33 @@ def test_forced_eos_follows_each_sources_own_limit(forced_eos: Folder) -> None:
         assert all(len(h.token_ids) < limit and h.finish_reason == "eos" for h in result)
 
 
+@pytest.mark.parametrize("beams", [1, 4])
+def test_forced_tokens_joining_mid_batch_equal_alone(forced_bos: Folder, beams: int) -> None:
+    """Sources with limits of their own join a running batch at different steps:
+    each gets its forced BOS first and its forced EOS at its own limit, bit for bit
+    as alone (a row's tokens never depend on its batch-mates or its join step)."""
+    engine, sources = forced_bos.engine, forced_bos.sources
+    resolved = [engine.resolve(DecodingOptions(
+        beam_size=beams, num_hypotheses=min(2, beams), max_length=3 + i % 9,
+        max_length_ratio=0.4 if i % 4 == 0 else 0.0)) for i in range(len(sources))]
+    alone = [[(h.token_ids, h.score) for h in engine.generate([s], o)[0]]
+             for s, o in zip(sources, resolved, strict=True)]
+    assert all(h[0][0] == 5 for a in alone for h in a)
+    half = len(sources) // 2
+    for at_step in (0, 2, 5):
+        batch = engine.start_batch(beams)
+        batch.admit([engine.request(i, sources[i], resolved[i]) for i in range(half)])
+        results: dict[int, Result] = {}
+        for _ in range(at_step):
+            results.update(batch.step().finished)
+        batch.admit([engine.request(i, sources[i], resolved[i])
+                     for i in range(half, len(sources))])
+        while batch.rows:
+            results.update(batch.step().finished)
+        assert {i: [(h.token_ids, h.score) for h in r] for i, r in results.items()} == \
+            dict(enumerate(alone)), at_step
+
+
 def test_generation_from_hf_counts_as_generate_does() -> None:
     g = generation_from_hf({"max_length": 12, "min_length": 4, "num_beams": 4,
                             "eos_token_id": 0, "bad_words_ids": [[0], [7], [3, 4]],
