@@ -350,6 +350,13 @@ class Manifest:
         packages with one digest compute the same outputs."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
+    def never_generated(self) -> tuple[int, ...]:
+        """The ids no output contains, whatever the step: the suppressed ones and the
+        one-token bad words (what a peer system is told to suppress)."""
+        words = self.generation.bad_words_ids or ()
+        return tuple(sorted({*self.special_tokens.suppress,
+                             *(w[0] for w in words if len(w) == 1)}))
+
     def to_dict(self) -> dict[str, object]:
         plain = _plain(self)
         assert isinstance(plain, dict)
