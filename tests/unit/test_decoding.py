@@ -345,6 +345,13 @@ def test_resolve_defaults_and_limits() -> None:
     assert (opts.beam_size, opts.length_penalty, opts.max_length) == (4, 0.6, 300)
     assert opts.decoding == "beam" and opts.max_new_tokens(10) == 20
     assert opts.max_new_tokens(400) == 300
+    # A default min_length above the max_length in force (the request's, or the
+    # default's, capped) is lowered to it; a request's own is checked.
+    with_min = {**defaults, "min_length": 56}
+    assert DecodingOptions(max_length=10).resolve(with_min, LIMITS).min_length == 10
+    assert DecodingOptions().resolve(with_min, OptionLimits(8, 30)).min_length == 30
+    with pytest.raises(InvalidOptions, match="min_length"):
+        DecodingOptions(max_length=10, min_length=11).resolve(with_min, LIMITS)
     sampled = DecodingOptions(sampling_top_p=0.9).resolve(defaults, LIMITS)
     assert sampled.decoding == "sampling" and sampled.beam_size == 1
     assert sampled.sampling_temperature == 1.0
