@@ -73,9 +73,12 @@ def generation_from_hf(config: Mapping[str, Any], max_positions: int) -> Generat
     early = config.get("early_stopping")
     early_stopping: bool | str = early if early in (True, False, "never") else False
     eos = _eos_ids(config)
+    words = config.get("bad_words_ids") or ()
     bad_words = tuple(
-        tuple(int(t) for t in word) for word in (config.get("bad_words_ids") or ())
-        if isinstance(word, list) and word and not (len(word) == 1 and word[0] in eos))
+        tuple(word) for word in (words if isinstance(words, list) else ())
+        if isinstance(word, list) and word
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in word)
+        and not (len(word) == 1 and word[0] in eos))
     beams = _int(config, "num_beams") or 1
     sampling = config.get("do_sample") is True
     return GenerationDefaults(

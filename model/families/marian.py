@@ -400,6 +400,28 @@ def _marian_languages(path: Path) -> tuple[str, str]:
     return "und", "und"
 
 
+def _generate_settings(path: Path, problems: list[str]) -> dict[str, Any]:
+    """What generate() decodes with: generation_config.json, or config.json's
+    generation keys in a folder without one (GenerationConfig.from_model_config)."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        file = path / "config.json"  # its problems are load_marian's to report
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        problems.append(f"generation_config.json: not valid JSON ({e})")
+        return {}
+    if not isinstance(data, dict):
+        problems.append("generation_config.json: not a JSON object")
+        return {}
+    return data
+
+
 def load_source(path: Path) -> Source:
     """A Marian (OPUS-MT) folder as the exporter takes it: the model, its two
     SentencePiece models and vocab.json, its languages and generation defaults."""
@@ -425,13 +447,13 @@ def load_source(path: Path) -> Source:
     if model is not None and vocab and max(vocab.values()) >= model.cfg.tgt_vocab_size:
         problems.append(f"vocab.json: ids reach {max(vocab.values())} but the model's "
                         f"vocabulary has {model.cfg.tgt_vocab_size} entries")
+    settings = _generate_settings(path, problems)
+    start = settings.get("decoder_start_token_id")
+    if model is not None and is_int(start) and start != model.cfg.decoder_start_id:
+        problems.append(f"generation_config.json: decoder_start_token_id {start} differs from "
+                        f"config.json's {model.cfg.decoder_start_id} (not supported)")
     if problems or model is None:
         raise SourceError(path, problems)
-    # What generate() does: generation_config.json, or config.json's generation keys
-    # in a folder without one (GenerationConfig.from_model_config).
-    gen_file = path / "generation_config.json"
-    settings = json.loads((gen_file if gen_file.is_file() else path / "config.json")
-                          .read_text(encoding="utf-8"))
     src, tgt = _marian_languages(path)
     return Source(
         kind="marian",

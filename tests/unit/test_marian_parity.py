@@ -19,7 +19,8 @@ from torch import Tensor
 from seq2serve.export.exporter import export
 from seq2serve.model.families.generation import generation_from_hf
 from seq2serve.model.families.hf import ConversionError
-from seq2serve.model.families.marian import convert_marian, load_marian
+from seq2serve.model.families.marian import convert_marian, load_marian, load_source
+from seq2serve.model.families.source import SourceError
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine, Result
@@ -469,3 +470,18 @@ def test_generates_default_length_is_20_new_tokens() -> None:
     out = hf.generate(input_ids=src, attention_mask=mask, num_beams=1, do_sample=False,
                       suppress_tokens=[EOS])  # no EOS: the limit ends every row
     assert out.shape[1] == 1 + 20 == 1 + generation_from_hf({}, 64).max_length
+
+
+def test_generation_config_problems_are_listed(marian_dir: Path, tmp_path: Path) -> None:
+    folder = _folder_with(marian_dir, tmp_path / "m", decoder_start_token_id=3)
+    with pytest.raises(SourceError) as info:
+        load_source(folder)
+    assert any("decoder_start_token_id 3 differs" in p for p in info.value.problems)
+    (folder / "generation_config.json").write_text("{not json")
+    with pytest.raises(SourceError) as info:
+        load_source(folder)
+    assert any("generation_config.json: not valid JSON" in p for p in info.value.problems)
+    # Without one, generate() reads config.json's keys (forced_eos_token_id 0 here).
+    (folder / "generation_config.json").unlink()
+    g = load_source(folder).generation
+    assert (g.forced_eos_token_id, g.beam_size, g.max_length, g.bad_words_ids) == (0, 1, 20, None)
