@@ -74,9 +74,12 @@ def _teach_copying(model, tokenizer_dir: Path, steps: int) -> None:
 
 
 def make_marian_dir(out: Path, seed: int = 0, train_steps: int = 0,
-                    **overrides: object) -> Path:
+                    generation: dict[str, Any] | None = None, **overrides: object) -> Path:
     """A MarianMTModel saved with save_pretrained beside a tiny SentencePiece
-    tokenizer trained here: random (train_steps=0) or briefly taught to copy."""
+    tokenizer trained here: random (train_steps=0) or briefly taught to copy.
+    Its generation_config.json is OPUS-MT's kind (beam 4, max_length the position
+    count, padding a bad word) but forces no EOS (the suite compares with
+    generate() at lengths, and finish reasons, of its own), updated by `generation`."""
     import torch
     import transformers
 
@@ -98,6 +101,11 @@ def make_marian_dir(out: Path, seed: int = 0, train_steps: int = 0,
         json.dumps({"source_lang": "en", "target_lang": "de"}), encoding="utf-8")
     if train_steps:
         _teach_copying(model, out, train_steps)
+    settings = {"num_beams": 4, "max_length": model.config.max_position_embeddings,
+                "bad_words_ids": [[model.config.pad_token_id]], "forced_eos_token_id": None,
+                **(generation or {})}
+    for key, value in settings.items():
+        setattr(model.generation_config, key, value)
     model.save_pretrained(out)
     return out
 

@@ -274,7 +274,7 @@ def translate_pieces(translator: Any, sources: Sequence[Sequence[str]], beam_siz
                      suppress: Sequence[str] = ()) -> list[list[str]]:
     """Best hypothesis per source (pieces without EOS; the source EOS is added
     by the model's config). `suppress`: pieces never generated, as the seq2serve
-    engine never generates its manifest's `special_tokens.suppress`."""
+    engine never generates its manifest's `never_generated()` ids."""
     results = translator.translate_batch(
         [list(s) for s in sources], beam_size=beam_size, num_hypotheses=1,
         max_decoding_length=max_decoding_length,

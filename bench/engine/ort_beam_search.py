@@ -191,6 +191,7 @@ class OrtBeamSearch(System):
         self.threads = threads
         manifest = load_package(package).manifest
         self.special = manifest.special_tokens
+        self.never_generated = manifest.never_generated()
         self.options = engine_defaults(manifest)
         self.vocab = manifest.config.tgt_vocab_size
         self.session: Any = None
@@ -208,7 +209,7 @@ class OrtBeamSearch(System):
             ids[row, :len(source)] = source
             mask[row, :len(source)] = 1
         vocab_mask = np.ones(self.vocab, np.int32)
-        vocab_mask[list(self.special.suppress)] = 0
+        vocab_mask[list(self.never_generated)] = 0
         limits = [self.options.max_new_tokens(len(s)) for s in sources]
         feeds = {"input_ids": ids, "attention_mask": mask, "vocab_mask": vocab_mask,
                  "num_return_sequences": np.array([1], np.int32),

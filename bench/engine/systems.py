@@ -257,7 +257,7 @@ class CheckpointCTranslate2(System):
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         manifest = load_package(package).manifest
         self.eos_id = manifest.special_tokens.eos
-        self.suppress = [[self.pieces[i]] for i in manifest.special_tokens.suppress]
+        self.suppress = [[self.pieces[i]] for i in manifest.never_generated()]
         self.options = engine_defaults(manifest)
         self.translator: Any = None
 

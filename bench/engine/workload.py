@@ -120,7 +120,9 @@ def build_marian(out: Path, shape: Shape, seed: int) -> Path:
             encoder_attention_heads=shape.heads, decoder_attention_heads=shape.heads,
             encoder_ffn_dim=shape.ffn, decoder_ffn_dim=shape.ffn, max_position_embeddings=512,
             pad_token_id=shape.pad_id, decoder_start_token_id=shape.pad_id,
-            eos_token_id=EOS_ID, forced_eos_token_id=EOS_ID, scale_embedding=True,
+            # No forced_eos_token_id (OPUS-MT's): the benchmark decodes exact lengths,
+            # and the package's defaults force what the folder's generation config does.
+            eos_token_id=EOS_ID, forced_eos_token_id=None, scale_embedding=True,
             activation_function="swish", share_encoder_decoder_embeddings=True)
         torch.manual_seed(seed)
         model = transformers.MarianMTModel(config).eval()

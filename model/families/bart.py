@@ -21,10 +21,9 @@ Exactness notes (checked against transformers 5.24 `modeling_bart.py`):
   and tie in our model exactly where the stored tensors are equal.
 - The decoder starts from </s> (decoder_start_token_id 2); bos <s> 0, pad 1,
   eos 2, unk <unk> (the tokenizer's, 3 by convention).
-- Generation: bart-large-cnn forces <s> as the first token
-  (forced_bos_token_id) and </s> at max_length (forced_eos_token_id); the
-  engine does not force tokens yet: both are recorded in the manifest's
-  exporter.source for when it does.
+- Generation: as generate() under the folder's generation_config.json
+  (generation.py), bart-large-cnn's forced <s> first (forced_bos_token_id) and
+  </s> at the limit (forced_eos_token_id) included.
 """
 
 from __future__ import annotations
@@ -42,6 +41,11 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.generation import (
+    generate_settings,
+    generation_from_hf,
+    suppressed_by_hf,
+)
 from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
@@ -56,7 +60,7 @@ from seq2serve.model.families.hf import (
     same,
     tied_embeddings,
 )
-from seq2serve.model.families.source import Source, SourceError, default_generation
+from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' BartConfig defaults: a config.json that omits a field means these.
@@ -284,16 +288,14 @@ def load_bart(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTr
 # -- the exporter's source ----------------------------------------------------------
 
 
-def _task(hf: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The task the folder says it is for (task_specific_params), and that task's
-    generation settings: only summarization is served."""
+def _task(hf: Mapping[str, Any]) -> str | None:
+    """The task the folder says it is for (task_specific_params' keys). Its values
+    are the summarization pipeline's, not generate()'s: the package decodes as
+    generate() does under the folder's generation_config.json."""
     params = hf.get("task_specific_params")
-    if isinstance(params, dict):
-        for key in sorted(params):
-            if key.startswith("summarization"):
-                value = params[key]
-                return "summarize", value if isinstance(value, dict) else {}
-    return None, {}
+    if isinstance(params, dict) and any(key.startswith("summarization") for key in params):
+        return "summarize"
+    return None
 
 
 def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
@@ -324,44 +326,6 @@ def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
     return out / TOKENIZER_JSON
 
 
-GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "min_length",
-                   "no_repeat_ngram_size", "early_stopping", "forced_bos_token_id",
-                   "forced_eos_token_id")
-
-
-def _generation(hf: Mapping[str, Any], task_params: Mapping[str, Any], path: Path,
-                max_positions: int) -> tuple[Any, dict[str, Any]]:
-    """GenerationDefaults as generate() would run the folder: the task's parameters
-    (what transformers' summarization pipeline applies), under config.json's own
-    generation keys, under generation_config.json; Hugging Face's lengths (which
-    count the decoder start token) made counts of generated tokens, no limit
-    relative to the source (generate() has none). Also the forced tokens, which the
-    engine does not apply yet."""
-    settings: dict[str, Any] = dict(task_params)
-    settings.update({k: hf[k] for k in GENERATION_KEYS if k in hf})
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        loaded = json.loads(gen_file.read_text(encoding="utf-8"))
-        if isinstance(loaded, dict):
-            settings.update(loaded)
-    changes: dict[str, Any] = {"max_length_ratio": 0.0}
-    if is_int(settings.get("num_beams")):
-        changes["beam_size"] = settings["num_beams"]
-    if isinstance(settings.get("length_penalty"), (int, float)):
-        changes["length_penalty"] = float(settings["length_penalty"])
-    if is_int(settings.get("max_length")):
-        changes["max_length"] = min(max(settings["max_length"] - 1, 1), max_positions)
-    if is_int(settings.get("min_length")):
-        changes["min_length"] = max(settings["min_length"] - 1, 0)
-    if is_int(settings.get("no_repeat_ngram_size")):
-        changes["no_repeat_ngram_size"] = settings["no_repeat_ngram_size"]
-    early = settings.get("early_stopping")
-    if isinstance(early, bool) or early == "never":
-        changes["early_stopping"] = early
-    forced = {key: settings.get(key) for key in ("forced_bos_token_id", "forced_eos_token_id")}
-    return dataclasses.replace(default_generation(max_positions), **changes), forced
-
-
 def load_source(path: Path, task: str | None = None) -> Source:
     """A BART folder as the exporter takes it: the model, its tokenizer.json, its
     task (`task`, as `export --task` asks, else the folder's: task_specific_params
@@ -372,7 +336,7 @@ def load_source(path: Path, task: str | None = None) -> Source:
         hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass  # load_bart reports it
-    said, task_params = _task(hf if isinstance(hf, dict) else {})
+    said = _task(hf if isinstance(hf, dict) else {})
     task = task or said
     if task is None:
         problems.append("config.json: task_specific_params names no summarization task and "
@@ -397,7 +361,9 @@ def load_source(path: Path, task: str | None = None) -> Source:
             problems.append(f"{TOKENIZER_JSON}: not a byte-level BPE tokenizer.json ({e})")
     if problems or model is None or tokenizer_json is None:
         raise SourceError(path, problems)
-    generation, forced = _generation(hf, task_params, path, model.cfg.max_positions)
+    settings = generate_settings(path, problems)
+    if problems:
+        raise SourceError(path, problems)
     return Source(
         kind="bart",
         model=model,
@@ -406,8 +372,7 @@ def load_source(path: Path, task: str | None = None) -> Source:
         source_language="en",
         target_language="en",
         tokenizer_json=tokenizer_json,
-        generation=generation,
-        origin={"format": "huggingface-bart",
-                # not applied by the engine yet (see the module's notes)
-                "forced_tokens": forced},
+        generation=generation_from_hf(settings, model.cfg.max_positions),
+        suppress=suppressed_by_hf(settings),
+        origin={"format": "huggingface-bart"},
     )

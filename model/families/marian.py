@@ -33,6 +33,11 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.generation import (
+    generate_settings,
+    generation_from_hf,
+    suppressed_by_hf,
+)
 from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
@@ -47,7 +52,7 @@ from seq2serve.model.families.hf import (
     same,
     tied_embeddings,
 )
-from seq2serve.model.families.source import Source, SourceError, default_generation
+from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
 
 # transformers' MarianConfig defaults: a config.json that omits a field means these.
@@ -334,16 +339,13 @@ def load_source(path: Path, task: str | None = None) -> Source:
     if model is not None and vocab and max(vocab.values()) >= model.cfg.tgt_vocab_size:
         problems.append(f"vocab.json: ids reach {max(vocab.values())} but the model's "
                         f"vocabulary has {model.cfg.tgt_vocab_size} entries")
+    settings = generate_settings(path, problems)
+    start = settings.get("decoder_start_token_id")
+    if model is not None and is_int(start) and start != model.cfg.decoder_start_id:
+        problems.append(f"generation_config.json: decoder_start_token_id {start} differs from "
+                        f"config.json's {model.cfg.decoder_start_id} (not supported)")
     if problems or model is None:
         raise SourceError(path, problems)
-    generation = default_generation(model.cfg.max_positions)
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        hf = json.loads(gen_file.read_text(encoding="utf-8"))
-        generation = dataclasses.replace(
-            generation, beam_size=int(hf.get("num_beams", generation.beam_size)),
-            max_length=min(int(hf.get("max_length", 256)), model.cfg.max_positions),
-            length_penalty=float(hf.get("length_penalty", 1.0)))
     src, tgt = _marian_languages(path)
     return Source(
         kind="marian",
@@ -355,6 +357,7 @@ def load_source(path: Path, task: str | None = None) -> Source:
         source_spm=path / "source.spm",
         target_spm=path / "target.spm",
         vocab=vocab,
-        generation=generation,
+        generation=generation_from_hf(settings, model.cfg.max_positions),
+        suppress=suppressed_by_hf(settings),
         origin={"format": "huggingface-marian"},
     )

@@ -39,6 +39,10 @@ class Source:
     vocab: dict[str, int] = field(default_factory=dict)
     tokenizer_json: Path | None = None  # instead of the three above
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    # The tokens the package never generates (its special_tokens.suppress); None:
+    # padding and a distinct start token (our own checkpoints). A Hugging Face
+    # folder says what generate() suppresses (families/generation.py).
+    suppress: tuple[int, ...] | None = None
     origin: dict[str, Any] = field(default_factory=dict)
     # The longest source (tokens, EOS included) the model was trained on, where
     # known; the package's max_source_length is no more than this.

@@ -34,7 +34,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from seq2serve.model.config import OMITTED_AT_DEFAULT, ModelConfig
 
@@ -264,11 +264,23 @@ class GenerationDefaults:
     # Decode over the vocabulary shortlist (a format 8 package's table) unless a
     # request says otherwise; None or False: over the whole vocabulary.
     shortlist: bool | None = None
+    # The model's, not a request's (no request option overrides them), applied as
+    # generate() applies generation_config's keys of these names: the first new
+    # token is forced_bos_token_id, the last one a row's limit allows is
+    # forced_eos_token_id, and no output contains a bad word. None: off (as in
+    # manifests written before these keys).
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
+    bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+
+    MODEL_KEYS: ClassVar[tuple[str, ...]] = (
+        "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids")
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
-        """The fields this package sets, by name."""
+        """The request options' defaults this package sets, by name (the model's
+        own keys, MODEL_KEYS, are not request options)."""
         return {f.name: value for f in dataclasses.fields(self)
-                if (value := getattr(self, f.name)) is not None}
+                if f.name not in self.MODEL_KEYS and (value := getattr(self, f.name)) is not None}
 
 
 def shortlist_decoder_inputs(layers: int) -> list[TensorSpec]:
@@ -344,6 +356,13 @@ class Manifest:
         """One sha256 over the manifest itself, which holds every file's sha256: two
         packages with one digest compute the same outputs."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def never_generated(self) -> tuple[int, ...]:
+        """The ids no output contains, whatever the step: the suppressed ones and the
+        one-token bad words (what a peer system is told to suppress)."""
+        words = self.generation.bad_words_ids or ()
+        return tuple(sorted({*self.special_tokens.suppress,
+                             *(w[0] for w in words if len(w) == 1)}))
 
     def to_dict(self) -> dict[str, object]:
         plain = _plain(self)

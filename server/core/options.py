@@ -116,6 +116,11 @@ class DecodingOptions:
         if self.max_length is None and isinstance(values["max_length"], int):
             # A manifest default beyond the server's cap is lowered, not an error.
             values["max_length"] = min(values["max_length"], limits.max_length)
+        if (self.min_length is None and isinstance(values["min_length"], int)
+                and isinstance(values["max_length"], int)):
+            # So is a manifest's min_length (generation_config's) above the limit in
+            # force: the limit wins, as in generate().
+            values["min_length"] = min(values["min_length"], values["max_length"])
         _check_types(values)
         resolved = ResolvedOptions(**values)
         validate(resolved, limits)

@@ -271,7 +271,10 @@ class DecodeState:
                 repetition_penalty=cat(self.processing.repetition_penalty,
                                        other.processing.repetition_penalty),
                 no_repeat_ngram_size=cat(self.processing.no_repeat_ngram_size,
-                                         other.processing.no_repeat_ngram_size)),
+                                         other.processing.no_repeat_ngram_size),
+                max_new=None if self.processing.max_new is None
+                or other.processing.max_new is None
+                else cat(self.processing.max_new, other.processing.max_new)),
             sampler=None if self.sampler is None and other.sampler is None
             else self._sampler().concatenate(other._sampler()),
             beam=(self.beam.concatenate(other.beam)

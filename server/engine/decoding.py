@@ -113,29 +113,80 @@ def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
     return log_probs
 
 
+def ban_bad_words(log_probs: np.ndarray, history: np.ndarray | None,
+                  bad_words: Sequence[Sequence[int]], lengths: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """HF's `NoBadWordsLogitsProcessor` (a -inf `SequenceBiasLogitsProcessor`): a
+    one-token bad word is always banned; a longer one's last token is banned in
+    the rows whose history (start token included) ends with the rest of it.
+    lengths (N,): how many of a row's history columns are its own (default: all);
+    history may be None when every bad word is one token."""
+    single = [int(w[0]) for w in bad_words if len(w) == 1]
+    if single:
+        log_probs[:, np.asarray(single, dtype=np.int64)] = NEG_INF
+    longer = [w for w in bad_words if len(w) > 1]
+    if not longer:
+        return log_probs
+    assert history is not None, "bad words of several tokens need the history"
+    rows_all, width = history.shape
+    if lengths is None:
+        lengths = np.full(rows_all, width)
+    for word in longer:
+        prefix = np.asarray(word[:-1], dtype=np.int64)
+        n = prefix.size
+        at = lengths[:, None] - n + np.arange(n)  # (N, n) the row's last n columns
+        fits = lengths >= n
+        tail = np.take_along_axis(history, np.maximum(at, 0), axis=1)
+        match = fits & (tail == prefix).all(axis=1)
+        log_probs[match, int(word[-1])] = NEG_INF
+    return log_probs
+
+
+def force_token(log_probs: np.ndarray, rows: np.ndarray, token: int) -> np.ndarray:
+    """HF's forced BOS/EOS processors: in the rows `rows` (a boolean mask (N,)),
+    every log-prob becomes -inf but `token`'s, which becomes 0 (the forced token
+    costs nothing and counts in the length, as in generate())."""
+    if rows.any():
+        log_probs[rows] = NEG_INF
+        log_probs[rows, token] = 0.0
+    return log_probs
+
+
+NO_TOKEN = -1  # a forced token that is not set
+
+
 @dataclass(frozen=True)
 class Processing:
-    """Per-row processing parameters (N,) plus the model's special tokens."""
+    """Per-row processing parameters (N,) plus the model's special tokens.
+    forced_bos / forced_eos: generate()'s forced_bos_token_id (the first new
+    token) and forced_eos_token_id (the last new token a row's limit allows,
+    `max_new`), NO_TOKEN when not set; bad_words: generate()'s bad_words_ids."""
 
     eos_id: int
     suppress: tuple[int, ...]
     min_length: np.ndarray
     repetition_penalty: np.ndarray
     no_repeat_ngram_size: np.ndarray
+    max_new: np.ndarray | None = None  # (N,) each row's limit; needed with forced_eos
+    forced_bos: int = NO_TOKEN
+    forced_eos: int = NO_TOKEN
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def rows(self, index: np.ndarray) -> Processing:
         """The parameters of a subset or reordering of the rows."""
         return replace(self, min_length=self.min_length[index],
                        repetition_penalty=self.repetition_penalty[index],
-                       no_repeat_ngram_size=self.no_repeat_ngram_size[index])
+                       no_repeat_ngram_size=self.no_repeat_ngram_size[index],
+                       max_new=None if self.max_new is None else self.max_new[index])
 
     @cached_property
     def reads_history(self) -> bool:
-        """Whether some row has a repetition penalty or n-gram blocking (the
-        processors that read the history); without, a step only bans EOS before
-        min_length and suppresses tokens."""
+        """Whether some row has a repetition penalty, n-gram blocking or a bad word
+        of several tokens (the processors that read the history); without, a step
+        only bans tokens, forces tokens and bans EOS before min_length."""
         return bool(np.any(self.repetition_penalty != 1.0)
-                    or np.any(self.no_repeat_ngram_size > 0))
+                    or np.any(self.no_repeat_ngram_size > 0)
+                    or any(len(w) > 1 for w in self.bad_words))
 
     @cached_property
     def suppress_ids(self) -> np.ndarray:
@@ -145,30 +196,49 @@ class Processing:
     def longest_min_length(self) -> int:
         return int(self.min_length.max()) if self.min_length.size else 0
 
+    def force(self, log_probs: np.ndarray, generated: np.ndarray, beams: int = 1
+              ) -> np.ndarray:
+        """HF's forced BOS, then forced EOS, where this Processing's rows generated
+        `generated` tokens so far; each of them is `beams` rows of log_probs."""
+        if self.forced_bos != NO_TOKEN:
+            force_token(log_probs, np.repeat(generated == 0, beams), self.forced_bos)
+        if self.forced_eos != NO_TOKEN:
+            assert self.max_new is not None, "a forced EOS needs each row's limit"
+            force_token(log_probs, np.repeat(generated == self.max_new - 1, beams),
+                        self.forced_eos)
+        return log_probs
+
 
 def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams: int,
                             p: Processing) -> np.ndarray:
     """`process_log_probs` for per-source parameters p (B,) that read no history
     (`p.reads_history` False), with `generated` (B,) and `beams` rows per source:
     the same result without its per-row arrays."""
+    if p.bad_words:
+        ban_bad_words(log_probs, None, p.bad_words)
     if p.longest_min_length > 0:
         early = generated < p.min_length
         if early.any():
             log_probs[np.repeat(early, beams), p.eos_id] = NEG_INF
+    p.force(log_probs, generated, beams)
     return suppress_tokens(log_probs, p.suppress_ids)
 
 
 def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
                       generated: np.ndarray | int, p: Processing) -> np.ndarray:
-    """Every processor, in HF's order (repetition penalty, n-grams, min length,
-    suppression). Only the penalty changes values; the rest set -inf.
+    """Every processor, in HF's order (repetition penalty, n-grams, bad words, min
+    length, forced BOS, forced EOS, suppression). Only the penalty changes values;
+    the rest set -inf (the forced tokens 0).
     generated: per row (N,) or for all rows; row r's history is its first
     generated[r] + 1 columns, then padding with a token already in the history
     (the start token), which the penalty counts once anyway."""
     apply_repetition_penalty(log_probs, history, p.repetition_penalty)
     lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
     block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)
+    if p.bad_words:
+        ban_bad_words(log_probs, history, p.bad_words, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)
+    p.force(log_probs, np.asarray(lengths - 1))
     return suppress_tokens(log_probs, p.suppress_ids)
 
 

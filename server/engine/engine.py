@@ -36,9 +36,13 @@ Scores are comparable with Hugging Face: beam search returns HF's
 `sequences_scores` (sum of processed log-probs / length ** length_penalty);
 greedy and sampling return the plain sum of the processed log-probs of the
 chosen tokens (EOS included; sampling's temperature/top-k/top-p not applied).
-Hypotheses stop at EOS or the length limit; unlike HF's Marian default
-(`forced_eos_token_id`), no EOS is forced at the limit: such a hypothesis ends
-with finish_reason "length".
+Hypotheses stop at EOS or the length limit. The package's forced tokens
+(generation_config's forced_bos_token_id / forced_eos_token_id) and bad words
+apply to every source as generate() applies them: the forced EOS at the last
+token the source's own limit allows (its max_length, lowered by
+max_length_ratio for its length), so a row's tokens never depend on its
+batch-mates. Without a forced EOS, a hypothesis cut at the limit ends with
+finish_reason "length".
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from seq2serve.server.engine.decode_state import (
     SourceOptions,
     TokenCallback,
 )
-from seq2serve.server.engine.decoding import EosStop, LengthStop, StopRule
+from seq2serve.server.engine.decoding import NO_TOKEN, EosStop, LengthStop, StopRule
 from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions, SourceError
 from seq2serve.server.engine.runner import (
     CACHE_BLOCK,
@@ -145,7 +149,12 @@ class Engine:
         tokens = manifest.special_tokens
         self.eos_id = tokens.eos
         self.pad_id = tokens.pad
-        self.special = Special(tokens.decoder_start, self.eos_id, tokens.suppress)
+        generation = manifest.generation
+        self.special = Special(
+            tokens.decoder_start, self.eos_id, tokens.suppress,
+            forced_bos=_token_or_none(generation.forced_bos_token_id),
+            forced_eos=_token_or_none(generation.forced_eos_token_id),
+            bad_words=generation.bad_words_ids or ())
         self.src_vocab_size = manifest.config.src_vocab_size
         self.max_source_length = manifest.max_source_length
         # The decoder's positions end at max_positions: one per generated token.
@@ -468,6 +477,10 @@ class RunningBatch:
         self.placed = None
         self.slots.reset()
         self.cache = None
+
+
+def _token_or_none(token: int | None) -> int:
+    return NO_TOKEN if token is None else token
 
 
 def _covers(at: slice | np.ndarray, rows: int) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 from seq2serve.server.engine.decode_state import DecodeState, Request, Sampler
 from seq2serve.server.engine.decoding import (
     NEG_INF,
+    NO_TOKEN,
     BeamParams,
     BeamState,
     Processing,
@@ -72,11 +73,16 @@ class Result(Sequence[Hypothesis]):
 
 @dataclass(frozen=True)
 class Special:
-    """The model's token ids the strategies need."""
+    """The model's token ids the strategies need: the package's special tokens and
+    its generation defaults' forced tokens and bad words (the model's, applied to
+    every request as generate() applies them; NO_TOKEN: not forced)."""
 
     start: int
     eos: int
     suppress: tuple[int, ...]
+    forced_bos: int = NO_TOKEN
+    forced_eos: int = NO_TOKEN
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,7 +174,10 @@ class SearchStrategy:
                 self.special.eos, self.special.suppress,
                 np.array([o.min_length for o in opts], dtype=np.int64),
                 np.array([o.repetition_penalty for o in opts], dtype=np.float32),
-                np.array([o.no_repeat_ngram_size for o in opts], dtype=np.int64)),
+                np.array([o.no_repeat_ngram_size for o in opts], dtype=np.int64),
+                max_new=np.array([o.max_new for o in opts], dtype=np.int64),
+                forced_bos=self.special.forced_bos, forced_eos=self.special.forced_eos,
+                bad_words=self.special.bad_words),
             sampler=None, beam=None, beam_params=None,
             # History padding: the start token, which every history holds already,
             # so the repetition penalty (once per token) cannot tell it is there.
@@ -191,13 +200,18 @@ class SearchStrategy:
             return _View(log_probs, state.processing, None)
         p = state.processing
         sampling = state.sampler is not None and bool(state.sampler.sampling.any())
+        forced = [t for t in (p.forced_bos, p.forced_eos) if t != NO_TOKEN]
+        banned = [w[0] for w in p.bad_words]  # one token each: else reads_history
         columns = None if p.reads_history or sampling else \
-            candidates.columns_of([p.eos_id, *p.suppress])
+            candidates.columns_of([p.eos_id, *p.suppress, *forced, *banned])
         if columns is None:
             return _View(candidates.expand(log_probs, state.beams), p, None)
-        return _View(log_probs, replace(p, eos_id=int(columns[0]),
-                                        suppress=tuple(int(c) for c in columns[1:])),
-                     candidates)
+        col = dict(zip([p.eos_id, *p.suppress, *forced, *banned],
+                       (int(c) for c in columns), strict=True))
+        return _View(log_probs, replace(
+            p, eos_id=col[p.eos_id], suppress=tuple(col[t] for t in p.suppress),
+            forced_bos=col.get(p.forced_bos, NO_TOKEN), forced_eos=col.get(p.forced_eos, NO_TOKEN),
+            bad_words=tuple((col[t],) for t in banned)), candidates)
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         raise NotImplementedError

@@ -543,10 +543,13 @@ def test_iteration_level_beam_search_streams_each_sentence_when_it_is_done(
     sentence is final: it goes out before the rest of the text is done."""
     running = RunningServer(server_config(models_dir, max_running_rows=64, max_running_beam=16))
     text = f"Tools. {CORPUS[3]} {CORPUS[1]}"
+    # The ratio ends the short sentence early (a Hugging Face folder's package has
+    # none by default, as generate() has none).
+    options = dict(beam_size=2, max_length=40, max_length_ratio=2.0)
     try:
         with Seq2ServeClient(running.target, timeout=60) as c:
-            chunks = list(c.translate_stream(text, beam_size=2, max_length=40))
-            [[direct]] = c.translate([text], beam_size=2, max_length=40)
+            chunks = list(c.translate_stream(text, **options))
+            [[direct]] = c.translate([text], **options)
     finally:
         running.stop()
     deltas = [chunk.text_delta for chunk in chunks if chunk.text_delta]

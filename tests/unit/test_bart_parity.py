@@ -3,8 +3,8 @@ a tiny random checkpoint with its own byte-level BPE tokenizer (trained here),
 the export at fp32 and int8, the engine against generate() token for token, the
 package's tokenizer.json against BartTokenizer, and a served summarize request.
 
-generate() runs without forced tokens (forced_bos_token_id and
-forced_eos_token_id None): the engine forces none yet.
+The tiny folder forces <s> first and </s> at the limit, as bart-large-cnn does:
+generate() runs under the folder's own generation settings, as the package does.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
 from serving import RunningServer, free_port, server_config
 from torch import Tensor
@@ -78,6 +79,11 @@ def hf_bart(vocab: int, seed: int = 0, **overrides: Any) -> Any:
 def make_bart_dir(out: Path, seed: int = 0, **overrides: Any) -> Path:
     vocab = write_bart_tokenizer(out)
     hf_bart(vocab, seed, **overrides).save_pretrained(out)
+    # bart-large-cnn's generation_config.json forces <s> first (transformers 5 does not
+    # carry forced_bos_token_id from the model config into the file it saves)
+    generation = json.loads((out / "generation_config.json").read_text())
+    generation["forced_bos_token_id"] = 0
+    (out / "generation_config.json").write_text(json.dumps(generation))
     return out
 
 
@@ -242,9 +248,11 @@ def test_export_fp32_int8_fp16(bart_dir: Path, bart_package: Path, tmp_path: Pat
     assert not (bart_package / "vocab.json").exists()
     assert not (bart_package / "source.spm").exists()
     assert manifest.config.positions == "learned" and manifest.config.layernorm_embedding
-    # task_specific_params' counts include the decoder start token; ours do not
-    assert manifest.generation.max_length == 29 and manifest.generation.min_length == 2
-    assert manifest.generation.beam_size == 2
+    # generate()'s own settings (task_specific_params are the pipeline's): nothing
+    # sets a length, so its default 20 new tokens; <s> forced first, </s> at the limit
+    generation = manifest.generation
+    assert (generation.max_length, generation.min_length, generation.beam_size) == (20, 0, 1)
+    assert (generation.forced_bos_token_id, generation.forced_eos_token_id) == (0, 2)
     assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
     for precision in ("int8", "fp16"):
         report = export(bart_dir, tmp_path / precision, precision=precision, progress=False)
@@ -265,29 +273,8 @@ def test_plain_attention_export(bart_dir: Path, tmp_path: Path) -> None:
 
 def hf_generate(model: Any, batch: dict[str, Tensor], num_beams: int = 1, n: int = 1,
                 **kwargs: Any) -> list[list[tuple[list[int], float]]]:
-    """generate()'s n-best per source (tokens without start, EOS and padding) with
-    their scores; no forced tokens, pad suppressed as the package suppresses it."""
-    cfg = model.config
-    with torch.no_grad():
-        out = model.generate(**batch, num_beams=num_beams, num_return_sequences=n,
-                             do_sample=False, max_new_tokens=MAX_NEW,
-                             forced_eos_token_id=None, forced_bos_token_id=None,
-                             suppress_tokens=[cfg.pad_token_id], output_scores=True,
-                             output_logits=True, return_dict_in_generate=True, **kwargs)
-    seqs = out.sequences[:, 1:]
-    if num_beams > 1:
-        scores = out.sequences_scores.tolist()
-    else:
-        log_probs = torch.stack(out.logits, dim=1).log_softmax(-1)
-        chosen = log_probs.gather(2, seqs[:, :, None])[:, :, 0]
-        eos = (seqs == cfg.eos_token_id).int()
-        scores = (chosen * ((torch.cumsum(eos, 1) - eos) == 0)).sum(1).tolist()
-    found = []
-    for row in seqs.tolist():
-        tokens = row[: row.index(cfg.eos_token_id)] if cfg.eos_token_id in row else row
-        found.append([t for t in tokens if t != cfg.pad_token_id])
-    return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
-            for i in range(len(found) // n)]
+    return reference_nbest(model, batch, num_beams=num_beams, num_return_sequences=n,
+                           do_sample=False, max_new_tokens=MAX_NEW, **kwargs)
 
 
 PARITY = {
@@ -346,22 +333,18 @@ def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
         assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
 
 
-def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any],
-                                                    bart_dir: Path) -> None:
-    """With no options, the package's defaults decode as generate() under the
-    folder's task parameters (max_length and min_length counting the start token)."""
+def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any]) -> None:
+    """With no options, the package decodes as generate() does under the folder's
+    own generation settings: greedy, 20 new tokens, <s> forced first and </s> at the
+    limit (the summarization pipeline's task_specific_params are not generate()'s)."""
     from seq2serve.server.core.options import DecodingOptions
 
     tok, model = hf
-    params = json.loads((bart_dir / "config.json").read_text())["task_specific_params"]
-    summarization = dict(params["summarization"])
     batch = tok(TEXTS, return_tensors="pt", padding=True)
     sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
                for i in range(len(TEXTS))]
     with torch.no_grad():
-        ref = model.generate(**batch, **summarization, do_sample=False,
-                             forced_eos_token_id=None, forced_bos_token_id=None,
-                             suppress_tokens=[1], output_scores=True,
+        ref = model.generate(**batch, output_scores=True, output_logits=True,
                              return_dict_in_generate=True)
     expected = []
     for row in ref.sequences[:, 1:].tolist():
@@ -369,27 +352,26 @@ def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, 
         expected.append([t for t in row if t != 1])
     results = engine.generate(sources, DecodingOptions())
     assert [r[0].token_ids for r in results] == expected
-    diff = max(abs(r[0].score - s) for r, s in zip(results, ref.sequences_scores.tolist(),
-                                                    strict=True))
-    assert diff <= TOL
-    assert any(r[0].finish_reason == "length" and len(r[0].token_ids) == 29 for r in results) \
-        or all(r[0].finish_reason == "eos" for r in results)
+    assert all(r[0].token_ids[0] == 0 for r in results)  # the forced <s>
+    assert all(r[0].finish_reason == "eos" for r in results)  # </s> forced at the latest
 
 
-@pytest.mark.skip(reason="TODO(issue 45): forced BOS/EOS land in the engine on another branch; "
-                  "then bart-large-cnn's forced_bos_token_id=0 must match generate() too")
-def test_engine_matches_generate_with_forced_tokens(engine: Any, hf: tuple[Any, Any]) -> None:
+def test_forced_tokens_under_beam_search(engine: Any, hf: tuple[Any, Any]) -> None:
     from seq2serve.server.core.options import DecodingOptions
 
     tok, model = hf
     batch = tok(TEXTS, return_tensors="pt", padding=True)
-    ref = model.generate(**batch, num_beams=4, max_new_tokens=MAX_NEW, forced_bos_token_id=0,
-                         forced_eos_token_id=2, suppress_tokens=[1])
+    ref = hf_generate(model, batch, num_beams=4, n=2)
     sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
                for i in range(len(TEXTS))]
-    results = engine.generate(sources, DecodingOptions(beam_size=4, max_length=MAX_NEW))
-    assert [r[0].token_ids for r in results] == [
-        [t for t in row[1:] if t not in (1, 2)] for row in ref.tolist()]
+    results = engine.generate(sources, DecodingOptions(beam_size=4, num_hypotheses=2,
+                                                       max_length=MAX_NEW,
+                                                       max_length_ratio=0))
+    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
+    assert all(h.token_ids[0] == 0 for r in results for h in r)
+    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
+               for (_, s), h in zip(r, o, strict=True))
+    assert diff <= TOL
 
 
 # -- served ----------------------------------------------------------------------------

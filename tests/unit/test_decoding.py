@@ -7,6 +7,7 @@ array: those are the definitions the engine's parity tests rely on.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from seq2serve.server.engine.decoding import (
     greedy_tokens,
     length_normalizer,
     process_log_probs,
+    process_without_history,
     sample_tokens,
     stops,
     suppress_tokens,
@@ -117,6 +119,43 @@ def test_process_log_probs_applies_all() -> None:
     assert np.isneginf(out[0, EOS]) and not np.isneginf(out[1, EOS])
     assert np.isneginf(out[:, 4]).all()
     assert out[1, 2] == pytest.approx(2 * math.log(0.2))
+
+
+def test_bad_words_and_forced_tokens_as_hf() -> None:
+    """Bad words (one token, several tokens, EOS dropped as HF drops it), min length,
+    forced BOS and forced EOS, in HF's order, row by row at different lengths, as
+    HF's processors on each row's own history; and the same without the history
+    (process_without_history) where no bad word has several tokens."""
+    rng = np.random.default_rng(2)
+    vocab, max_new = 7, np.array([3, 5, 4, 6])
+    bad = ((5,), (1, 2), (3, 1, 4))
+    history = rng.integers(1, 4, (4, 6))
+    history[:, 0] = 6  # the start token
+    history[1, 1:4] = [3, 1, 1]  # row 1 ends in (3, 1) at length 3: 4 is banned
+    lengths = np.array([1, 3, 4, 6])  # generated 0, 2, 3, 5: BOS forced in row 0, EOS in 2, 3
+    p = Processing(EOS, (6,), np.array([2, 0, 0, 0]), np.ones(4, np.float32), np.zeros(4, int),
+                   max_new=max_new, forced_bos=4, forced_eos=EOS, bad_words=bad)
+    scores = np.log(rng.dirichlet(np.ones(vocab), 4)).astype(np.float32)
+    ours = process_log_probs(scores.copy(), np.where(np.arange(6) < lengths[:, None], history, 6),
+                             lengths - 1, p)
+    for row, length in enumerate(lengths):
+        ids = torch.from_numpy(history[row:row + 1, :length])
+        ref = torch.from_numpy(scores[row:row + 1].copy())
+        for processor in (hf.NoBadWordsLogitsProcessor([list(w) for w in bad] + [[EOS]], EOS),
+                          hf.MinLengthLogitsProcessor(3, EOS),  # min_length counts the start
+                          hf.ForcedBOSTokenLogitsProcessor(4),
+                          hf.ForcedEOSTokenLogitsProcessor(int(max_new[row]) + 1, EOS),
+                          hf.SuppressTokensLogitsProcessor([6])):
+            ref = processor(ids, ref)
+        np.testing.assert_array_equal(ours[row], ref.numpy()[0], err_msg=f"row {row}")
+    assert ours[0, 4] == 0 and ours[2, EOS] == 0 and ours[3, EOS] == 0
+    # row 1 ends (3 1): 4 banned, and 2 by (1 2); 5 always, 6 suppressed
+    assert np.isfinite(ours[1]).tolist() == [True, True, False, True, False, False, False]
+    single = replace(p, bad_words=((5,),))
+    assert not single.reads_history
+    per_source = process_without_history(scores.copy(), lengths - 1, 1, single)
+    np.testing.assert_array_equal(
+        per_source, process_log_probs(scores.copy(), history, lengths - 1, single))
 
 
 def test_stop_rules() -> None:
@@ -306,6 +345,13 @@ def test_resolve_defaults_and_limits() -> None:
     assert (opts.beam_size, opts.length_penalty, opts.max_length) == (4, 0.6, 300)
     assert opts.decoding == "beam" and opts.max_new_tokens(10) == 20
     assert opts.max_new_tokens(400) == 300
+    # A default min_length above the max_length in force (the request's, or the
+    # default's, capped) is lowered to it; a request's own is checked.
+    with_min = {**defaults, "min_length": 56}
+    assert DecodingOptions(max_length=10).resolve(with_min, LIMITS).min_length == 10
+    assert DecodingOptions().resolve(with_min, OptionLimits(8, 30)).min_length == 30
+    with pytest.raises(InvalidOptions, match="min_length"):
+        DecodingOptions(max_length=10, min_length=11).resolve(with_min, LIMITS)
     sampled = DecodingOptions(sampling_top_p=0.9).resolve(defaults, LIMITS)
     assert sampled.decoding == "sampling" and sampled.beam_size == 1
     assert sampled.sampling_temperature == 1.0

@@ -1,8 +1,9 @@
 """The engine against Hugging Face `generate()` on the same Marian model, plus
 batching, shrinking, sampling, cancellation, streaming and precisions.
 
-HF runs with `forced_eos_token_id=None` (the engine forces no EOS at the
-length limit) and `suppress_tokens=[pad]` (the package's suppress list), and
+HF runs with `forced_eos_token_id=None` (the fixture folder's generation_config
+forces none, so neither does its package) and `suppress_tokens=[pad]` (the
+package bans padding as its generation_config's bad word), and
 `max_new_tokens` = the engine's `max_length`. The limit (40) is long enough
 that hypotheses end with EOS and beams stop early, so the early-stop rules
 and the batch shrinking are exercised, not only the length limit.

@@ -523,7 +523,10 @@ def test_package_manifest_and_hashes(marian_package: Path) -> None:
     # to is the margin of any step where ONNX Runtime would leave PyTorch's path.
     assert fp32["greedy_equal"] or 0 < fp32["flip_margin"] <= 1e-4
     assert fp32["alignment_equal"] is True
-    assert manifest["special_tokens"]["suppress"] == [manifest["config"]["pad_id"]]
+    # A Hugging Face folder's package suppresses what generate() does: nothing but
+    # its generation_config's bad words (padding, as OPUS-MT's say).
+    assert manifest["special_tokens"]["suppress"] == []
+    assert manifest["generation"]["bad_words_ids"] == [[manifest["config"]["pad_id"]]]
 
 
 @pytest.mark.parametrize("damage", ["tamper", "truncate", "delete"])

@@ -1,0 +1,45 @@
+"""Hugging Face generate() as the parity tests' reference: each source's n-best
+under the folder's own generation settings, scored as the engine scores."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def reference_nbest(model: Any, batch: Mapping[str, Any],
+                    **overrides: object) -> list[list[tuple[list[int], float]]]:
+    """generate() under the folder's generation_config (plus `overrides`): per
+    source its n-best (tokens without start, EOS and padding; score): beam
+    search's sequences_scores, or greedy's sum of the chosen tokens' log-probs,
+    a forced token counting 0 (its processed log-prob, as the engine sums)."""
+    gen = model.generation_config
+    n = int(overrides.get("num_return_sequences", 1))  # type: ignore[call-overload]
+    with torch.no_grad():
+        out = model.generate(**batch, output_scores=True, output_logits=True,
+                             return_dict_in_generate=True, **overrides)
+    eos, pad = gen.eos_token_id, gen.pad_token_id
+    seqs = out.sequences[:, 1:]
+    if out.get("sequences_scores") is not None:
+        scores = out.sequences_scores.tolist()
+    else:
+        chosen = torch.stack(out.logits, 1).log_softmax(-1).gather(2, seqs[:, :, None])[..., 0]
+        # generate()'s own rule: max_new_tokens, else max_length - 1, else 20 new tokens
+        asked = overrides.get("max_new_tokens")
+        limit = (int(asked) if asked is not None  # type: ignore[call-overload]
+                 else gen.max_length - 1 if gen.max_length is not None else 20)
+        if gen.forced_bos_token_id is not None:
+            chosen[:, 0] = 0.0
+        if gen.forced_eos_token_id is not None and chosen.shape[1] == limit:
+            chosen[:, limit - 1] = torch.where(seqs[:, limit - 1] == eos, 0.0,
+                                               chosen[:, limit - 1])
+        ended = torch.cumsum((seqs == eos).int(), 1) - (seqs == eos).int()
+        scores = (chosen * (ended == 0)).sum(1).tolist()
+    found = []
+    for row in seqs.tolist():
+        tokens = row[: row.index(eos)] if eos in row else row
+        found.append([t for t in tokens if t != pad])
+    return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
+            for i in range(len(found) // n)]
