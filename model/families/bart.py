@@ -354,13 +354,17 @@ def load_bart(path: str | Path, dtype: torch.dtype = torch.float32,
 
 def _task(hf: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """The task the folder says it is for (task_specific_params), and that task's
-    generation settings: only summarization is served."""
+    generation settings: only summarization is served. Several `summarization_*`
+    entries (pegasus-large has one per dataset) and no plain `summarization` make a
+    summarizer with none of their settings: no one of them is the folder's."""
     params = hf.get("task_specific_params")
     if isinstance(params, dict):
-        for key in sorted(params):
-            if key.startswith("summarization"):
-                value = params[key]
-                return "summarize", value if isinstance(value, dict) else {}
+        keys = sorted(key for key in params if key.startswith("summarization"))
+        if "summarization" in params:
+            keys = ["summarization"]
+        if keys:
+            value = params[keys[0]] if len(keys) == 1 else {}
+            return "summarize", value if isinstance(value, dict) else {}
     return None, {}
 
 

@@ -177,6 +177,18 @@ def test_hub_style_old_keys_are_accepted(tmp_path: Path) -> None:
     assert cfg.pre_norm and cfg.bos_id == 0
 
 
+def test_several_summarization_entries(tmp_path: Path) -> None:
+    """pegasus-large says one summarization_* entry per dataset: a summarizer, with
+    none of their settings (config.json's and generation_config.json's decide)."""
+    folder = make_pegasus_dir(tmp_path / "pegasus", task_specific_params={
+        "summarization_aeslc": {"length_penalty": 0.6, "max_length": 32},
+        "summarization_xsum": {"length_penalty": 0.8, "max_length": 64, "num_beams": 2}})
+    export(folder, tmp_path / "out", progress=False)
+    manifest = load_package(tmp_path / "out").manifest
+    assert manifest.task == "summarize"
+    assert (manifest.generation.beam_size, manifest.generation.length_penalty) == (4, 1.0)
+
+
 def test_refuses_conflicting_old_keys(tmp_path: Path) -> None:
     make_pegasus_dir(tmp_path)
     patch_config(tmp_path, normalize_before=False, add_final_layer_norm=False,
