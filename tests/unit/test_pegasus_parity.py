@@ -166,15 +166,29 @@ def test_pytorch_parity(case: str, tmp_path: Path) -> None:
     assert cfg.tie_output == (case != "untied")
 
 
-def test_hub_style_old_keys_are_accepted(tmp_path: Path) -> None:
-    """pegasus-xsum's config.json still carries transformers 3's keys, with the values
-    of Pegasus's structure (and extra_pos_embeddings, which only learned tables read)."""
-    folder = make_pegasus_dir(tmp_path)
+def test_hub_style_folder(tmp_path: Path) -> None:
+    """A folder as the hub's pegasus-xsum is: config.json with transformers 3's keys
+    (the values of Pegasus's structure; extra_pos_embeddings, which only learned tables
+    read) and generation keys at its top level, pytorch_model.bin storing every copy of
+    the tied matrix; the package decodes as generate() under those keys."""
+    folder = make_pegasus_dir(tmp_path / "pegasus")
     patch_config(folder, normalize_before=True, add_final_layer_norm=True,
                  static_position_embeddings=True, normalize_embedding=False,
-                 add_bias_logits=False, extra_pos_embeddings=1, bos_token_id=0)
+                 add_bias_logits=False, extra_pos_embeddings=1, bos_token_id=0,
+                 num_beams=2, max_length=12, length_penalty=0.6)
+    (folder / "generation_config.json").unlink()
+    state = load_file(folder / "model.safetensors")
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        state[name] = state["model.shared.weight"].clone()
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
     cfg, _ = convert_pegasus(folder)
-    assert cfg.pre_norm and cfg.bos_id == 0
+    assert cfg.pre_norm and cfg.bos_id == 0 and cfg.share_embeddings and cfg.tie_output
+    export(folder, tmp_path / "out", progress=False)
+    generation = load_package(tmp_path / "out").manifest.generation
+    assert (generation.beam_size, generation.max_length, generation.length_penalty) == \
+        (2, 11, 0.6)
 
 
 def test_several_summarization_entries(tmp_path: Path) -> None:
