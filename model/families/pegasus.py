@@ -45,7 +45,7 @@ from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
 from seq2serve.model.families import bart
-from seq2serve.model.families.hf import ConversionError, Weights, check_sinusoid_positions
+from seq2serve.model.families.hf import Weights, check_sinusoid_positions
 from seq2serve.model.families.source import Source
 from seq2serve.model.transformer import Seq2SeqTransformer
 
@@ -138,7 +138,3 @@ def load_source(path: Path, task: str | None = None) -> Source:
     (built from spiece.model where absent), its task (`task`, as `export --task`
     asks, else task_specific_params' `summarization*`) and generation defaults."""
     return bart.load_source(path, task, PEGASUS)
-
-
-__all__ = ["PEGASUS", "ConversionError", "convert_pegasus", "load_pegasus", "load_source",
-           "pegasus_config"]
