@@ -117,7 +117,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     shortlist from (package format 8, model/package/shortlist.py), with `shortlist`'s
     settings, used by default when `shortlist_default`.
     task: the package's task (one of TASKS), overriding the one the folder says
-    (a BART folder that says none needs it).
+    (a BART or Pegasus folder that says none needs it).
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -385,8 +385,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path,
                         help="a seq2serve checkpoint directory, or a Hugging Face model "
                         "directory: Marian (OPUS-MT: config.json, model.safetensors or "
-                        "pytorch_model.bin, source.spm, target.spm, vocab.json) or BART "
-                        "(config.json, the weights, tokenizer.json or vocab.json + merges.txt)")
+                        "pytorch_model.bin, source.spm, target.spm, vocab.json), BART "
+                        "(config.json, the weights, tokenizer.json or vocab.json + merges.txt) "
+                        "or Pegasus (config.json, the weights, tokenizer.json or spiece.model)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -395,8 +396,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="model name in the manifest (default: the source "
                         "directory's name)")
     parser.add_argument("--task", choices=TASKS, help="the package's task, overriding the "
-                        "one the folder says (task_specific_params); a BART folder that says "
-                        "none needs it")
+                        "one the folder says (task_specific_params); a BART or Pegasus folder "
+                        "that says none needs it")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "

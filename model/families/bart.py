@@ -24,6 +24,10 @@ Exactness notes (checked against transformers 5.24 `modeling_bart.py`):
 - Generation: as generate() under the folder's generation_config.json
   (generation.py), bart-large-cnn's forced <s> first (forced_bos_token_id) and
   </s> at the limit (forced_eos_token_id) included.
+
+The families of BART's layout (Pegasus: pegasus.py) reuse this module through a
+`Layout`: what the family fixes (defaults, old keys, structure, tokenizer files) and
+two hooks (the stacks' tensors outside their layers; the unk id's fallback).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import dataclasses
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,70 +107,120 @@ POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding looks position p up at row
 TOKENIZER_JSON = "tokenizer.json"
 
 
+# -- the layout's families -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a family of BART's layout fixes (BART's: `BART`, below; Pegasus's in
+    pegasus.py): config.json's defaults, the old keys it refuses (key -> the value
+    its structure has), the ModelConfig fields its architecture fixes, its
+    tokenizer files (transformers' `tokenizer_class` builds tokenizer.json from
+    them at export where absent), and two hooks: `stack_tensors` (each stack's
+    tensors outside its layers by our name, and the HF names to cite) and
+    `fallback_unk` (the unk id where neither config.json nor tokenizer.json says)."""
+
+    name: str  # in messages
+    model_type: str
+    architectures: tuple[str, ...]
+    hf_defaults: Mapping[str, Any]
+    flag_values: Mapping[str, Any]
+    structure: Mapping[str, Any]
+    stack_tensors: Callable[[ModelConfig, Weights, str, list[str]],
+                            tuple[dict[str, Tensor | None], dict[str, str]]]
+    fallback_unk: Callable[[Path | None], tuple[int, str]]
+    tokenizer_files: tuple[str, ...]
+    tokenizer_class: str
+
+
 # -- config ----------------------------------------------------------------------
 
 
-def _unk_id(path: Path | None, hf: Mapping[str, Any]) -> tuple[int, str]:
-    """BART configs carry no unk id; the tokenizer's vocabulary does."""
-    if is_int(hf.get("unk_token_id")):
-        return hf["unk_token_id"], "config.json"
-    if path is not None:
+def tokenizer_json_unk(file: Path) -> int | None:
+    """The unk id a tokenizer.json says: "<unk>" of a BPE vocabulary (a mapping),
+    a Unigram model's unk_id (its vocabulary is a list)."""
+    try:
+        model = json.loads(file.read_text(encoding="utf-8")).get("model", {})
+        vocab = model.get("vocab")
+        unk = vocab.get("<unk>") if isinstance(vocab, dict) else model.get("unk_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return unk if is_int(unk) else None
+
+
+def _bart_unk(path: Path | None) -> tuple[int, str]:
+    if path is not None and (path / "vocab.json").is_file():
         try:
-            if (path / TOKENIZER_JSON).is_file():
-                data = json.loads((path / TOKENIZER_JSON).read_text(encoding="utf-8"))
-                unk = data.get("model", {}).get("vocab", {}).get("<unk>")
-                if is_int(unk):
-                    return unk, TOKENIZER_JSON
-            if (path / "vocab.json").is_file():
-                unk = json.loads((path / "vocab.json").read_text(encoding="utf-8")).get("<unk>")
-                if is_int(unk):
-                    return unk, "vocab.json"
+            unk = json.loads((path / "vocab.json").read_text(encoding="utf-8")).get("<unk>")
+            if is_int(unk):
+                return unk, "vocab.json"
         except (OSError, ValueError, AttributeError):
             pass
     return 3, "BART convention (<s>=0, <pad>=1, </s>=2, <unk>=3)"
 
 
+def _unk_id(path: Path | None, hf: Mapping[str, Any], layout: Layout,
+            tokenizer_json: Path | None = None) -> tuple[int, str]:
+    """The family's configs carry no unk id; the tokenizer's vocabulary does
+    (`tokenizer_json`, else the folder's)."""
+    if is_int(hf.get("unk_token_id")):
+        return hf["unk_token_id"], "config.json"
+    if tokenizer_json is None and path is not None and (path / TOKENIZER_JSON).is_file():
+        tokenizer_json = path / TOKENIZER_JSON
+    if tokenizer_json is not None and (unk := tokenizer_json_unk(tokenizer_json)) is not None:
+        return unk, TOKENIZER_JSON
+    return layout.fallback_unk(path)
+
+
 def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
-                path: Path | None = None) -> ModelConfig:
-    """Our `ModelConfig` for a BART config.json. Without `problems`, raises a
-    `ConversionError` listing every problem; with it, appends to it and returns a
-    best-effort config."""
+                path: Path | None = None, layout: Layout | None = None,
+                tokenizer_json: Path | None = None) -> ModelConfig:
+    """Our `ModelConfig` for a BART config.json (or one of `layout`'s family).
+    Without `problems`, raises a `ConversionError` listing every problem; with it,
+    appends to it and returns a best-effort config."""
+    layout = layout or BART
     own = problems is None
     found: list[str] = [] if own else problems
-    hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if v is not None}}
+    hf = {**layout.hf_defaults, **{k: v for k, v in hf_config.items() if v is not None}}
 
-    if hf_config.get("model_type") != "bart":
-        found.append(f"model_type must be 'bart', got {hf_config.get('model_type')!r}")
+    if hf_config.get("model_type") != layout.model_type:
+        found.append(f"model_type must be {layout.model_type!r}, "
+                     f"got {hf_config.get('model_type')!r}")
     archs = hf_config.get("architectures")
-    if archs is not None and not any(a in SUPPORTED_ARCHITECTURES for a in archs or ()):
-        found.append(f"architectures must include one of {SUPPORTED_ARCHITECTURES}, got {archs}")
-    for flag, bart_value in BART_FLAG_VALUES.items():
-        if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != bart_value:
-            found.append(f"{flag}={hf_config[flag]!r} is not supported (BART has "
-                         f"{flag}={bart_value!r})")
+    if archs is not None and not any(a in layout.architectures for a in archs or ()):
+        found.append(f"architectures must include one of {layout.architectures}, got {archs}")
+    for flag, value in layout.flag_values.items():
+        if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != value:
+            found.append(f"{flag}={hf_config[flag]!r} is not supported ({layout.name} has "
+                         f"{flag}={value!r})")
 
     ints: dict[str, int] = {}
     for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
                  "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
                  "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
-                 "bos_token_id", "decoder_start_token_id"):
+                 "decoder_start_token_id"):
         if is_int(hf[name]):
             ints[name] = hf[name]
         else:
             found.append(f"{name} must be an integer, got {hf[name]!r}")
             ints[name] = 1
+    # A family without BOS (Pegasus) has the decoder start in its place (Marian's rule).
+    bos = hf.get("bos_token_id", ints["decoder_start_token_id"])
+    if not is_int(bos):
+        found.append(f"bos_token_id must be an integer, got {bos!r}")
+        bos = ints["decoder_start_token_id"]
     eos = hf["eos_token_id"]
     if isinstance(eos, list) and len(set(eos)) == 1:
         eos = eos[0]
     if not is_int(eos):
         found.append(f"eos_token_id must be one integer, got {eos!r}")
-        eos = 2
+        eos = layout.hf_defaults["eos_token_id"]
     activation = ACTIVATION_MAP.get(hf["activation_function"])
     if activation is None:
         found.append(f"activation_function must be one of {sorted(ACTIVATION_MAP)}, "
                      f"got {hf['activation_function']!r}")
         activation = "gelu"
-    unk, unk_source = _unk_id(path, hf_config)
+    unk, unk_source = _unk_id(path, hf_config, layout, tokenizer_json)
     cfg = ModelConfig(
         src_vocab_size=ints["vocab_size"],
         tgt_vocab_size=ints["vocab_size"],
@@ -181,22 +236,20 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
         attention_dropout=float(hf["attention_dropout"]),
         activation_dropout=float(hf["activation_dropout"]),
         activation=activation,
-        pre_norm=False,
         layer_norm_eps=1e-5,  # transformers' nn.LayerNorm default, not configurable
         scale_embedding=bool(hf["scale_embedding"]),
         # convert_bart() shares/ties where the stored tensors are equal
         share_embeddings=bool(hf["tie_word_embeddings"]),
         tie_output=bool(hf["tie_word_embeddings"]),
         final_logits_bias=True,
-        positions="learned",
-        layernorm_embedding=True,
+        **layout.structure,
         pad_id=ints["pad_token_id"],
         eos_id=eos,
-        bos_id=ints["bos_token_id"],
+        bos_id=bos,
         unk_id=unk,
         decoder_start_id=ints["decoder_start_token_id"],
         extra={
-            "source": "huggingface-bart",
+            "source": f"huggingface-{layout.model_type}",
             "transformers_version": hf_config.get("transformers_version"),
             "unk_id_from": unk_source,
         },
@@ -211,13 +264,16 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
 
 
 def _learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
-                       problems: list[str]) -> dict[str, Tensor | None]:
-    """Each stack's position table with the offset folded: (max_positions, d_model)
-    from the stored (max_positions + 2, d_model); and the embedding LayerNorms."""
+                       problems: list[str]) -> tuple[dict[str, Tensor | None], dict[str, str]]:
+    """BART's stack tensors: each stack's position table with the offset folded,
+    (max_positions, d_model) from the stored (max_positions + 2, d_model); and the
+    embedding LayerNorms. With the HF names of each."""
     state: dict[str, Tensor | None] = {}
+    names: dict[str, str] = {}
     want = (cfg.max_positions + POSITION_OFFSET, cfg.d_model)
     for side, ours in (("encoder", "src"), ("decoder", "tgt")):
         name = f"{prefix}{side}.embed_positions.weight"
+        names[f"{ours}_positions"] = name
         table = weights.take(name)
         if table is None:
             problems.append(f"missing tensor {name}")
@@ -227,14 +283,25 @@ def _learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
         else:
             state[f"{ours}_positions"] = table[POSITION_OFFSET:]
         for t in ("weight", "bias"):
-            state[f"{ours}_embed_norm.{t}"] = weights.take(
-                f"{prefix}{side}.layernorm_embedding.{t}")
-    return state
+            names[f"{ours}_embed_norm.{t}"] = f"{prefix}{side}.layernorm_embedding.{t}"
+            state[f"{ours}_embed_norm.{t}"] = weights.take(names[f"{ours}_embed_norm.{t}"])
+    return state, names
 
 
-def convert_bart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """(ModelConfig, state dict for `Seq2SeqTransformer`) from a BART directory,
-    or one `ConversionError` listing every problem found."""
+BART = Layout(
+    name="BART", model_type="bart", architectures=SUPPORTED_ARCHITECTURES,
+    hf_defaults=HF_DEFAULTS, flag_values=BART_FLAG_VALUES,
+    structure={"pre_norm": False, "positions": "learned", "layernorm_embedding": True},
+    stack_tensors=_learned_positions, fallback_unk=_bart_unk,
+    tokenizer_files=("vocab.json", "merges.txt"), tokenizer_class="BartTokenizer")
+
+
+def convert_bart(path: str | Path, layout: Layout | None = None,
+                 tokenizer_json: Path | None = None) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(ModelConfig, state dict for `Seq2SeqTransformer`) from a BART directory
+    (or one of `layout`'s family), or one `ConversionError` listing every problem
+    found."""
+    layout = layout or BART
     path = Path(path)
     problems: list[str] = []
     if not path.is_dir():
@@ -243,7 +310,7 @@ def convert_bart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     stored = read_weights(path, problems)
     if hf is None:
         raise ConversionError(path, problems)
-    cfg = bart_config(hf, problems, path)
+    cfg = bart_config(hf, problems, path, layout, tokenizer_json)
     if stored is None or problems:
         raise ConversionError(path, problems)
 
@@ -262,11 +329,9 @@ def convert_bart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     else:
         sd["final_logits_bias"] = bias
     hf_names = dict(embeddings.names)
-    for side, ours in (("encoder", "src"), ("decoder", "tgt")):
-        hf_names[f"{ours}_positions"] = f"{prefix}{side}.embed_positions.weight"
-        for t in ("weight", "bias"):
-            hf_names[f"{ours}_embed_norm.{t}"] = f"{prefix}{side}.layernorm_embedding.{t}"
-    sd.update(_learned_positions(cfg, weights, prefix, problems))
+    stack, stack_names = layout.stack_tensors(cfg, weights, prefix, problems)
+    sd.update(stack)
+    hf_names.update(stack_names)
     for ours, theirs in layer_names(cfg, prefix).items():
         sd[ours] = weights.take(theirs)
         hf_names[ours] = theirs
@@ -277,9 +342,12 @@ def convert_bart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     return cfg, state
 
 
-def load_bart(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
-    """A `Seq2SeqTransformer` in eval mode with the BART checkpoint's weights."""
-    cfg, state = convert_bart(path)
+def load_bart(path: str | Path, dtype: torch.dtype = torch.float32,
+              layout: Layout | None = None,
+              tokenizer_json: Path | None = None) -> Seq2SeqTransformer:
+    """A `Seq2SeqTransformer` in eval mode with the BART checkpoint's weights (or
+    those of `layout`'s family)."""
+    cfg, state = convert_bart(path, layout, tokenizer_json)
     model = Seq2SeqTransformer(cfg)
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
@@ -298,38 +366,41 @@ def _task(hf: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _tokenizer_json(path: Path, problems: list[str]) -> Path | None:
-    """The folder's tokenizer.json; or, where it has only vocab.json + merges.txt,
-    one written by transformers' BartTokenizer (at export only) into a temporary
-    folder (removed when the process ends)."""
+def _tokenizer_json(path: Path, problems: list[str], layout: Layout) -> Path | None:
+    """The folder's tokenizer.json; or, where it has only the layout's tokenizer
+    files (BART: vocab.json + merges.txt), one written by transformers' tokenizer
+    class (BartTokenizer; at export only) into a temporary folder (removed when the
+    process ends)."""
     if (path / TOKENIZER_JSON).is_file():
         return path / TOKENIZER_JSON
-    if not ((path / "vocab.json").is_file() and (path / "merges.txt").is_file()):
-        problems.append(f"{TOKENIZER_JSON}: missing, and no vocab.json + merges.txt to build "
-                        "it from (a BART directory needs its tokenizer files)")
+    files = " + ".join(layout.tokenizer_files)
+    if not all((path / name).is_file() for name in layout.tokenizer_files):
+        problems.append(f"{TOKENIZER_JSON}: missing, and no {files} to build "
+                        f"it from (a {layout.name} directory needs its tokenizer files)")
         return None
     try:
         import transformers
     except ImportError:
-        problems.append(f"{TOKENIZER_JSON}: missing; building it from vocab.json + merges.txt "
+        problems.append(f"{TOKENIZER_JSON}: missing; building it from {files} "
                         "needs transformers installed (pip install transformers)")
         return None
     try:
-        tokenizer = transformers.BartTokenizer.from_pretrained(str(path))
-        out = Path(tempfile.mkdtemp(prefix="seq2serve-bart-tokenizer-"))
+        tokenizer = getattr(transformers, layout.tokenizer_class).from_pretrained(str(path))
+        out = Path(tempfile.mkdtemp(prefix=f"seq2serve-{layout.model_type}-tokenizer-"))
         atexit.register(shutil.rmtree, out, True)  # read by the export, then of no use
         tokenizer.save_pretrained(str(out))
     except Exception as e:  # any failure of the reader is a problem to report
-        problems.append(f"vocab.json + merges.txt: cannot build {TOKENIZER_JSON} "
+        problems.append(f"{files}: cannot build {TOKENIZER_JSON} "
                         f"({type(e).__name__}: {e})")
         return None
     return out / TOKENIZER_JSON
 
 
-def load_source(path: Path, task: str | None = None) -> Source:
-    """A BART folder as the exporter takes it: the model, its tokenizer.json, its
-    task (`task`, as `export --task` asks, else the folder's: task_specific_params
-    must name summarization) and generation defaults."""
+def load_source(path: Path, task: str | None = None, layout: Layout | None = None) -> Source:
+    """A BART folder (or one of `layout`'s family) as the exporter takes it: the
+    model, its tokenizer.json, its task (`task`, as `export --task` asks, else the
+    folder's: task_specific_params must name summarization) and generation defaults."""
+    layout = layout or BART
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
@@ -340,32 +411,32 @@ def load_source(path: Path, task: str | None = None) -> Source:
     task = task or said
     if task is None:
         problems.append("config.json: task_specific_params names no summarization task and "
-                        "a BART folder must say its task: export it with --task "
+                        f"a {layout.name} folder must say its task: export it with --task "
                         "(summarize or translate)")
-    tokenizer_json = _tokenizer_json(path, problems)
+    tokenizer_json = _tokenizer_json(path, problems, layout)
     model = None
     try:
-        model = load_bart(path)
+        model = load_bart(path, layout=layout, tokenizer_json=tokenizer_json)
     except ConversionError as e:
         problems.extend(e.problems)
     if tokenizer_json is not None and model is not None:
         try:
-            vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
-            added = [t["id"] for t in json.loads(tokenizer_json.read_text(encoding="utf-8"))
-                     .get("added_tokens", [])]
-            top = max([*vocab.values(), *added])
+            data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+            vocab = data["model"]["vocab"]  # BPE: piece -> id; Unigram: [piece, score] by id
+            ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+            top = max([*ids, *(t["id"] for t in data.get("added_tokens", []))])
             if top >= model.cfg.tgt_vocab_size:
                 problems.append(f"{TOKENIZER_JSON}: ids reach {top} but the model's "
                                 f"vocabulary has {model.cfg.tgt_vocab_size} entries")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            problems.append(f"{TOKENIZER_JSON}: not a byte-level BPE tokenizer.json ({e})")
+            problems.append(f"{TOKENIZER_JSON}: not a {layout.name} tokenizer.json ({e})")
     if problems or model is None or tokenizer_json is None:
         raise SourceError(path, problems)
     settings = generate_settings(path, problems)
     if problems:
         raise SourceError(path, problems)
     return Source(
-        kind="bart",
+        kind=layout.model_type,
         model=model,
         name=path.resolve().name,
         task=task,
@@ -374,5 +445,5 @@ def load_source(path: Path, task: str | None = None) -> Source:
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
-        origin={"format": "huggingface-bart"},
+        origin={"format": f"huggingface-{layout.model_type}"},
     )

@@ -259,3 +259,30 @@ def check_state(cfg: ModelConfig, state: Mapping[str, Tensor | None], hf_names: 
         shown = ", ".join(extra[:10]) + (f", ... ({len(extra)} in all)" if len(extra) > 10 else "")
         problems.append(f"unexpected tensors (layer counts or architecture differ?): {shown}")
     return {k: v for k, v in state.items() if k in expected and v is not None}
+
+
+def check_sinusoid_positions(cfg: ModelConfig, weights: Weights, prefix: str, family: str,
+                             problems: list[str]) -> None:
+    """A family of sinusoid positions (Marian, Pegasus): our model recomputes the
+    table, so a stored
+    `embed_positions` is only read and checked to be that table (`cfg`'s layout,
+    from position 0); one that differs would be learned positions."""
+    from seq2serve.model.transformer import sinusoid_table
+
+    table: Tensor | None = None
+    for side in ("encoder", "decoder"):
+        name = f"{prefix}{side}.embed_positions.weight"
+        stored = weights.take(name)
+        if stored is None:
+            continue
+        if tuple(stored.shape) != (cfg.max_positions, cfg.d_model):
+            problems.append(f"{name} has shape {tuple(stored.shape)}, expected "
+                            f"{(cfg.max_positions, cfg.d_model)}")
+            continue
+        if table is None:
+            table = sinusoid_table(cfg.max_positions, cfg.d_model, cfg.position_layout)
+        tol = max(4 * torch.finfo(stored.dtype).eps, 1e-6) if stored.is_floating_point() else 0
+        if not torch.allclose(stored.float(), table, atol=tol, rtol=0):
+            diff = (stored.float() - table).abs().max().item()
+            problems.append(f"{name} is not {family}'s sinusoid table (max diff {diff:.3g}); "
+                            "learned positions are not supported")

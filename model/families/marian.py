@@ -42,6 +42,7 @@ from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
     Weights,
+    check_sinusoid_positions,
     check_state,
     hf_prefix,
     is_int,
@@ -53,7 +54,7 @@ from seq2serve.model.families.hf import (
     tied_embeddings,
 )
 from seq2serve.model.families.source import Source, SourceError
-from seq2serve.model.transformer import Seq2SeqTransformer, sinusoid_table
+from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' MarianConfig defaults: a config.json that omits a field means these.
 HF_DEFAULTS: dict[str, Any] = {
@@ -220,29 +221,6 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
 # -- weights ---------------------------------------------------------------------
 
 
-def _check_positions(cfg: ModelConfig, weights: Weights, prefix: str,
-                     problems: list[str]) -> None:
-    """Stored sinusoid tables are recomputed by our model; a table that differs
-    would mean learned positions, which Marian does not have."""
-    table: Tensor | None = None
-    for side in ("encoder", "decoder"):
-        name = f"{prefix}{side}.embed_positions.weight"
-        stored = weights.take(name)
-        if stored is None:
-            continue
-        if tuple(stored.shape) != (cfg.max_positions, cfg.d_model):
-            problems.append(f"{name} has shape {tuple(stored.shape)}, expected "
-                            f"{(cfg.max_positions, cfg.d_model)}")
-            continue
-        if table is None:
-            table = sinusoid_table(cfg.max_positions, cfg.d_model, "split")
-        tol = max(4 * torch.finfo(stored.dtype).eps, 1e-6) if stored.is_floating_point() else 0
-        if not torch.allclose(stored.float(), table, atol=tol, rtol=0):
-            diff = (stored.float() - table).abs().max().item()
-            problems.append(f"{name} is not Marian's sinusoid table (max diff {diff:.3g}); "
-                            "learned positions are not supported")
-
-
 def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     """(ModelConfig, state dict for `Seq2SeqTransformer`) from a Marian directory,
     or one `ConversionError` listing every problem found."""
@@ -281,7 +259,7 @@ def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     for ours, theirs in layer_names(cfg, prefix).items():
         sd[ours] = weights.take(theirs)
         hf_names[ours] = theirs
-    _check_positions(cfg, weights, prefix, problems)
+    check_sinusoid_positions(cfg, weights, prefix, "Marian", problems)
     state = check_state(cfg, sd, hf_names, weights, problems)
     if problems:
         # A tied matrix is checked once per use; say each thing once.
