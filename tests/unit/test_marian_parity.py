@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import family_checks
 import pytest
 import torch
 import transformers
@@ -80,30 +81,8 @@ def inputs(model: transformers.MarianMTModel, seed: int = 1) -> tuple[Tensor, Te
     return src, mask, tgt
 
 
-def max_diff(a: Tensor, b: Tensor) -> float:
-    return (a - b).abs().max().item()
-
-
-@torch.no_grad()
 def assert_parity(hf: transformers.MarianMTModel, path: Path) -> dict[str, float]:
-    ours = load_marian(path)
-    src, mask, tgt = inputs(hf)
-    hf_memory = hf.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
-    hf_logits = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
-    memory, cross_k, cross_v = ours.encode(src, mask)
-    diffs = {"encoder": max_diff(memory, hf_memory),
-             "logits": max_diff(ours(src, mask, tgt), hf_logits)}
-
-    hf_log_probs = hf_logits.log_softmax(-1)
-    self_k, self_v = ours.empty_cache(3)
-    step_diff = 0.0
-    for t in range(tgt.shape[1]):
-        log_probs, self_k, self_v, _ = ours.decode_step(tgt[:, t], torch.full((3,), t), self_k,
-                                                     self_v, cross_k, cross_v, mask)
-        step_diff = max(step_diff, max_diff(log_probs, hf_log_probs[:, t]))
-    diffs["decode_step"] = step_diff
-    assert all(d <= TOL for d in diffs.values()), diffs
-    return diffs
+    return family_checks.assert_parity(hf, load_marian(path), *inputs(hf), TOL)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

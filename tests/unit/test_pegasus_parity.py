@@ -11,20 +11,18 @@ EOS included), as the package does.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-import grpc
-import httpx
+import family_checks
 import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from family_checks import check_served_summarize
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
-from serving import RunningServer, free_port, server_config
-from test_bart_parity import MAX_NEW, PARITY, hf_generate, inputs, max_diff
+from test_bart_parity import MAX_NEW, PARITY, hf_generate, inputs
 from torch import Tensor
 
 from seq2serve.export.exporter import export
@@ -120,25 +118,9 @@ def pegasus_inputs(vocab: int) -> tuple[Tensor, Tensor, Tensor]:
     return src.masked_fill(mask == 0, PAD), mask, tgt.index_fill(1, torch.tensor([0]), PAD)
 
 
-@torch.no_grad()
 def assert_parity(hf_model: Any, path: Path) -> dict[str, float]:
-    ours = load_pegasus(path)
-    src, mask, tgt = pegasus_inputs(hf_model.config.vocab_size)
-    hf_memory = hf_model.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
-    hf_logits = hf_model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
-    memory, cross_k, cross_v = ours.encode(src, mask)
-    diffs = {"encoder": max_diff(memory[mask.bool()], hf_memory[mask.bool()]),
-             "logits": max_diff(ours(src, mask, tgt), hf_logits)}
-    hf_log_probs = hf_logits.log_softmax(-1)
-    self_k, self_v = ours.empty_cache(3)
-    step = 0.0
-    for t in range(tgt.shape[1]):
-        log_probs, self_k, self_v, _ = ours.decode_step(tgt[:, t], torch.full((3,), t), self_k,
-                                                     self_v, cross_k, cross_v, mask)
-        step = max(step, max_diff(log_probs, hf_log_probs[:, t]))
-    diffs["decode_step"] = step
-    assert all(d <= TOL for d in diffs.values()), diffs
-    return diffs
+    batch = pegasus_inputs(hf_model.config.vocab_size)
+    return family_checks.assert_parity(hf_model, load_pegasus(path), *batch, TOL)
 
 
 CASES = {
@@ -381,31 +363,4 @@ def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, 
 
 def test_served_summarize_returns_the_engine_text(pegasus_package: Path, engine: Any,
                                                   tmp_path: Path) -> None:
-    from seq2serve.protos import translator_pb2 as pb
-    from seq2serve.protos import translator_pb2_grpc as pb_grpc
-    from seq2serve.server.core.options import DecodingOptions
-
-    models = tmp_path / "models"
-    shutil.copytree(pegasus_package, models / "tiny-pegasus")
-    tokenizer = package_tokenizer(load_package(pegasus_package))
-    text = CORPUS[0]
-    expected = engine.generate([tokenizer.encode(text)],
-                               DecodingOptions(beam_size=2, max_length=MAX_NEW))[0][0]
-    # The HTTP door's /summarize decodes with the package's defaults.
-    defaults = engine.generate([tokenizer.encode(text)], DecodingOptions())[0][0]
-    server = RunningServer(server_config(models, http_port=free_port()))
-    try:
-        with grpc.insecure_channel(server.target) as channel:
-            stub = pb_grpc.TranslatorStub(channel)
-            response = stub.Summarize(pb.SummarizeRequest(
-                model="tiny-pegasus", texts=[text],
-                options=pb.DecodingOptions(beam_size=2, max_length=MAX_NEW,
-                                           return_token_ids=True)), timeout=60)
-        answer = httpx.post(f"{server.http_url}/summarize", data={"q": text},
-                            timeout=60).json()
-    finally:
-        server.stop()
-    best = response.summaries[0].hypotheses[0]
-    assert list(best.token_ids) == expected.token_ids
-    assert best.text == tokenizer.decode(expected.token_ids)
-    assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
+    check_served_summarize(pegasus_package, "tiny-pegasus", engine, tmp_path, MAX_NEW)
