@@ -212,6 +212,11 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
         source = load_source(source_dir, task)
     except SourceError as e:
         problems.extend(e.problems)
+    if source is not None and attention == "fused" and source.model.cfg.decoder_head_dim % 8:
+        # ONNX Runtime's GroupQueryAttention takes heads of a multiple of 8 only.
+        problems.append(f"--attention fused needs a head size that is a multiple of 8, "
+                        f"this model's is {source.model.cfg.decoder_head_dim}: export it "
+                        f"with --attention plain")
     if problems or source is None:
         raise SourceError(source_dir, problems)
     return source

@@ -2,27 +2,46 @@
 T5ForConditionalGeneration / MT5ForConditionalGeneration on tiny random
 checkpoints (T5: relu, tied, output scaled; T5 v1.1 / Flan-T5 style: gated-gelu,
 untied lm_head, d_kv * heads != d_model; mT5: never scaled) with every weight
-perturbed: encoder, logits, cached decode steps, rows at mixed positions.
+perturbed: encoder, logits, cached decode steps, rows at mixed positions; the
+export (fused and plain attention, fp32 and int8) with a SentencePiece model
+trained here and packaged as tokenizer.json (checked against T5Tokenizer); the
+engine against generate() token for token; a served request.
+
+generate() runs with the pad token suppressed, as the package suppresses it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
 import pytest
 import torch
 import transformers
+from conftest import CORPUS
 from safetensors.torch import load_file, save_file
+from serving import RunningServer, free_port, server_config
 from torch import Tensor
 
+from seq2serve.export.exporter import export
 from seq2serve.model.config import ModelConfig
 from seq2serve.model.families.hf import ConversionError
+from seq2serve.model.families.source import SourceError
 from seq2serve.model.families.t5 import convert_t5, load_t5
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import JsonTokenizer, package_tokenizer
 
 TOL = 1e-4
-VOCAB = 200  # larger than the tokenizer, as T5's 32128
+VOCAB = 200  # larger than the tokenizer (90 pieces + 100 extra ids), as T5's 32128
+MAX_NEW = 24
+TEXTS = CORPUS[:5] + ["unseen wörds: ☃ zebra", "Open", "  spaces   and\nnew lines  "]
+TASK = {"summarization": {"prefix": "summarize: ", "num_beams": 2, "max_length": 20,
+                          "min_length": 3, "no_repeat_ngram_size": 3, "length_penalty": 2.0,
+                          "early_stopping": True}}
 
 T5_BASE: dict[str, Any] = dict(
     vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3,
@@ -50,7 +69,7 @@ def hf_t5(model_type: str, seed: int = 0, **overrides: Any) -> Any:
     model = model_cls(config_cls(**args)).eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+            p.add_(0.2 * torch.randn_like(p))
     return model
 
 
@@ -80,6 +99,32 @@ def make_t5_dir(out: Path, case: str, seed: int = 0, **overrides: Any) -> Path:
     args = {**args, **overrides}
     tie = args.pop("tie_word_embeddings", None)
     return save_t5(hf_t5(model_type, seed, **args), out, tie, untie_head=tie is False)
+
+
+def write_t5_tokenizer(out: Path) -> int:
+    """A SentencePiece unigram model trained on the corpus (pad 0, eos 1, unk 2, no
+    bos, as T5's), loaded by T5Tokenizer (100 extra ids) and saved: spiece.model
+    and tokenizer.json. Returns the tokenizer's size."""
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / "train.txt"
+    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / "spiece"), vocab_size=90, model_type="unigram",
+        hard_vocab_limit=False, minloglevel=2, num_threads=1, pad_id=0, eos_id=1, unk_id=2,
+        bos_id=-1)
+    text.unlink()
+    tok = transformers.T5Tokenizer.from_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    assert (out / "tokenizer.json").is_file()
+    return len(tok)
+
+
+def make_t5_package_dir(out: Path, case: str, **overrides: Any) -> Path:
+    size = write_t5_tokenizer(out)
+    assert size < VOCAB
+    return make_t5_dir(out, case, task_specific_params=TASK, **overrides)
 
 
 def reload(path: Path) -> Any:
@@ -205,3 +250,234 @@ def test_old_configs_keep_their_behaviour() -> None:
     for name in ("norm", "linear_bias", "ffn_gated", "head_dim", "attention_scale",
                  "relative_buckets", "relative_max_distance"):
         assert name not in plain
+
+
+# -- export --------------------------------------------------------------------------
+
+# (case, attention) of the fp32 packages the engine decodes: both graph kinds.
+PACKAGED = (("t5", "plain"), ("t5_v1_1", "fused"))
+
+
+@pytest.fixture(scope="module", params=PACKAGED, ids=[f"{c}-{a}" for c, a in PACKAGED])
+def t5_case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[str, Path, Path]:
+    """(case, folder, its fp32 package)."""
+    case, attention = request.param
+    root = tmp_path_factory.mktemp(f"t5-{case}")
+    folder = make_t5_package_dir(root / case, case)
+    package = root / "fp32"
+    export(folder, package, attention=attention, progress=False)
+    return case, folder, package
+
+
+@pytest.fixture(scope="module")
+def hf(t5_case: tuple[str, Path, Path]) -> tuple[Any, Any]:
+    folder = t5_case[1]
+    return transformers.T5Tokenizer.from_pretrained(str(folder)), reload(folder)
+
+
+def test_export_fp32(t5_case: tuple[str, Path, Path]) -> None:
+    case, _, path = t5_case
+    manifest = load_package(path).manifest
+    assert manifest.task == "summarize"
+    assert manifest.tokenizer.type == "tokenizers" and (path / "tokenizer.json").is_file()
+    assert manifest.config.positions == "relative" and manifest.config.norm == "rms"
+    assert manifest.config.head_dim == 8 and manifest.config.attention_scale == 1.0
+    assert manifest.config.tgt_vocab_size == VOCAB
+    assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
+    assert manifest.exporter["source"]["prefix"] == "summarize: "  # type: ignore[index]
+    # task_specific_params' counts include the decoder start token; ours do not
+    assert manifest.generation.max_length == 19 and manifest.generation.min_length == 2
+    assert manifest.generation.beam_size == 2
+
+
+@pytest.mark.parametrize("attention,precision", [("plain", "fp32"), ("fused", "fp32"),
+                                                 ("fused", "int8"), ("plain", "int8")])
+def test_export_plain_and_int8(attention: str, precision: str,
+                               t5_case: tuple[str, Path, Path], tmp_path: Path) -> None:
+    report = export(t5_case[1], tmp_path / "pkg", attention=attention, precision=precision,
+                    progress=False)
+    assert report.precision == precision
+    assert report.fp32_deviation["log_probs"] <= TOL
+
+
+def test_export_mt5(tmp_path: Path) -> None:
+    folder = make_t5_package_dir(tmp_path / "mt5", "mt5")
+    report = export(folder, tmp_path / "pkg", progress=False)
+    assert report.fp32_deviation["log_probs"] <= TOL
+    assert load_package(tmp_path / "pkg").manifest.config.ffn_gated
+
+
+def test_fused_needs_heads_of_a_multiple_of_8(tmp_path: Path) -> None:
+    """GroupQueryAttention takes heads of a multiple of 8: others export plain."""
+    folder = make_t5_package_dir(tmp_path / "t5", "t5", d_kv=6)
+    with pytest.raises(SourceError, match="--attention plain"):
+        export(folder, tmp_path / "fused", attention="fused", progress=False)
+    report = export(folder, tmp_path / "plain", attention="plain", progress=False)
+    assert report.fp32_deviation["log_probs"] <= TOL
+
+
+def test_task_from_translation_params_or_flag(tmp_path: Path) -> None:
+    """translation_en_to_de names the task and languages; a folder that says no task
+    is refused asking for --task; tokenizer.json is built from spiece.model."""
+    folder = make_t5_package_dir(tmp_path / "t5", "t5")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["task_specific_params"] = {"translation_en_to_de": {
+        "prefix": "translate English to German: ", "max_length": 30}}
+    (folder / "config.json").write_text(json.dumps(raw))
+    (folder / "tokenizer.json").unlink()
+    export(folder, tmp_path / "de", progress=False)
+    manifest = load_package(tmp_path / "de").manifest
+    assert (manifest.task, manifest.source_language, manifest.target_language) == (
+        "translate", "en", "de")
+    assert manifest.exporter["source"]["prefix"] == (  # type: ignore[index]
+        "translate English to German: ")
+    del raw["task_specific_params"]
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(SourceError) as info:
+        export(folder, tmp_path / "none", progress=False)
+    assert any("--task" in p for p in info.value.problems), info.value.problems
+    export(folder, tmp_path / "summarize", progress=False, task="summarize")
+    assert load_package(tmp_path / "summarize").manifest.task == "summarize"
+
+
+def test_tokenizer_matches_t5_tokenizer(t5_case: tuple[str, Path, Path],
+                                        hf: tuple[Any, Any]) -> None:
+    hf_tok = hf[0]
+    ours = package_tokenizer(load_package(t5_case[2]))
+    assert isinstance(ours, JsonTokenizer)
+    texts = [*TEXTS, "Müller größer Straße café Noël", "日本語 🙂", "literal </s> and <pad>",
+             "<extra_id_0> masked <extra_id_1> spans", "", " ", "Don't stop , he said ."]
+    for text in texts:
+        assert ours.encode(text) == hf_tok(text)["input_ids"], text
+    g = torch.Generator().manual_seed(0)
+    rows = [hf_tok(t)["input_ids"][:-1] for t in texts]
+    rows += [torch.randint(0, len(hf_tok), (12,), generator=g).tolist() for _ in range(100)]
+    for ids in rows:
+        cut = ids[: ids.index(1)] if 1 in ids else ids  # ours stops at EOS
+        assert ours.decode(ids) == hf_tok.decode(cut, skip_special_tokens=True), ids
+
+
+# -- the engine against generate() ---------------------------------------------------
+
+
+def hf_generate(model: Any, batch: dict[str, Tensor], num_beams: int = 1, n: int = 1,
+                **kwargs: Any) -> list[list[tuple[list[int], float]]]:
+    """generate()'s n-best per source (tokens without start, EOS and padding) with
+    their scores; pad suppressed as the package suppresses it. Without
+    generate()'s cache: transformers 5.24 sizes it by num_layers, not
+    num_decoder_layers (an IndexError for these 2 + 3 layer models); the uncached
+    pass computes the same."""
+    cfg = model.config
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=num_beams, num_return_sequences=n,
+                             do_sample=False, max_new_tokens=MAX_NEW, use_cache=False,
+                             suppress_tokens=[cfg.pad_token_id], output_scores=True,
+                             output_logits=True, return_dict_in_generate=True, **kwargs)
+    seqs = out.sequences[:, 1:]
+    if num_beams > 1:
+        scores = out.sequences_scores.tolist()
+    else:
+        log_probs = torch.stack(out.logits, dim=1).log_softmax(-1)
+        chosen = log_probs.gather(2, seqs[:, :, None])[:, :, 0]
+        eos = (seqs == cfg.eos_token_id).int()
+        scores = (chosen * ((torch.cumsum(eos, 1) - eos) == 0)).sum(1).tolist()
+    found = []
+    for row in seqs.tolist():
+        tokens = row[: row.index(cfg.eos_token_id)] if cfg.eos_token_id in row else row
+        found.append([t for t in tokens if t != cfg.pad_token_id])
+    return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
+            for i in range(len(found) // n)]
+
+
+PARITY = {
+    "greedy": ({}, {"beam_size": 1}),
+    "beam4_nbest2": ({"num_beams": 4, "n": 2}, {"beam_size": 4, "num_hypotheses": 2}),
+    "beam4_nbest2_length_penalty_ngram": (
+        {"num_beams": 4, "n": 2, "length_penalty": 2.0, "no_repeat_ngram_size": 3,
+         "min_new_tokens": 4},
+        {"beam_size": 4, "num_hypotheses": 2, "length_penalty": 2.0,
+         "no_repeat_ngram_size": 3, "min_length": 4}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(t5_case: tuple[str, Path, Path]) -> Any:
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    return Engine(t5_case[2], RunnerConfig(provider="cpu", intra_op_threads=1),
+                  default_limits())
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) -> None:
+    from seq2serve.server.core.options import DecodingOptions
+
+    tok, model = hf
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+               for i in range(len(TEXTS))]
+    hf_kwargs, ours = PARITY[case]
+    # generate() under the folder's generation_config.json only (not the task's)
+    ref = hf_generate(model, batch, early_stopping=False, **hf_kwargs)
+    options = {"length_penalty": 1.0, "min_length": 0, "no_repeat_ngram_size": 0,
+               "early_stopping": False, **ours}
+    results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
+                                                       **options))
+    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
+    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
+               for (_, s), h in zip(r, o, strict=True))
+    print(case, f"score diff {diff:.1e}")
+    assert diff <= TOL
+
+
+def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
+    from seq2serve.server.core.options import DecodingOptions
+
+    tokenizer = hf[0]
+    sources = [tokenizer(t)["input_ids"] for t in TEXTS]
+    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
+    together = engine.generate(sources, options)
+    for src, result in zip(sources, together, strict=True):
+        alone = engine.generate([src], options)[0]
+        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+
+
+# -- served ----------------------------------------------------------------------------
+
+
+def test_served_summarize_returns_the_engine_text(t5_case: tuple[str, Path, Path],
+                                                  engine: Any, tmp_path: Path) -> None:
+    from seq2serve.protos import translator_pb2 as pb
+    from seq2serve.protos import translator_pb2_grpc as pb_grpc
+    from seq2serve.server.core.options import DecodingOptions
+
+    package = t5_case[2]
+    models = tmp_path / "models"
+    name = load_package(package).manifest.name
+    shutil.copytree(package, models / name)
+    tokenizer = package_tokenizer(load_package(package))
+    text = CORPUS[0]
+    expected = engine.generate([tokenizer.encode(text)],
+                               DecodingOptions(beam_size=2, max_length=MAX_NEW))[0][0]
+    # The HTTP door's /summarize decodes with the package's defaults.
+    defaults = engine.generate([tokenizer.encode(text)], DecodingOptions())[0][0]
+    server = RunningServer(server_config(models, http_port=free_port()))
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            response = stub.Summarize(pb.SummarizeRequest(
+                model=name, texts=[text],
+                options=pb.DecodingOptions(beam_size=2, max_length=MAX_NEW,
+                                           return_token_ids=True)), timeout=60)
+        answer = httpx.post(f"{server.http_url}/summarize", data={"q": text},
+                            timeout=60).json()
+    finally:
+        server.stop()
+    best = response.summaries[0].hypotheses[0]
+    assert list(best.token_ids) == expected.token_ids
+    assert best.text == tokenizer.decode(expected.token_ids)
+    assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
