@@ -481,3 +481,39 @@ def test_served_summarize_returns_the_engine_text(t5_case: tuple[str, Path, Path
     assert list(best.token_ids) == expected.token_ids
     assert best.text == tokenizer.decode(expected.token_ids)
     assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
+
+
+@pytest.mark.parametrize("attention", ["plain", "fused"])
+def test_export_fp16_keeps_t5s_fp32_parts(attention: str, t5_case: tuple[str, Path, Path],
+                                           tmp_path: Path) -> None:
+    """At fp16 the RMSNorms, the feed-forward output projections and the residual
+    stream stay fp32 (as transformers keeps T5's wo in fp32)."""
+    import onnx
+
+    report = export(t5_case[1], tmp_path / "fp16", attention=attention, precision="fp16",
+                    progress=False)
+    assert report.fp32_deviation["log_probs"] <= TOL
+    assert report.deviation["log_probs"] <= 0.05  # test_export.py's fp16 bound
+    for name in ("encoder.onnx", "decoder.onnx"):
+        graph = onnx.load(str(tmp_path / "fp16" / name)).graph
+        producers = {out: node for node in graph.node for out in node.output}
+        weights = {t.name: t.data_type for t in graph.initializer}
+
+        def to(node: Any) -> int | None:
+            return next((a.i for a in node.attribute if a.name == "to"), None)
+
+        # The variance is computed in fp32 from the fp32 residual stream...
+        means = [n for n in graph.node if n.op_type == "ReduceMean" and "norm" in n.name]
+        assert means and all(producers[n.input[0]].op_type == "Pow" for n in means)
+        # ... the feed-forward output projection has fp32 weights...
+        fc2 = [n for n in graph.node if n.op_type == "MatMul" and "/ffn/fc2/" in n.name]
+        assert fc2 and all(weights[n.input[1]] == onnx.TensorProto.FLOAT for n in fc2)
+        # ... and nothing kept fp32 goes through fp16 on its way to the next.
+        for node in graph.node:
+            if node.op_type == "Cast" and to(node) == onnx.TensorProto.FLOAT:
+                first = producers.get(node.input[0])
+                assert first is None or first.op_type != "Cast" or to(first) != 10, node.name
+        # The other projections are fp16.
+        matmuls = [n for n in graph.node if n.op_type == "MatMul" and n not in fc2]
+        assert matmuls and all(weights.get(n.input[1], onnx.TensorProto.FLOAT16)
+                               == onnx.TensorProto.FLOAT16 for n in matmuls)
