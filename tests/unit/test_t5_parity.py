@@ -255,7 +255,7 @@ def test_old_configs_keep_their_behaviour() -> None:
 # -- export --------------------------------------------------------------------------
 
 # (case, attention) of the fp32 packages the engine decodes: both graph kinds.
-PACKAGED = (("t5", "plain"), ("t5_v1_1", "fused"))
+PACKAGED = (("t5", "plain"), ("t5_v1_1", "fused"), ("mt5", "fused"))
 
 
 @pytest.fixture(scope="module", params=PACKAGED, ids=[f"{c}-{a}" for c, a in PACKAGED])
