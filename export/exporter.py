@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -71,7 +72,64 @@ class ExportReport:
         return sum(self.sizes.values())
 
 
-def _convert_fp16(src: Path, dst: Path) -> None:
+# T5 (norm="rms") at fp16, as transformers runs it: the RMSNorms, the feed-forward
+# output projections (T5's `_keep_in_fp32_modules = ["wo"]`) and so the residual
+# stream they add to stay fp32 (T5 v1.1 / mT5 overflow fp16 there). Node names of
+# the traced graphs: ".../ffn_block/norm/Pow", ".../ffn/fc2/MatMul", ".../self_block/Add".
+FP16_KEPT_FP32_T5 = re.compile(r"(^|/)[a-z_]*norm(_\d+)?/|/ffn/fc2/|_block(_\d+)?/Add(_\d+)?$")
+
+
+def _fp16_kept_nodes(model: Any, cfg: ModelConfig) -> list[str]:
+    """Names of the nodes the fp16 graph keeps fp32 beyond FP16_KEPT_FP32's op types."""
+    if cfg.norm != "rms":
+        return []
+    return [node.name for node in model.graph.node if FP16_KEPT_FP32_T5.search(node.name)]
+
+
+def _drop_cast_round_trips(model: Any) -> None:
+    """Where the converter casts a kept-fp32 node's output to fp16 and back to fp32
+    for the next kept-fp32 node, that node reads the fp32 value itself (the round
+    trip would round the residual stream and the RMSNorm variance to fp16)."""
+    import onnx
+
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+
+    def cast_to(node: Any) -> int | None:
+        if node.op_type != "Cast":
+            return None
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    outputs = {out.name for out in graph.output}
+    renames: dict[str, str] = {}
+    dropped: list[Any] = []
+    for node in graph.node:
+        if cast_to(node) != onnx.TensorProto.FLOAT:
+            continue
+        first = producers.get(node.input[0])
+        if first is None or cast_to(first) != onnx.TensorProto.FLOAT16:
+            continue
+        source = producers.get(first.input[0])
+        if source is None or not source.output[0].endswith("_cast_to_fp16"):
+            continue  # only the converter's own casts (their input is fp32)
+        if node.output[0] in outputs:  # a graph output (log_probs): cast from fp32 itself
+            node.input[0] = first.input[0]
+            continue
+        renames[node.output[0]] = first.input[0]
+        dropped.append(node)
+    for node in dropped:
+        graph.node.remove(node)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+    used = {name for node in graph.node for name in node.input} | outputs
+    for node in [n for n in graph.node if cast_to(n) == onnx.TensorProto.FLOAT16
+                 and n.output[0] not in used]:
+        graph.node.remove(node)
+
+
+def _convert_fp16(src: Path, dst: Path, cfg: ModelConfig) -> None:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -79,7 +137,10 @@ def _convert_fp16(src: Path, dst: Path) -> None:
     # Values beyond fp16's range (the attention mask's fill) are clamped by the
     # converter; log_probs stay fp32 so scores are summed without fp16 rounding.
     model = convert_float_to_float16(model, keep_io_types=["log_probs"],
-                                     op_block_list=FP16_KEPT_FP32)
+                                     op_block_list=FP16_KEPT_FP32,
+                                     node_block_list=_fp16_kept_nodes(model, cfg))
+    if cfg.norm == "rms":
+        _drop_cast_round_trips(model)
     onnx.save(model, str(dst))
 
 
@@ -212,6 +273,11 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
         source = load_source(source_dir, task)
     except SourceError as e:
         problems.extend(e.problems)
+    if source is not None and attention == "fused" and source.model.cfg.decoder_head_dim % 8:
+        # ONNX Runtime's GroupQueryAttention takes heads of a multiple of 8 only.
+        problems.append(f"--attention fused needs a head size that is a multiple of 8, "
+                        f"this model's is {source.model.cfg.decoder_head_dim}: export it "
+                        f"with --attention plain")
     if problems or source is None:
         raise SourceError(source_dir, problems)
     return source
@@ -274,7 +340,7 @@ def _write_precision(model: Any, tmp: Path, fp32_dir: Path, precision: str,
         elif precision == "int8":
             quantize_int8(fp32_dir / graph, tmp / graph)
         else:
-            _convert_fp16(fp32_dir / graph, tmp / graph)
+            _convert_fp16(fp32_dir / graph, tmp / graph, model.cfg)
     # The reorder and move graphs take the decoder's cache as it is: fp16 in fp16.
     cache_dtype = _graph_dtypes(tmp / DECODER_FILE)["self_k.0"]
     write_cache_graphs(tmp, model.cfg.decoder_layers, cache_dtype, opset,

@@ -87,7 +87,7 @@ def sample_inputs(model: Seq2SeqTransformer, batch: int = 2, beams: int = 2,
     with torch.no_grad():
         _, cross_k, cross_v = model.encode(src_ids, src_mask)
     n = batch * beams
-    head_dim = cfg.d_model // cfg.decoder_heads
+    head_dim = cfg.decoder_head_dim
     # Rows at different steps: positions 0..cached, slots to spare.
     cache_shape = (n, cfg.decoder_heads, cached + 2, head_dim)
     layers = range(cfg.decoder_layers)

@@ -7,7 +7,8 @@ decoder step groups hypotheses by source so cross K/V are never copied per
 beam. `forward()` is the full-sequence pass used for training.
 
 Shapes: B sources, K hypotheses per source (beam), N = B*K decoder rows,
-S source length, T target (cache) length, L layers, H heads, Dh = D / H.
+S source length, T target (cache) length, L layers, H heads, Dh = D / H (or the
+configured head_dim: T5's d_kv).
 """
 
 from __future__ import annotations
@@ -43,11 +44,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
 
 
 def attention_with_probs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                         dropout: nn.Module | None = None) -> tuple[Tensor, Tensor]:
-    """`attention`, also returning the attention weights (..., Tq, Tk) (before dropout)."""
-    # int(): the head size is a constant of the model, not a graph value to trace.
-    scale = 1.0 / math.sqrt(int(q.shape[-1]))
-    scores = torch.matmul(q * scale, k.transpose(-1, -2))  # (..., Tq, Tk)
+                         dropout: nn.Module | None = None, scale: float = 0.0,
+                         bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`attention`, also returning the attention weights (..., Tq, Tk) (before dropout).
+    `scale` 0.0 is 1/sqrt(Dh) (T5's is 1.0); `bias` (broadcastable to the scores)
+    is added to the scores before masking (T5's relative position bias)."""
+    if not scale:
+        # int(): the head size is a constant of the model, not a graph value to trace.
+        scale = 1.0 / math.sqrt(int(q.shape[-1]))
+    scores = torch.matmul(q * scale if scale != 1.0 else q, k.transpose(-1, -2))  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         # finfo.min rather than -inf: a fully masked row (a padding query) stays finite.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -80,19 +87,68 @@ def activation_fn(name: str):
     }[name]
 
 
+class RMSNorm(nn.Module):
+    """T5's LayerNorm (T5LayerNorm): x / sqrt(mean(x^2) + eps) * weight, no mean
+    subtracted, no bias, the variance in fp32 whatever the weights' dtype (the
+    result is cast back to the weight's dtype, as transformers does)."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Casts only where they convert (a no-op Cast traced badly).
+        xf = x if x.dtype == torch.float32 else x.float()
+        h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * (h if h.dtype == self.weight.dtype else h.to(self.weight.dtype))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The configured normalisation over d_model: LayerNorm, or T5's RMSNorm."""
+    if cfg.norm == "rms":
+        return RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int,
+                    max_distance: int) -> Tensor:
+    """T5's relative position bucket (T5Attention._relative_position_bucket) of
+    `relative` = key position - query position (int64, any shape)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        relative = relative.abs()
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2
+    small = relative < max_exact
+    large = max_exact + (torch.log(relative.float() / max_exact)
+                         / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(small, relative, large)
+
+
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    def __init__(self, d_model: int, heads: int, dropout: float, head_dim: int = 0,
+                 bias: bool = True, scale: float = 0.0):
         super().__init__()
         self.heads = heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.head_dim = head_dim or d_model // heads
+        self.scale = scale  # 0.0: 1/sqrt(head_dim)
+        self.has_bias = bias
+        inner = heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # (B, H, T, Dh)
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     @staticmethod
     def merge_heads(x: Tensor) -> Tensor:
@@ -107,20 +163,23 @@ class MultiHeadAttention(nn.Module):
         (one (D, 3D) MatMul in the exported graphs: one pass over x instead of
         three small ones) -> q, k, v each (B, H, T, Dh)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)  # (B, T, D) each
+        bias = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+                if self.has_bias else None)
+        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)  # (B, T, H*Dh) each
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """q (B, H, Tq, Dh); k, v (B, H, Tk, Dh) already projected -> (B, Tq, D)."""
-        out = attention(q, k, v, mask, self.dropout if self.training else None)
-        return self.out_proj(self.merge_heads(out))
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               bias: Tensor | None = None) -> Tensor:
+        """q (B, H, Tq, Dh); k, v (B, H, Tk, Dh) already projected -> (B, Tq, D).
+        bias: added to the scores (T5's relative position bias), or None."""
+        return self.attend_with_probs(q, k, v, mask, bias)[0]
 
-    def attend_with_probs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
-                          ) -> tuple[Tensor, Tensor]:
+    def attend_with_probs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                          bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`attend`, also returning the attention weights (B, H, Tq, Tk)."""
         out, probs = attention_with_probs(q, k, v, mask,
-                                          self.dropout if self.training else None)
+                                          self.dropout if self.training else None,
+                                          self.scale, bias)
         return self.out_proj(self.merge_heads(out)), probs
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -129,25 +188,43 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float):
+    """fc2(act(fc1 x)); gated (T5 v1.1, Flan-T5, mT5): fc2(act(fc1 x) * fc_gate x)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float,
+                 bias: bool = True, gated: bool = False):
         super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
+        self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.fc_gate = nn.Linear(d_model, d_ff, bias=bias) if gated else None
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
         self.act = activation_fn(activation)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(self.act(self.fc1(x))))
+        h = self.act(self.fc1(x))
+        if self.fc_gate is not None:
+            h = h * self.fc_gate(x)
+        return self.fc2(self.dropout(h))
+
+
+def _attention(cfg: ModelConfig, heads: int) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, heads, cfg.attention_dropout, cfg.head_dim,
+                              cfg.linear_bias, cfg.attention_scale)
+
+
+def _ffn(cfg: ModelConfig, d_ff: int) -> FeedForward:
+    return FeedForward(cfg.d_model, d_ff, cfg.activation, cfg.activation_dropout,
+                       cfg.linear_bias, cfg.ffn_gated)
 
 
 class Sublayer(nn.Module):
-    """Residual connection around a sublayer with LayerNorm, post- or pre-norm."""
+    """Residual connection around a sublayer with LayerNorm (or T5's RMSNorm),
+    post- or pre-norm."""
 
-    def __init__(self, d_model: int, eps: float, dropout: float, pre_norm: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        self.norm = make_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.pre_norm
 
     def forward(self, x: Tensor, fn) -> Tensor:
         if self.pre_norm:
@@ -158,15 +235,15 @@ class Sublayer(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.encoder_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.encoder_ffn_dim, cfg.activation,
-                               cfg.activation_dropout)
-        self.attn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
-        self.ffn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+        self.self_attn = _attention(cfg, cfg.encoder_heads)
+        self.ffn = _ffn(cfg, cfg.encoder_ffn_dim)
+        self.attn_block = Sublayer(cfg)
+        self.ffn_block = Sublayer(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
+        """bias: T5's relative position bias (1, H, S, S), or None."""
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn.attend(*self.self_attn.queries_keys_values(h), mask)
+            return self.self_attn.attend(*self.self_attn.queries_keys_values(h), mask, bias)
 
         x = self.attn_block(x, self_attention)
         return self.ffn_block(x, self.ffn)
@@ -175,26 +252,26 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.decoder_heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.decoder_heads,
-                                             cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.decoder_ffn_dim, cfg.activation,
-                               cfg.activation_dropout)
-        self.self_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
-        self.cross_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
-        self.ffn_block = Sublayer(cfg.d_model, cfg.layer_norm_eps, cfg.dropout, cfg.pre_norm)
+        self.self_attn = _attention(cfg, cfg.decoder_heads)
+        self.cross_attn = _attention(cfg, cfg.decoder_heads)
+        self.ffn = _ffn(cfg, cfg.decoder_ffn_dim)
+        self.self_block = Sublayer(cfg)
+        self.cross_block = Sublayer(cfg)
+        self.ffn_block = Sublayer(cfg)
 
     def forward(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None,
                 self_mask: Tensor | None, cross_k: Tensor, cross_v: Tensor,
-                cross_mask: Tensor, write_at: Tensor | None = None
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                cross_mask: Tensor, write_at: Tensor | None = None,
+                self_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (N, T, D). past_k/v (N, H, Tc, Dh) or None. cross_k/v (B, H, S, Dh) with
         N = B*K: the K hypotheses of a source share one copy of its cross K/V.
         With a cache, T is 1 and write_at (N,) is each row's slot in it (its
         position): the new key/value overwrite that slot, so the cache keeps its
         length Tc. Returns x, the self-attention keys/values including this
         call's positions, and the cross-attention weights (B, H, K*T, S),
-        queries grouped by source."""
+        queries grouped by source. self_bias: T5's relative position bias added to
+        the self-attention scores ((N, H, 1, Tc) with a cache, (1, H, T, T)
+        without), or None."""
         new_kv: list[Tensor] = []
         cross_weights: list[Tensor] = []
 
@@ -212,7 +289,7 @@ class DecoderLayer(nn.Module):
                 k = torch.index_put(past_k, slots, k[:, :, 0])  # (N, H, Tc, Dh)
                 v = torch.index_put(past_v, slots, v[:, :, 0])
             new_kv.extend((k, v))
-            return self.self_attn.attend(q, k, v, self_mask)
+            return self.self_attn.attend(q, k, v, self_mask, self_bias)
 
         def cross_attention(h: Tensor) -> Tensor:
             n, t, d = h.shape
@@ -250,28 +327,33 @@ class Seq2SeqTransformer(nn.Module):
             self.final_logits_bias = None
         # Sinusoids: one table for both stacks, recomputed (not saved). Learned
         # (BART): one table per stack, saved with the weights.
+        # Relative (T5): no absolute positions; one bias table (buckets, H) per
+        # stack (Hugging Face's first layer's), added to every self-attention layer.
         self.src_positions: nn.Parameter | None = None
         self.tgt_positions: nn.Parameter | None = None
+        self.src_relative: nn.Embedding | None = None
+        self.tgt_relative: nn.Embedding | None = None
         if cfg.positions == "learned":
             self.src_positions = nn.Parameter(torch.zeros(cfg.max_positions, cfg.d_model))
             self.tgt_positions = nn.Parameter(torch.zeros(cfg.max_positions, cfg.d_model))
+        elif cfg.positions == "relative":
+            self.src_relative = nn.Embedding(cfg.relative_buckets, cfg.encoder_heads)
+            self.tgt_relative = nn.Embedding(cfg.relative_buckets, cfg.decoder_heads)
         else:
             self.register_buffer(
                 "positions", sinusoid_table(cfg.max_positions, cfg.d_model, cfg.position_layout),
                 persistent=False,
             )
         # BART's LayerNorm of the embedded tokens (after adding positions), per stack.
-        self.src_embed_norm = (nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-                               if cfg.layernorm_embedding else None)
-        self.tgt_embed_norm = (nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-                               if cfg.layernorm_embedding else None)
+        self.src_embed_norm = make_norm(cfg) if cfg.layernorm_embedding else None
+        self.tgt_embed_norm = make_norm(cfg) if cfg.layernorm_embedding else None
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm stacks end in a LayerNorm; post-norm stacks already end normalised.
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.pre_norm else None
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.pre_norm else None
+        self.encoder_norm = make_norm(cfg) if cfg.pre_norm else None
+        self.decoder_norm = make_norm(cfg) if cfg.pre_norm else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -290,11 +372,14 @@ class Seq2SeqTransformer(nn.Module):
     def embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor,
               position_table: Tensor | None = None, norm: nn.Module | None = None) -> Tensor:
         """ids (B, T), positions (B, T) -> (B, T, D): the tokens' embedding (scaled)
-        plus their positions' (from `position_table`, by default the sinusoids),
-        normalised by `norm` where given."""
-        if position_table is None:
-            position_table = self.positions
-        x = table(ids) * self.embed_scale + position_table[positions]
+        plus their positions' (from `position_table`, by default the sinusoids;
+        none with relative positions), normalised by `norm` where given."""
+        if self.cfg.positions == "relative":
+            x = table(ids) * self.embed_scale if self.embed_scale != 1.0 else table(ids)
+        else:
+            if position_table is None:
+                position_table = self.positions
+            x = table(ids) * self.embed_scale + position_table[positions]
         if norm is not None:
             x = norm(x)
         return self.dropout(x)
@@ -315,14 +400,50 @@ class Seq2SeqTransformer(nn.Module):
             out = out + self.final_logits_bias
         return out
 
+    # -- T5's relative position bias ---------------------------------------------
+
+    def encoder_bias(self, length: int | Tensor, device: torch.device) -> Tensor | None:
+        """(1, H, S, S) the encoder's relative position bias, or None."""
+        if self.src_relative is None:
+            return None
+        cfg = self.cfg
+        span = torch.arange(length, device=device)
+        relative = span[None, :] - span[:, None]  # key - query
+        buckets = relative_bucket(relative, True, cfg.relative_buckets,
+                                  cfg.relative_max_distance)
+        return self.src_relative(buckets).permute(2, 0, 1).unsqueeze(0)
+
+    def decoder_bias(self, length: int | Tensor, device: torch.device) -> Tensor | None:
+        """(1, H, T, T) the decoder's causal relative position bias over T
+        positions (the full-sequence pass), or None."""
+        if self.tgt_relative is None:
+            return None
+        cfg = self.cfg
+        span = torch.arange(length, device=device)
+        buckets = relative_bucket(span[None, :] - span[:, None], False, cfg.relative_buckets,
+                                  cfg.relative_max_distance)
+        return self.tgt_relative(buckets).permute(2, 0, 1).unsqueeze(0)
+
+    def decoder_step_bias(self, positions: Tensor, slots: Tensor) -> Tensor | None:
+        """(N, H, 1, Tc) the relative bias of each row's query (at positions[r])
+        to the cache's slots: rows at different steps get their own."""
+        if self.tgt_relative is None:
+            return None
+        cfg = self.cfg
+        relative = slots[None, :] - positions[:, None]  # (N, Tc)
+        buckets = relative_bucket(relative, False, cfg.relative_buckets,
+                                  cfg.relative_max_distance)
+        return self.tgt_relative(buckets).permute(0, 2, 1).unsqueeze(2)
+
     def run_encoder(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S), src_mask (B, S) nonzero = token -> memory (B, S, D)."""
         b, s = src_ids.shape
         positions = torch.arange(s, device=src_ids.device).expand(b, s)
         x = self.embed_source(src_ids, positions)
         mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        bias = self.encoder_bias(s, src_ids.device)
         for layer in self.encoder_layers:
-            x = layer(x, mask)
+            x = layer(x, mask, bias)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x
@@ -375,11 +496,12 @@ class Seq2SeqTransformer(nn.Module):
         # Row r attends to its own slots 0..positions[r]: (N, 1, 1, Tc).
         slots = torch.arange(self_k[0].shape[2], device=tokens.device)
         self_mask = (slots[None, :] <= positions[:, None])[:, None, None, :]
+        self_bias = self.decoder_step_bias(positions, slots)
         new_k, new_v = [], []
         cross_weights = x.new_zeros(0)
         for i, layer in enumerate(self.decoder_layers):
             x, k, v, cross_weights = layer(x, self_k[i], self_v[i], self_mask, cross_k[i],
-                                           cross_v[i], cross_mask, positions)
+                                           cross_v[i], cross_mask, positions, self_bias)
             new_k.append(k)
             new_v.append(v)
         if self.decoder_norm is not None:
@@ -405,7 +527,7 @@ class Seq2SeqTransformer(nn.Module):
                     dtype: torch.dtype = torch.float32) -> tuple[list[Tensor], list[Tensor]]:
         """A zero-length self-attention cache for `rows` hypotheses, per layer."""
         cfg = self.cfg
-        shape = (rows, cfg.decoder_heads, 0, cfg.d_model // cfg.decoder_heads)
+        shape = (rows, cfg.decoder_heads, 0, cfg.decoder_head_dim)
         layers = range(cfg.decoder_layers)
         return ([torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
                 [torch.zeros(shape, device=device, dtype=dtype) for _ in layers])
@@ -421,9 +543,10 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embed_target(tgt_in, positions)
         self_mask = causal_mask(t, tgt_in.device)  # (T, T), broadcast over (B, H)
         cross_mask = src_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        self_bias = self.decoder_bias(t, tgt_in.device)
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.keys_values(memory)
-            x, _, _, _ = layer(x, None, None, self_mask, k, v, cross_mask)
+            x, _, _, _ = layer(x, None, None, self_mask, k, v, cross_mask, None, self_bias)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return self.logits(x)

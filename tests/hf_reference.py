@@ -12,7 +12,7 @@ import torch
 def reference_nbest(model: Any, batch: Mapping[str, Any],
                     **overrides: object) -> list[list[tuple[list[int], float]]]:
     """generate() under the folder's generation_config (plus `overrides`): per
-    source its n-best (tokens without start, EOS and padding; score): beam
+    source its n-best (the tokens after the start, up to EOS; score): beam
     search's sequences_scores, or greedy's sum of the chosen tokens' log-probs,
     a forced token counting 0 (its processed log-prob, as the engine sums)."""
     gen = model.generation_config
@@ -20,7 +20,7 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
     with torch.no_grad():
         out = model.generate(**batch, output_scores=True, output_logits=True,
                              return_dict_in_generate=True, **overrides)
-    eos, pad = gen.eos_token_id, gen.pad_token_id
+    eos = gen.eos_token_id
     seqs = out.sequences[:, 1:]
     if out.get("sequences_scores") is not None:
         scores = out.sequences_scores.tolist()
@@ -40,6 +40,6 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
     found = []
     for row in seqs.tolist():
         tokens = row[: row.index(eos)] if eos in row else row
-        found.append([t for t in tokens if t != pad])
+        found.append(tokens)  # what follows EOS is padding; a pad before it was generated
     return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
             for i in range(len(found) // n)]

@@ -93,7 +93,7 @@ def _subgraphs(checkpoint: Path, out: Path) -> tuple[Path, Path]:
                 x = model.decoder_norm(x)
             return (model.logits(x), *presents)
 
-    heads, head_dim = cfg.decoder_heads, cfg.d_model // cfg.decoder_heads
+    heads, head_dim = cfg.decoder_heads, cfg.decoder_head_dim
     batch, source, past_length = 2, 5, 3
     ids = torch.randint(4, cfg.src_vocab_size, (batch, source), dtype=torch.int32)
     mask = torch.ones(batch, source, dtype=torch.int32)

@@ -32,11 +32,8 @@ two hooks (the stacks' tensors outside their layers; the unk id's fallback).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +50,11 @@ from seq2serve.model.families.generation import (
 )
 from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
+    TOKENIZER_JSON,
     ConversionError,
     Weights,
     check_state,
+    check_tokenizer_ids,
     hf_prefix,
     is_int,
     layer_names,
@@ -64,6 +63,9 @@ from seq2serve.model.families.hf import (
     read_weights,
     same,
     tied_embeddings,
+)
+from seq2serve.model.families.hf import (
+    tokenizer_json as hf_tokenizer_json,
 )
 from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.transformer import Seq2SeqTransformer
@@ -104,7 +106,6 @@ BART_FLAG_VALUES = {
 
 SUPPORTED_ARCHITECTURES = ("BartForConditionalGeneration", "BartModel")
 POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding looks position p up at row p + 2
-TOKENIZER_JSON = "tokenizer.json"
 
 
 # -- the layout's families -----------------------------------------------------------
@@ -366,36 +367,6 @@ def _task(hf: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _tokenizer_json(path: Path, problems: list[str], layout: Layout) -> Path | None:
-    """The folder's tokenizer.json; or, where it has only the layout's tokenizer
-    files (BART: vocab.json + merges.txt), one written by transformers' tokenizer
-    class (BartTokenizer; at export only) into a temporary folder (removed when the
-    process ends)."""
-    if (path / TOKENIZER_JSON).is_file():
-        return path / TOKENIZER_JSON
-    files = " + ".join(layout.tokenizer_files)
-    if not all((path / name).is_file() for name in layout.tokenizer_files):
-        problems.append(f"{TOKENIZER_JSON}: missing, and no {files} to build "
-                        f"it from (a {layout.name} directory needs its tokenizer files)")
-        return None
-    try:
-        import transformers
-    except ImportError:
-        problems.append(f"{TOKENIZER_JSON}: missing; building it from {files} "
-                        "needs transformers installed (pip install transformers)")
-        return None
-    try:
-        tokenizer = getattr(transformers, layout.tokenizer_class).from_pretrained(str(path))
-        out = Path(tempfile.mkdtemp(prefix=f"seq2serve-{layout.model_type}-tokenizer-"))
-        atexit.register(shutil.rmtree, out, True)  # read by the export, then of no use
-        tokenizer.save_pretrained(str(out))
-    except Exception as e:  # any failure of the reader is a problem to report
-        problems.append(f"{files}: cannot build {TOKENIZER_JSON} "
-                        f"({type(e).__name__}: {e})")
-        return None
-    return out / TOKENIZER_JSON
-
-
 def load_source(path: Path, task: str | None = None, layout: Layout | None = None) -> Source:
     """A BART folder (or one of `layout`'s family) as the exporter takes it: the
     model, its tokenizer.json, its task (`task`, as `export --task` asks, else the
@@ -413,23 +384,15 @@ def load_source(path: Path, task: str | None = None, layout: Layout | None = Non
         problems.append("config.json: task_specific_params names no summarization task and "
                         f"a {layout.name} folder must say its task: export it with --task "
                         "(summarize or translate)")
-    tokenizer_json = _tokenizer_json(path, problems, layout)
+    tokenizer_json = hf_tokenizer_json(path, problems, layout.tokenizer_files,
+                                       layout.tokenizer_class, layout.name)
     model = None
     try:
         model = load_bart(path, layout=layout, tokenizer_json=tokenizer_json)
     except ConversionError as e:
         problems.extend(e.problems)
     if tokenizer_json is not None and model is not None:
-        try:
-            data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-            vocab = data["model"]["vocab"]  # BPE: piece -> id; Unigram: [piece, score] by id
-            ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
-            top = max([*ids, *(t["id"] for t in data.get("added_tokens", []))])
-            if top >= model.cfg.tgt_vocab_size:
-                problems.append(f"{TOKENIZER_JSON}: ids reach {top} but the model's "
-                                f"vocabulary has {model.cfg.tgt_vocab_size} entries")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            problems.append(f"{TOKENIZER_JSON}: not a {layout.name} tokenizer.json ({e})")
+        check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, layout.name, problems)
     if problems or model is None or tokenizer_json is None:
         raise SourceError(path, problems)
     settings = generate_settings(path, problems)

@@ -286,3 +286,60 @@ def check_sinusoid_positions(cfg: ModelConfig, weights: Weights, prefix: str, fa
             diff = (stored.float() - table).abs().max().item()
             problems.append(f"{name} is not {family}'s sinusoid table (max diff {diff:.3g}); "
                             "learned positions are not supported")
+
+
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def tokenizer_json(path: Path, problems: list[str], files: tuple[str, ...],
+                   tokenizer_class: str, family: str) -> Path | None:
+    """The folder's tokenizer.json; or, where it has only the family's tokenizer
+    `files` (BART: vocab.json + merges.txt; T5, Pegasus: spiece.model), one written
+    by transformers' `tokenizer_class` (at export only: the server reads the file with
+    `tokenizers`) into a temporary folder removed when the process ends."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if (path / TOKENIZER_JSON).is_file():
+        return path / TOKENIZER_JSON
+    names = " + ".join(files)
+    if not all((path / name).is_file() for name in files):
+        problems.append(f"{TOKENIZER_JSON}: missing, and no {names} to build it from "
+                        f"(a {family} directory needs its tokenizer files)")
+        return None
+    try:
+        import transformers
+    except ImportError:
+        problems.append(f"{TOKENIZER_JSON}: missing; building it from {names} needs "
+                        "transformers installed (pip install transformers)")
+        return None
+    try:
+        tokenizer = getattr(transformers, tokenizer_class).from_pretrained(str(path))
+        out = Path(tempfile.mkdtemp(prefix=f"seq2serve-{family.lower()}-tokenizer-"))
+        atexit.register(shutil.rmtree, out, True)  # read by the export, then of no use
+        tokenizer.save_pretrained(str(out))
+    except Exception as e:  # any failure of the reader is a problem to report
+        problems.append(f"{names}: cannot build {TOKENIZER_JSON} ({type(e).__name__}: {e})")
+        return None
+    if not (out / TOKENIZER_JSON).is_file():
+        problems.append(f"{names}: transformers wrote no {TOKENIZER_JSON}")
+        return None
+    return out / TOKENIZER_JSON
+
+
+def check_tokenizer_ids(file: Path, vocab_size: int, family: str,
+                        problems: list[str]) -> None:
+    """Every id of a tokenizer.json (BPE: piece -> id; Unigram: [piece, score] by id;
+    its added tokens) is a row of the model's vocabulary."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        vocab = data["model"]["vocab"]
+        ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+        top = max([*ids, *(t["id"] for t in data.get("added_tokens", []))])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        problems.append(f"{TOKENIZER_JSON}: not a {family} tokenizer.json ({e})")
+        return
+    if top >= vocab_size:
+        problems.append(f"{TOKENIZER_JSON}: ids reach {top} but the model's vocabulary has "
+                        f"{vocab_size} entries")

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from seq2serve.model.families import bart, marian, pegasus
+from seq2serve.model.families import bart, marian, pegasus, t5
 from seq2serve.model.families.hf import CONFIG_FILE
 from seq2serve.model.families.source import Source
 
@@ -22,6 +22,8 @@ FAMILIES: dict[str, Callable[[Path, str | None], Source]] = {
     "marian": marian.load_source,
     "bart": bart.load_source,
     "pegasus": pegasus.load_source,
+    "t5": t5.load_source,
+    "mt5": t5.load_source,
 }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seq2serve.model.families.hf import TOKENIZER_JSON
 from seq2serve.model.package.manifest import GenerationDefaults, TokenizerFiles
 from seq2serve.model.package.tokenizer import JsonTokenizer, PackageTokenizer, Tokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
@@ -51,7 +52,7 @@ class Source:
     def tokenizer_files(self) -> TokenizerFiles:
         """The manifest's tokenizer entry for the files `write_tokenizer` writes."""
         if self.tokenizer_json is not None:
-            return TokenizerFiles(type="tokenizers", tokenizer_json="tokenizer.json")
+            return TokenizerFiles(type="tokenizers", tokenizer_json=TOKENIZER_JSON)
         return TokenizerFiles(source_model="source.spm", target_model="target.spm",
                               vocab="vocab.json")
 

@@ -305,7 +305,7 @@ class Runner:
         check_sessions(package, sessions)
         self.layers = cfg.decoder_layers
         self.heads = cfg.decoder_heads
-        self.head_dim = cfg.d_model // self.heads
+        self.head_dim = cfg.heads_dim(self.heads)
         self.vocab_size = cfg.tgt_vocab_size
         self.max_positions = cfg.max_positions
         self.decoder_start_id = cfg.decoder_start_id
@@ -637,7 +637,7 @@ def check_sessions(package: ModelPackage, sessions: list[tuple[GraphSpec, Any]])
 
 def model_sizes(config: ModelConfig) -> dict[str, int]:
     """What the graph specs' model-size symbols stand for in this model."""
-    return {"H": config.decoder_heads, "Dh": config.d_model // config.decoder_heads,
+    return {"H": config.decoder_heads, "Dh": config.decoder_head_dim,
             "D": config.d_model, "V": config.tgt_vocab_size}
 
 
