@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import httpx
+import pytest
 import torch
 from conftest import CORPUS
 from serving import RunningServer, free_port, server_config
@@ -46,6 +47,30 @@ def assert_parity(hf_model: Any, ours: Any, src: Tensor, mask: Tensor, tgt: Tens
     diffs["decode_step"] = step
     assert all(d <= tol for d in diffs.values()), diffs
     return diffs
+
+
+def assert_same_nbest(ref: list[list[tuple[list[int], float]]], results: Any,
+                      tol: float) -> float:
+    """The engine's n-best lists equal generate()'s token for token, scores within
+    `tol`; the largest score difference."""
+    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
+    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
+               for (_, s), h in zip(r, o, strict=True))
+    assert diff <= tol, diff
+    return float(diff)
+
+
+def check_batch_equals_one_at_a_time(engine: Any, sources: list[list[int]],
+                                     max_new: int) -> None:
+    """Beam 4, n-best 2: each source's answer in the batch equals its answer alone."""
+    from seq2serve.server.core.options import DecodingOptions
+
+    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=max_new)
+    together = engine.generate(sources, options)
+    for src, result in zip(sources, together, strict=True):
+        alone = engine.generate([src], options)[0]
+        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
 
 
 def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path,

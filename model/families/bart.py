@@ -53,12 +53,15 @@ from seq2serve.model.families.hf import (
     TOKENIZER_JSON,
     ConversionError,
     Weights,
+    check_architectures,
     check_state,
     check_tokenizer_ids,
+    config_ints,
     hf_prefix,
     is_int,
     layer_names,
     logits_bias,
+    one_eos,
     read_config,
     read_weights,
     same,
@@ -187,35 +190,22 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
     if hf_config.get("model_type") != layout.model_type:
         found.append(f"model_type must be {layout.model_type!r}, "
                      f"got {hf_config.get('model_type')!r}")
-    archs = hf_config.get("architectures")
-    if archs is not None and not any(a in layout.architectures for a in archs or ()):
-        found.append(f"architectures must include one of {layout.architectures}, got {archs}")
+    check_architectures(hf_config, layout.architectures, found)
     for flag, value in layout.flag_values.items():
         if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != value:
             found.append(f"{flag}={hf_config[flag]!r} is not supported ({layout.name} has "
                          f"{flag}={value!r})")
 
-    ints: dict[str, int] = {}
-    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
-                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
-                 "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
-                 "decoder_start_token_id"):
-        if is_int(hf[name]):
-            ints[name] = hf[name]
-        else:
-            found.append(f"{name} must be an integer, got {hf[name]!r}")
-            ints[name] = 1
+    ints = config_ints(hf, ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                            "encoder_attention_heads", "decoder_attention_heads",
+                            "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                            "pad_token_id", "decoder_start_token_id"), found)
     # A family without BOS (Pegasus) has the decoder start in its place (Marian's rule).
     bos = hf.get("bos_token_id", ints["decoder_start_token_id"])
     if not is_int(bos):
         found.append(f"bos_token_id must be an integer, got {bos!r}")
         bos = ints["decoder_start_token_id"]
-    eos = hf["eos_token_id"]
-    if isinstance(eos, list) and len(set(eos)) == 1:
-        eos = eos[0]
-    if not is_int(eos):
-        found.append(f"eos_token_id must be one integer, got {eos!r}")
-        eos = layout.hf_defaults["eos_token_id"]
+    eos = one_eos(hf, layout.hf_defaults["eos_token_id"], found)
     activation = ACTIVATION_MAP.get(hf["activation_function"])
     if activation is None:
         found.append(f"activation_function must be one of {sorted(ACTIVATION_MAP)}, "

@@ -343,3 +343,39 @@ def check_tokenizer_ids(file: Path, vocab_size: int, family: str,
     if top >= vocab_size:
         problems.append(f"{TOKENIZER_JSON}: ids reach {top} but the model's vocabulary has "
                         f"{vocab_size} entries")
+
+
+# -- config.json, checked --------------------------------------------------------------
+
+
+def check_architectures(hf_config: Mapping[str, Any], supported: tuple[str, ...],
+                        problems: list[str]) -> None:
+    """config.json's `architectures`, when given, names one of the supported classes."""
+    archs = hf_config.get("architectures")
+    if archs is not None and not any(a in supported for a in archs or ()):
+        problems.append(f"architectures must include one of {supported}, got {archs}")
+
+
+def config_ints(hf: Mapping[str, Any], names: Iterable[str],
+                problems: list[str]) -> dict[str, int]:
+    """Each of `names` as an integer; one that is not is a problem (and 1, so that the
+    rest of the config can still be checked)."""
+    ints: dict[str, int] = {}
+    for name in names:
+        if is_int(hf[name]):
+            ints[name] = hf[name]
+        else:
+            problems.append(f"{name} must be an integer, got {hf[name]!r}")
+            ints[name] = 1
+    return ints
+
+
+def one_eos(hf: Mapping[str, Any], fallback: int, problems: list[str]) -> int:
+    """config.json's eos_token_id: one integer (a list of one id repeated is one)."""
+    eos = hf["eos_token_id"]
+    if isinstance(eos, list) and len(set(eos)) == 1:
+        eos = eos[0]
+    if not is_int(eos):
+        problems.append(f"eos_token_id must be one integer, got {eos!r}")
+        return fallback
+    return int(eos)

@@ -42,12 +42,15 @@ from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
     Weights,
+    check_architectures,
     check_sinusoid_positions,
     check_state,
+    config_ints,
     hf_prefix,
     is_int,
     layer_names,
     logits_bias,
+    one_eos,
     read_config,
     read_weights,
     same,
@@ -125,24 +128,16 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
 
     if hf_config.get("model_type") != "marian":
         found.append(f"model_type must be 'marian', got {hf_config.get('model_type')!r}")
-    archs = hf_config.get("architectures")
-    if archs is not None and not any(a in SUPPORTED_ARCHITECTURES for a in archs or ()):
-        found.append(f"architectures must include one of {SUPPORTED_ARCHITECTURES}, got {archs}")
+    check_architectures(hf_config, SUPPORTED_ARCHITECTURES, found)
     for flag, marian_value in MARIAN_FLAG_VALUES.items():
         if flag in hf_config and hf_config[flag] is not None and hf_config[flag] != marian_value:
             found.append(f"{flag}={hf_config[flag]!r} is not supported (Marian has "
                          f"{flag}={marian_value!r})")
 
-    ints: dict[str, int] = {}
-    for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
-                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
-                 "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
-                 "decoder_start_token_id"):
-        if is_int(hf[name]):
-            ints[name] = hf[name]
-        else:
-            found.append(f"{name} must be an integer, got {hf[name]!r}")
-            ints[name] = 1
+    ints = config_ints(hf, ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                            "encoder_attention_heads", "decoder_attention_heads",
+                            "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                            "pad_token_id", "decoder_start_token_id"), found)
     decoder_vocab = hf["decoder_vocab_size"] if hf["decoder_vocab_size"] is not None \
         else ints["vocab_size"]
     if not is_int(decoder_vocab):
@@ -158,12 +153,7 @@ def marian_config(hf_config: Mapping[str, Any], problems: list[str] | None = Non
         found.append(f"pad_token_id ({ints['pad_token_id']}) must be < vocab_size "
                      f"({ints['vocab_size']})")
 
-    eos = hf["eos_token_id"]
-    if isinstance(eos, list) and len(set(eos)) == 1:
-        eos = eos[0]
-    if not is_int(eos):
-        found.append(f"eos_token_id must be one integer, got {eos!r}")
-        eos = 0
+    eos = one_eos(hf, 0, found)
 
     activation = ACTIVATION_MAP.get(hf["activation_function"])
     if activation is None:

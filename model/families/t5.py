@@ -48,9 +48,12 @@ from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
     Weights,
+    check_architectures,
     check_state,
     check_tokenizer_ids,
+    config_ints,
     is_int,
+    one_eos,
     read_config,
     read_weights,
     same,
@@ -103,28 +106,15 @@ def t5_config(hf_config: Mapping[str, Any], problems: list[str] | None = None) -
         kind = "t5"
     hf = {**COMMON_DEFAULTS, **HF_DEFAULTS[str(kind)],
           **{k: v for k, v in hf_config.items() if v is not None}}
-    archs = hf_config.get("architectures")
-    if archs is not None and not any(a in SUPPORTED_ARCHITECTURES for a in archs or ()):
-        found.append(f"architectures must include one of {SUPPORTED_ARCHITECTURES}, got {archs}")
-    ints: dict[str, int] = {}
-    for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads",
-                 "relative_attention_num_buckets", "relative_attention_max_distance",
-                 "pad_token_id"):
-        if is_int(hf[name]):
-            ints[name] = hf[name]
-        else:
-            found.append(f"{name} must be an integer, got {hf[name]!r}")
-            ints[name] = 1
+    check_architectures(hf_config, SUPPORTED_ARCHITECTURES, found)
+    ints = config_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads",
+                            "relative_attention_num_buckets", "relative_attention_max_distance",
+                            "pad_token_id"), found)
     decoder_layers = hf.get("num_decoder_layers", ints["num_layers"])
     if not is_int(decoder_layers):
         found.append(f"num_decoder_layers must be an integer, got {decoder_layers!r}")
         decoder_layers = ints["num_layers"]
-    eos = hf["eos_token_id"]
-    if isinstance(eos, list) and len(set(eos)) == 1:
-        eos = eos[0]
-    if not is_int(eos):
-        found.append(f"eos_token_id must be one integer, got {eos!r}")
-        eos = 1
+    eos = one_eos(hf, 1, found)
     start = hf.get("decoder_start_token_id", ints["pad_token_id"])
     if not is_int(start):
         found.append(f"decoder_start_token_id must be an integer, got {start!r}")

@@ -18,7 +18,11 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
-from family_checks import check_served_summarize
+from family_checks import (
+    assert_same_nbest,
+    check_batch_equals_one_at_a_time,
+    check_served_summarize,
+)
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
 from torch import Tensor
@@ -291,24 +295,14 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
     options = {"length_penalty": 1.0, "min_length": 0, "no_repeat_ngram_size": 0, **ours}
     results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
                                                        **options))
-    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
-    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
-               for (_, s), h in zip(r, o, strict=True))
+    diff = assert_same_nbest(ref, results, TOL)
     print(case, f"score diff {diff:.1e}")
-    assert diff <= TOL
 
 
 def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
-    from seq2serve.server.core.options import DecodingOptions
-
     tokenizer = hf[0]
     sources = [tokenizer(t)["input_ids"] for t in TEXTS]
-    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
-    together = engine.generate(sources, options)
-    for src, result in zip(sources, together, strict=True):
-        alone = engine.generate([src], options)[0]
-        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
-        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+    check_batch_equals_one_at_a_time(engine, sources, MAX_NEW)
 
 
 def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any]) -> None:
@@ -345,11 +339,8 @@ def test_forced_tokens_under_beam_search(engine: Any, hf: tuple[Any, Any]) -> No
     results = engine.generate(sources, DecodingOptions(beam_size=4, num_hypotheses=2,
                                                        max_length=MAX_NEW,
                                                        max_length_ratio=0))
-    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
     assert all(h.token_ids[0] == 0 for r in results for h in r)
-    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
-               for (_, s), h in zip(r, o, strict=True))
-    assert diff <= TOL
+    assert_same_nbest(ref, results, TOL)
 
 
 # -- served ----------------------------------------------------------------------------

@@ -19,7 +19,11 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
-from family_checks import check_served_summarize
+from family_checks import (
+    assert_same_nbest,
+    check_batch_equals_one_at_a_time,
+    check_served_summarize,
+)
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
 from test_bart_parity import MAX_NEW, PARITY, hf_generate, inputs
@@ -320,26 +324,16 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
     options = {"length_penalty": 1.0, "min_length": 0, "no_repeat_ngram_size": 0, **ours}
     results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
                                                        **options))
-    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
+    diff = assert_same_nbest(ref, results, TOL)
     if case == "greedy":  # the EOS bias makes both endings occur: chosen, and forced
         lengths = {len(r[0].token_ids) for r in results}  # at the limit (PegasusConfig's)
         assert MAX_NEW - 1 in lengths and min(lengths) < MAX_NEW - 1, lengths
-    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
-               for (_, s), h in zip(r, o, strict=True))
     print(case, f"score diff {diff:.1e}")
-    assert diff <= TOL
 
 
 def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
-    from seq2serve.server.core.options import DecodingOptions
-
     sources = sources_of(hf[0])[1]
-    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
-    together = engine.generate(sources, options)
-    for src, result in zip(sources, together, strict=True):
-        alone = engine.generate([src], options)[0]
-        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
-        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+    check_batch_equals_one_at_a_time(engine, sources, MAX_NEW)
 
 
 def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any]) -> None:
@@ -351,11 +345,8 @@ def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, 
     batch, sources = sources_of(tok)
     ref = reference_nbest(model, batch)
     results = engine.generate(sources, DecodingOptions())
-    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
-    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
-               for (_, s), h in zip(r, o, strict=True))
+    diff = assert_same_nbest(ref, results, TOL)
     print("defaults", f"score diff {diff:.1e}")
-    assert diff <= TOL
 
 
 # -- served ----------------------------------------------------------------------------

@@ -13,19 +13,20 @@ generate() runs under the folder's own generation settings, as the package does.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-import grpc
-import httpx
 import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from family_checks import (
+    assert_same_nbest,
+    check_batch_equals_one_at_a_time,
+    check_served_summarize,
+)
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
-from serving import RunningServer, free_port, server_config
 from torch import Tensor
 
 from seq2serve.export.exporter import export
@@ -408,24 +409,14 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
                "early_stopping": False, **ours}
     results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW, max_length_ratio=0,
                                                        **options))
-    assert [[h.token_ids for h in r] for r in results] == [[t for t, _ in r] for r in ref]
-    diff = max(abs(h.score - s) for r, o in zip(ref, results, strict=True)
-               for (_, s), h in zip(r, o, strict=True))
+    diff = assert_same_nbest(ref, results, TOL)
     print(case, f"score diff {diff:.1e}")
-    assert diff <= TOL
 
 
 def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
-    from seq2serve.server.core.options import DecodingOptions
-
     tokenizer = hf[0]
     sources = [tokenizer(t)["input_ids"] for t in TEXTS]
-    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=MAX_NEW)
-    together = engine.generate(sources, options)
-    for src, result in zip(sources, together, strict=True):
-        alone = engine.generate([src], options)[0]
-        assert [h.token_ids for h in alone] == [h.token_ids for h in result]
-        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+    check_batch_equals_one_at_a_time(engine, sources, MAX_NEW)
 
 
 # -- served ----------------------------------------------------------------------------
@@ -433,36 +424,9 @@ def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
 
 def test_served_summarize_returns_the_engine_text(t5_case: tuple[str, Path, Path],
                                                   engine: Any, tmp_path: Path) -> None:
-    from seq2serve.protos import translator_pb2 as pb
-    from seq2serve.protos import translator_pb2_grpc as pb_grpc
-    from seq2serve.server.core.options import DecodingOptions
-
     package = t5_case[2]
-    models = tmp_path / "models"
     name = load_package(package).manifest.name
-    shutil.copytree(package, models / name)
-    tokenizer = package_tokenizer(load_package(package))
-    text = CORPUS[0]
-    expected = engine.generate([tokenizer.encode(text)],
-                               DecodingOptions(beam_size=2, max_length=MAX_NEW))[0][0]
-    # The HTTP door's /summarize decodes with the package's defaults.
-    defaults = engine.generate([tokenizer.encode(text)], DecodingOptions())[0][0]
-    server = RunningServer(server_config(models, http_port=free_port()))
-    try:
-        with grpc.insecure_channel(server.target) as channel:
-            stub = pb_grpc.TranslatorStub(channel)
-            response = stub.Summarize(pb.SummarizeRequest(
-                model=name, texts=[text],
-                options=pb.DecodingOptions(beam_size=2, max_length=MAX_NEW,
-                                           return_token_ids=True)), timeout=60)
-        answer = httpx.post(f"{server.http_url}/summarize", data={"q": text},
-                            timeout=60).json()
-    finally:
-        server.stop()
-    best = response.summaries[0].hypotheses[0]
-    assert list(best.token_ids) == expected.token_ids
-    assert best.text == tokenizer.decode(expected.token_ids)
-    assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
+    check_served_summarize(package, name, engine, tmp_path, MAX_NEW)
 
 
 @pytest.mark.parametrize("attention", ["plain", "fused"])
