@@ -62,8 +62,7 @@ from seq2serve.model.families.hf import (
     layer_names,
     logits_bias,
     one_eos,
-    read_config,
-    read_weights,
+    read_folder,
     same,
     tied_embeddings,
 )
@@ -294,13 +293,7 @@ def convert_bart(path: str | Path, layout: Layout | None = None,
     found."""
     layout = layout or BART
     path = Path(path)
-    problems: list[str] = []
-    if not path.is_dir():
-        raise ConversionError(path, [f"{path} is not a directory"])
-    hf = read_config(path, problems)
-    stored = read_weights(path, problems)
-    if hf is None:
-        raise ConversionError(path, problems)
+    hf, stored, problems = read_folder(path)
     cfg = bart_config(hf, problems, path, layout, tokenizer_json)
     if stored is None or problems:
         raise ConversionError(path, problems)

@@ -82,6 +82,19 @@ def _load_one(file: Path, problems: list[str]) -> dict[str, Tensor] | None:
     return dict(data)
 
 
+def read_folder(path: Path) -> tuple[dict[str, Any], dict[str, Tensor] | None, list[str]]:
+    """A folder's config.json and weights, with the problems found so far (the
+    caller adds its own); ConversionError when there is no config to check at all."""
+    problems: list[str] = []
+    if not path.is_dir():
+        raise ConversionError(path, [f"{path} is not a directory"])
+    hf = read_config(path, problems)
+    stored = read_weights(path, problems)
+    if hf is None:
+        raise ConversionError(path, problems)
+    return hf, stored, problems
+
+
 def read_weights(path: Path, problems: list[str]) -> dict[str, Tensor] | None:
     """Prefer safetensors; accept single-file or sharded (`*.index.json`) checkpoints."""
     for single in (SAFETENSORS_FILE, TORCH_FILE):

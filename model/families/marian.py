@@ -51,8 +51,7 @@ from seq2serve.model.families.hf import (
     layer_names,
     logits_bias,
     one_eos,
-    read_config,
-    read_weights,
+    read_folder,
     same,
     tied_embeddings,
 )
@@ -215,13 +214,7 @@ def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     """(ModelConfig, state dict for `Seq2SeqTransformer`) from a Marian directory,
     or one `ConversionError` listing every problem found."""
     path = Path(path)
-    problems: list[str] = []
-    if not path.is_dir():
-        raise ConversionError(path, [f"{path} is not a directory"])
-    hf = read_config(path, problems)
-    stored = read_weights(path, problems)
-    if hf is None:
-        raise ConversionError(path, problems)
+    hf, stored, problems = read_folder(path)
     cfg = marian_config(hf, problems, path)
     if stored is None or problems:
         # Config problems make expected tensor shapes meaningless; report what we have.

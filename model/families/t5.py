@@ -54,8 +54,7 @@ from seq2serve.model.families.hf import (
     config_ints,
     is_int,
     one_eos,
-    read_config,
-    read_weights,
+    read_folder,
     same,
 )
 from seq2serve.model.families.hf import (
@@ -215,13 +214,7 @@ def convert_t5(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     """(ModelConfig, state dict for `Seq2SeqTransformer`) from a T5 / mT5 directory,
     or one `ConversionError` listing every problem found."""
     path = Path(path)
-    problems: list[str] = []
-    if not path.is_dir():
-        raise ConversionError(path, [f"{path} is not a directory"])
-    hf = read_config(path, problems)
-    stored = read_weights(path, problems)
-    if hf is None:
-        raise ConversionError(path, problems)
+    hf, stored, problems = read_folder(path)
     cfg = t5_config(hf, problems)
     if stored is None or problems:
         raise ConversionError(path, problems)
