@@ -403,6 +403,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
         format_version=format_version(attention, shortlist_spec is not None),
         attention=attention if shortlist_spec is not None else None,
         shortlist=shortlist_spec,
+        input_prefix=source.input_prefix,
     )
 
 

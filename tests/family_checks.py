@@ -84,11 +84,19 @@ def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path
 
     models = tmp_path / "models"
     shutil.copytree(package, models / name)
+    manifest = load_package(package).manifest
     tokenizer = package_tokenizer(load_package(package))
     text = CORPUS[0]
-    expected = engine.generate([tokenizer.encode(text)],
+    # The server reads the text after the package's input prefix (T5's "summarize: ").
+    source = tokenizer.encode(manifest.input_prefix + text)
+    if manifest.input_prefix:  # the check below tells a server that adds it apart
+        bare = engine.generate([tokenizer.encode(text)],
                                DecodingOptions(beam_size=2, max_length=max_new))[0][0]
-    defaults = engine.generate([tokenizer.encode(text)], DecodingOptions())[0][0]
+        prefixed = engine.generate([source],
+                                   DecodingOptions(beam_size=2, max_length=max_new))[0][0]
+        assert bare.token_ids != prefixed.token_ids
+    expected = engine.generate([source], DecodingOptions(beam_size=2, max_length=max_new))[0][0]
+    defaults = engine.generate([source], DecodingOptions())[0][0]
     server = RunningServer(server_config(models, http_port=free_port()))
     try:
         with grpc.insecure_channel(server.target) as channel:

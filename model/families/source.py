@@ -48,6 +48,9 @@ class Source:
     # The longest source (tokens, EOS included) the model was trained on, where
     # known; the package's max_source_length is no more than this.
     trained_source_length: int | None = None
+    # What the model expects before every input (T5's task prefix): the manifest's
+    # input_prefix, which the server adds.
+    input_prefix: str = ""
 
     def tokenizer_files(self) -> TokenizerFiles:
         """The manifest's tokenizer entry for the files `write_tokenizer` writes."""

@@ -301,8 +301,8 @@ def load_source(path: Path, task: str | None = None) -> Source:
     """A T5 / mT5 folder as the exporter takes it: the model, its tokenizer.json,
     its task (`task`, as `export --task` asks, else the folder's
     task_specific_params: summarization or translation_X_to_Y) and generation
-    defaults. The task's input prefix ("summarize: ") is recorded in the
-    manifest's exporter.source; the engine does not prepend it."""
+    defaults. The task's input prefix ("summarize: ") becomes the manifest's
+    input_prefix, which the server adds before every text."""
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
@@ -343,7 +343,6 @@ def load_source(path: Path, task: str | None = None) -> Source:
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
-        origin={"format": f"huggingface-{hf.get('model_type')}",
-                # the input prefix the task expects; not prepended by the engine
-                "prefix": prefix if isinstance(prefix, str) else None},
+        origin={"format": f"huggingface-{hf.get('model_type')}"},
+        input_prefix=prefix if isinstance(prefix, str) else "",
     )

@@ -343,6 +343,9 @@ class Manifest:
     # graphs were built with (one of ATTENTIONS), and the vocabulary shortlist.
     attention: str | None = None
     shortlist: ShortlistSpec | None = None
+    # What the model expects before every input text (T5's task prefix, "summarize: ",
+    # "translate English to German: "): the server adds it. Absent when empty.
+    input_prefix: str = field(default="", metadata=OMITTED_AT_DEFAULT)
 
     @property
     def fused_attention(self) -> bool:

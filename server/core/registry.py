@@ -64,6 +64,11 @@ class ModelHandle:
     def batches(self) -> int:
         return sum(w.batches for w in self.workers)
 
+    def encode(self, text: str) -> list[int]:
+        """A text's token ids as the model reads them: after the package's input
+        prefix (T5's "summarize: "), when it has one."""
+        return self.tokenizer.encode(self.manifest.input_prefix + text)
+
     @property
     def provider(self) -> str:
         return self.engine.provider

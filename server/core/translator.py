@@ -407,7 +407,7 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
     limit = handle.manifest.max_source_length
     sources, truncated = [], []
     for i, text in enumerate(texts):
-        ids = handle.tokenizer.encode(text)
+        ids = handle.encode(text)
         if len(ids) > limit and not truncate:
             raise InvalidArgument(
                 f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
@@ -425,8 +425,7 @@ def _one_text(texts: Sequence[str]) -> None:
 
 def _plan(handle: ModelHandle, text: str) -> Plan:
     manifest = handle.manifest
-    return plan(text, manifest.source_language, handle.tokenizer.encode,
-                manifest.max_source_length)
+    return plan(text, manifest.source_language, handle.encode, manifest.max_source_length)
 
 
 def _check_call(call: Call) -> None:

@@ -287,7 +287,7 @@ def test_export_fp32(t5_case: tuple[str, Path, Path]) -> None:
     assert manifest.config.head_dim == 8 and manifest.config.attention_scale == 1.0
     assert manifest.config.tgt_vocab_size == VOCAB
     assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
-    assert manifest.exporter["source"]["prefix"] == "summarize: "  # type: ignore[index]
+    assert manifest.input_prefix == "summarize: "
     # generate()'s own settings (task_specific_params are the pipeline's): nothing sets
     # a length, so its default 20 new tokens, greedy
     generation = manifest.generation
@@ -333,8 +333,7 @@ def test_task_from_translation_params_or_flag(tmp_path: Path) -> None:
     manifest = load_package(tmp_path / "de").manifest
     assert (manifest.task, manifest.source_language, manifest.target_language) == (
         "translate", "en", "de")
-    assert manifest.exporter["source"]["prefix"] == (  # type: ignore[index]
-        "translate English to German: ")
+    assert manifest.input_prefix == "translate English to German: "
     del raw["task_specific_params"]
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(SourceError) as info:
