@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2serve.bench.engine.workload import EOS_ID, vocabulary
+from seq2serve.bench.engine.workload import converted_vocabulary
 
 Tokens = list[list[int]]
 # The records of CTranslate2 over a package's shortlist as its vocabulary map.
@@ -103,15 +103,19 @@ class Transformers(System):
 
         torch.set_num_threads(self.threads)
         transformers.logging.disable_progress_bar()
-        self.model = transformers.MarianMTModel.from_pretrained(self.marian_dir).eval()
+        # The Marian shape's folder, or a family's (bench/engine/families.py).
+        self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(self.marian_dir).eval()
         self.model.to(self.device)
         cfg = self.model.config
         self.pad_id = cfg.pad_token_id
+        self.eos_id = cfg.eos_token_id
         # generate() fills what a GenerationConfig leaves unset from the model's own
         # (Marian's forced_eos_token_id would put EOS at the last position): replace it.
+        # Marian never generates <pad> (its bad_words_ids); the other families may.
+        banned = [[self.pad_id]] if cfg.model_type == "marian" else None
         self.model.generation_config = transformers.GenerationConfig(
-            decoder_start_token_id=cfg.decoder_start_token_id, eos_token_id=EOS_ID,
-            pad_token_id=self.pad_id, bad_words_ids=[[self.pad_id]], use_cache=True)
+            decoder_start_token_id=cfg.decoder_start_token_id, eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id, bad_words_ids=banned, use_cache=True)
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
         import torch
@@ -135,8 +139,8 @@ class Transformers(System):
                                       num_return_sequences=1, **lengths)
         tokens = []
         for row in out[:, 1:].tolist():  # drop the decoder start token
-            if EOS_ID in row:
-                row = row[: row.index(EOS_ID)]
+            if self.eos_id in row:
+                row = row[: row.index(self.eos_id)]
             tokens.append(row)
         return tokens
 
@@ -157,7 +161,8 @@ class CTranslate2(System):
         self.precision = precision
         self.device = device
         self.threads = threads
-        self.pieces = vocabulary(Path(marian_dir))
+        # The converted vocabulary, by id (the Marian shape's drops only <pad>, its last).
+        self.pieces = converted_vocabulary(self.model_dir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.translator: Any = None
 

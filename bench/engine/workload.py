@@ -149,6 +149,15 @@ def vocabulary(marian_dir: Path) -> list[str]:
     return pieces
 
 
+def converted_vocabulary(ctranslate2_dir: Path) -> list[str]:
+    """The pieces by id of a CTranslate2 conversion (its converter's vocabulary)."""
+    file = ctranslate2_dir / "shared_vocabulary.json"
+    if not file.is_file():
+        file = ctranslate2_dir / "target_vocabulary.json"
+    pieces: list[str] = json.loads(file.read_text(encoding="utf-8"))
+    return pieces
+
+
 def random_sources(shape: Shape, count: int, length: int, seed: int) -> list[list[int]]:
     """`count` sources of `length` ids (the last one EOS), never a special token."""
     rng = np.random.default_rng(seed)

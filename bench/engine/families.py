@@ -1,0 +1,304 @@
+"""The Hugging Face families at their smallest public shapes with seeded random
+weights (`seq2serve bench --family`): bart-base, Pegasus at bart-base's size,
+t5-small and flan-t5-small, each built as a Hugging Face folder (config.json,
+weights, tokenizer files), exported as our packages (fp32, int8) and converted for
+CTranslate2 by its own converter; plus a tiny shape of each family for the tests.
+
+As on the OPUS-MT shape (workload.py), every system decodes exactly `new_tokens`
+tokens (EOS banned until then) from the same random source ids, so each does the
+same work. The tokenizers are small where SentencePiece needs training text
+(Pegasus, T5: the model's vocabulary is larger than the tokenizer's, as T5's 32128
+is); the sources are drawn from the tokenizer's ordinary pieces.
+
+CTranslate2 4.8.5's BART/Pegasus loader reads config keys that transformers 5 no
+longer writes (normalize_before, normalize_embedding): the conversion reads a COPY
+of the folder whose config.json carries them, with the values that describe the
+same model (`CT2_LEGACY_KEYS`); the folder the other systems load is untouched.
+Its T5 loader pads the vocabulary to the model's size with names the tokenizer
+already has (<extra_id_0>...): those rows are renamed in the converted vocabulary,
+so that every id has its own piece.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seq2serve.bench.engine.workload import (
+    Models,
+    _atomic_dir,
+    export_package,
+    exporter_key,
+)
+from seq2serve.export.sources import SAMPLE_TEXTS
+
+
+@dataclass(frozen=True)
+class FamilyShape:
+    name: str
+    family: str  # bart | pegasus | t5
+    config: dict[str, Any] = field(hash=False)  # the transformers config's arguments
+
+    @property
+    def key(self) -> str:
+        """A directory name that changes whenever the weights would."""
+        digest = json.dumps(self.config, sort_keys=True)
+        import hashlib
+
+        return f"{self.name}-{hashlib.sha256(digest.encode()).hexdigest()[:8]}"
+
+
+_BART_IDS = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+_PEGASUS_IDS = dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+_T5_IDS = dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+# Nothing forced or blocked: every system decodes the same exact lengths.
+_FREE = dict(forced_bos_token_id=None, forced_eos_token_id=None)
+
+
+def _bart_like(vocab: int, d: int, layers: int, heads: int, ffn: int) -> dict[str, Any]:
+    return dict(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                encoder_attention_heads=heads, decoder_attention_heads=heads,
+                encoder_ffn_dim=ffn, decoder_ffn_dim=ffn)
+
+
+FAMILY_SHAPES = {s.name: s for s in [
+    # facebook/bart-base
+    FamilyShape("bart", "bart", {**_bart_like(50265, 768, 6, 12, 3072), **_BART_IDS, **_FREE,
+                                 "max_position_embeddings": 1024}),
+    # Pegasus at bart-base's size, with Pegasus's vocabulary (google/pegasus-*: 96103)
+    FamilyShape("pegasus", "pegasus", {**_bart_like(96103, 768, 6, 12, 3072), **_PEGASUS_IDS,
+                                       **_FREE, "max_position_embeddings": 1024,
+                                       "activation_function": "relu",
+                                       "scale_embedding": True}),
+    # google-t5/t5-small
+    FamilyShape("t5", "t5", dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048,
+                                 num_layers=6, num_decoder_layers=6, num_heads=8,
+                                 feed_forward_proj="relu", tie_word_embeddings=True,
+                                 **_T5_IDS)),
+    # google/flan-t5-small. Its random weights (HF's initialisation + N(0, 0.1)) are
+    # ill-conditioned in fp32: PyTorch's own fp32 log-probs differ from float64 by
+    # ~0.2, so the exporter's verification refuses the package and CTranslate2's
+    # greedy tokens differ from generate()'s (docs/benchmarks.md).
+    FamilyShape("flan-t5", "t5", dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024,
+                                      num_layers=8, num_decoder_layers=8, num_heads=6,
+                                      feed_forward_proj="gated-gelu",
+                                      tie_word_embeddings=False, **_T5_IDS)),
+    # the test-sized ones
+    FamilyShape("tiny-bart", "bart", {**_bart_like(600, 32, 2, 4, 64), **_BART_IDS, **_FREE,
+                                      "max_position_embeddings": 128}),
+    FamilyShape("tiny-pegasus", "pegasus", {**_bart_like(300, 32, 2, 4, 64), **_PEGASUS_IDS,
+                                            **_FREE, "max_position_embeddings": 128,
+                                            "activation_function": "relu",
+                                            "scale_embedding": True}),
+    FamilyShape("tiny-t5", "t5", dict(vocab_size=240, d_model=32, d_kv=8, d_ff=64,
+                                      num_layers=2, num_decoder_layers=2, num_heads=4,
+                                      relative_attention_num_buckets=8,
+                                      relative_attention_max_distance=16,
+                                      feed_forward_proj="relu", tie_word_embeddings=True,
+                                      **_T5_IDS)),
+    FamilyShape("tiny-flan-t5", "t5", dict(vocab_size=240, d_model=32, d_kv=8, d_ff=48,
+                                           # as many decoder layers as encoder layers:
+                                           # generate()'s cache in transformers 5.x has
+                                           # num_layers entries (IndexError otherwise)
+                                           num_layers=2, num_decoder_layers=2, num_heads=3,
+                                           relative_attention_num_buckets=8,
+                                           relative_attention_max_distance=16,
+                                           feed_forward_proj="gated-gelu",
+                                           tie_word_embeddings=False, **_T5_IDS)),
+]}
+FAMILIES = ("bart", "pegasus", "t5", "flan-t5")
+
+# The keys CTranslate2 4.8.5's BART/Pegasus loader reads and transformers 5 no
+# longer writes, with the values that describe these models (BART: post-norm with
+# layernorm_embedding; Pegasus: pre-norm, no layernorm_embedding).
+CT2_LEGACY_KEYS = {
+    "bart": dict(normalize_before=False, normalize_embedding=True),
+    "pegasus": dict(normalize_before=True, normalize_embedding=False),
+}
+
+_MODEL_CLASSES = {"bart": ("BartConfig", "BartForConditionalGeneration"),
+                  "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
+                  "t5": ("T5Config", "T5ForConditionalGeneration")}
+
+
+def _spm_tokenizer(out: Path, family: str) -> None:
+    """A SentencePiece unigram model (pad 0, eos 1, unk 2, no bos: Pegasus's and
+    T5's) trained on the sample texts, loaded by the family's tokenizer class and
+    saved (spiece.model and tokenizer.json)."""
+    import sentencepiece as spm
+    import transformers
+
+    text = out / "train.txt"
+    text.write_text("\n".join(SAMPLE_TEXTS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / "spiece"), vocab_size=90, model_type="unigram",
+        hard_vocab_limit=False, minloglevel=2, num_threads=1, pad_id=0, eos_id=1, unk_id=2,
+        bos_id=-1)
+    text.unlink()
+    (out / "spiece.vocab").unlink()
+    cls = transformers.PegasusTokenizer if family == "pegasus" else transformers.T5Tokenizer
+    cls.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte-level alphabet: the printable bytes as themselves, the others
+    shifted past 255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(shifted))]
+
+
+def _bart_tokenizer(out: Path, vocab_size: int) -> None:
+    """BART's byte-level BPE files with exactly `vocab_size` entries (<s> <pad> </s>
+    <unk>, the 256 byte symbols, filler words, <mask> last, as bart-base's), no
+    merges; tokenizer.json through BartTokenizer."""
+    import transformers
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for symbol in _byte_symbols():
+        vocab.setdefault(symbol, len(vocab))
+    filler = 0
+    while len(vocab) < vocab_size - 1:
+        vocab.setdefault(f"\u0120w{filler}", len(vocab))
+        filler += 1
+    vocab["<mask>"] = vocab_size - 1
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (out / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    transformers.BartTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
+    """A seeded random Hugging Face folder of `shape`'s family, cached."""
+
+    def build(tmp: Path) -> None:
+        import torch
+        import transformers
+
+        transformers.logging.disable_progress_bar()
+        if shape.family == "bart":
+            _bart_tokenizer(tmp, shape.config["vocab_size"])
+        else:
+            _spm_tokenizer(tmp, shape.family)
+        config_name, model_name = _MODEL_CLASSES[shape.family]
+        # The summarization task (the families' exporters need a folder to say its
+        # task); T5's input prefix with it, nothing that changes decoding.
+        task = {"summarization": {"prefix": "summarize: "} if shape.family == "t5" else {}}
+        config = getattr(transformers, config_name)(**shape.config, task_specific_params=task)
+        torch.manual_seed(seed)
+        model = getattr(transformers, model_name)(config).eval()
+        with torch.no_grad():
+            # HF's initialisation (std 0.02, zero biases, identity norms) gives
+            # near-uniform next-token distributions: spread them as a trained
+            # model's are (Pegasus keeps its sinusoid position table).
+            for name, p in model.named_parameters():
+                if "embed_positions" not in name:
+                    p.add_(0.1 * torch.randn_like(p))
+        model.save_pretrained(tmp)
+        # The generation settings say only what starts and ends a sequence.
+        c = shape.config
+        generation = {k: c[k] for k in ("decoder_start_token_id", "eos_token_id",
+                                         "pad_token_id", "bos_token_id") if k in c}
+        (tmp / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
+
+    return _atomic_dir(out, build)
+
+
+@dataclass(frozen=True)
+class Ids:
+    eos: int
+    low: int  # the ordinary pieces: [low, high)
+    high: int
+
+
+def source_ids(folder: Path, shape: FamilyShape) -> Ids:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    eos = config["eos_token_id"]
+    if shape.family == "bart":  # specials 0..3, the byte symbols and words, <mask> last
+        return Ids(eos, 4, config["vocab_size"] - 1)
+    import sentencepiece as spm
+
+    pieces = spm.SentencePieceProcessor(model_file=str(folder / "spiece.model")).get_piece_size()
+    offset = 103 if shape.family == "pegasus" else 0  # Pegasus's ids: SentencePiece's + 103
+    return Ids(eos, offset + 3, offset + pieces)  # past pad, eos, unk
+
+
+def random_sources(ids: Ids, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` sources of `length` ids (the last one EOS), ordinary pieces only."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(ids.low, ids.high, size=(count, length - 1))
+    return [row + [ids.eos] for row in rows.tolist()]
+
+
+def _pad_tokenizer(folder: Path, vocab_size: int) -> None:
+    """CTranslate2's BART/Pegasus loader takes its vocabulary from the tokenizer and
+    pads nothing: give the copy's tokenizer one placeholder per model row past its
+    own pieces (the rows the tokenizer never produces, as in T5's 32128)."""
+    import transformers
+
+    tok = transformers.PegasusTokenizer.from_pretrained(str(folder))
+    tok.add_tokens([f"<ct2_row_{i}>" for i in range(len(tok), vocab_size)])
+    tok.save_pretrained(str(folder))
+
+
+def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
+    """CTranslate2's TransformersConverter on the folder (float32; int8 is its
+    load-time quantization); BART and Pegasus through a copy whose config.json
+    carries the keys its loader needs (CT2_LEGACY_KEYS)."""
+
+    def build(tmp: Path) -> None:
+        import ctranslate2
+
+        source = folder
+        if family in CT2_LEGACY_KEYS:
+            source = tmp.parent / f".{tmp.name}-source"
+            shutil.rmtree(source, ignore_errors=True)
+            shutil.copytree(folder, source)
+            file = source / "config.json"
+            config = json.loads(file.read_text(encoding="utf-8"))
+            file.write_text(json.dumps({**config, **CT2_LEGACY_KEYS[family]}), encoding="utf-8")
+            if family == "pegasus":
+                _pad_tokenizer(source, config["vocab_size"])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ctranslate2.converters.TransformersConverter(str(source)).convert(
+                    str(tmp), force=True)
+        finally:
+            if source != folder:
+                shutil.rmtree(source, ignore_errors=True)
+        file = tmp / "shared_vocabulary.json"
+        pieces = json.loads(file.read_text(encoding="utf-8"))
+        seen: set[str] = set()
+        for i, piece in enumerate(pieces):
+            if piece in seen:
+                pieces[i] = f"<ct2_row_{i}>"
+            seen.add(pieces[i])
+        file.write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
+        if len(pieces) != config_vocab(folder):
+            raise RuntimeError(f"{tmp}: CTranslate2's vocabulary has {len(pieces)} entries, "
+                               f"the model {config_vocab(folder)}")
+
+    return _atomic_dir(out, build)
+
+
+def config_vocab(folder: Path) -> int:
+    return int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+
+
+def prepare_family(work: Path, shape: FamilyShape, seed: int, precisions: set[str],
+                   ctranslate2: bool) -> Models:
+    """Build or reuse the folder and its conversions under `work`."""
+    root = work / f"{shape.key}-seed{seed}"
+    folder = build_folder(root / "hf", shape, seed)
+    key = exporter_key()
+    packages = {p: export_package(folder, root / f"seq2serve-{p}-{key}", p)
+                for p in sorted(precisions)}
+    ct2 = convert_ctranslate2(folder, root / "ctranslate2", shape.family) if ctranslate2 else None
+    return Models(folder, packages, ct2)
