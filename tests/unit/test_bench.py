@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from bench_systems import assert_systems_agree
 
 from seq2serve.bench import inputs
 from seq2serve.bench.engine import harness, measure, systems, workload
@@ -32,24 +33,7 @@ def test_every_system_generates_the_same_tokens(models: workload.Models) -> None
     assert all(len(s) == 6 and s[-1] == workload.EOS_ID for s in sources)
     assert all(1 < i < shape.pad_id for s in sources for i in s[:-1])
     assert len(workload.vocabulary(models.marian)) == shape.vocab_size
-    every = [systems.Seq2Serve(models.packages["fp32"], 1),
-             systems.Seq2Serve(models.packages["int8"], 1),
-             systems.Transformers(models.marian, 1),
-             systems.CTranslate2(models.ctranslate2, models.marian, "fp32", 1),
-             systems.CTranslate2(models.ctranslate2, models.marian, "int8", 1)]
-    greedy = {}
-    for system in every:
-        system.load()
-        try:
-            for beam in (1, 4):
-                out = system.generate(system.prepare(sources), beam, 7)
-                assert [len(t) for t in out] == [7, 7, 7], (system.label, beam)
-                if beam == 1:
-                    greedy[system.label] = out
-        finally:
-            system.close()
-    # The fp32 systems compute the same model from the same ids: same greedy tokens.
-    assert greedy["seq2serve fp32"] == greedy["transformers fp32"] == greedy["ctranslate2 fp32"]
+    assert_systems_agree(models, sources)
 
 
 def test_harness_end_to_end(work: Path, models: workload.Models, tmp_path: Path,

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from bench_systems import assert_systems_agree
 
 from seq2serve.bench.engine import families, harness, systems
 
@@ -50,23 +51,7 @@ def test_every_system_loads_and_agrees(name: str, work: Path) -> None:
     sources = families.random_sources(ids, 3, 6, seed=0)
     assert all(len(s) == 6 and s[-1] == ids.eos for s in sources)
     assert all(ids.low <= i < ids.high for s in sources for i in s[:-1])
-    every = [systems.Seq2Serve(models.packages["fp32"], 1),
-             systems.Seq2Serve(models.packages["int8"], 1),
-             systems.Transformers(models.marian, 1),
-             systems.CTranslate2(models.ctranslate2, models.marian, "fp32", 1),
-             systems.CTranslate2(models.ctranslate2, models.marian, "int8", 1)]
-    greedy = {}
-    for system in every:
-        system.load()
-        try:
-            for beam in (1, 4):
-                out = system.generate(system.prepare(sources), beam, 7)
-                assert [len(t) for t in out] == [7, 7, 7], (system.label, beam)
-                if beam == 1:
-                    greedy[system.label] = out
-        finally:
-            system.close()
-    assert greedy["seq2serve fp32"] == greedy["transformers fp32"] == greedy["ctranslate2 fp32"]
+    assert_systems_agree(models, sources)
 
 
 def test_harness_runs_a_family(work: Path, tmp_path: Path,
