@@ -73,6 +73,19 @@ def check_batch_equals_one_at_a_time(engine: Any, sources: list[list[int]],
         assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
 
 
+def check_package_batch_invariance(package: Path, texts: list[str], max_new: int) -> None:
+    """An exported package (any precision) decodes each text in a batch exactly as
+    alone (check_batch_equals_one_at_a_time through its own engine)."""
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
+    tokenizer = package_tokenizer(load_package(package))
+    check_batch_equals_one_at_a_time(engine, [tokenizer.encode(t) for t in texts], max_new)
+
+
 def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path,
                            max_new: int) -> None:
     """gRPC Summarize (beam 2, max_new tokens) returns the engine's tokens and their

@@ -22,6 +22,7 @@ from conftest import CORPUS
 from family_checks import (
     assert_same_nbest,
     check_batch_equals_one_at_a_time,
+    check_package_batch_invariance,
     check_served_summarize,
 )
 from hf_reference import reference_nbest
@@ -291,6 +292,7 @@ def test_export_fp32_int8_fp16(pegasus_dir: Path, pegasus_package: Path,
         if precision == "fp16":  # 11 significant bits (test_export.py's bound)
             assert report.deviation["log_probs"] <= 0.05
         assert load_package(tmp_path / precision).manifest.tokenizer.type == "tokenizers"
+        check_package_batch_invariance(tmp_path / precision, TEXTS, MAX_NEW)
 
 
 # -- the engine against generate() ---------------------------------------------------

@@ -23,6 +23,7 @@ from conftest import CORPUS
 from family_checks import (
     assert_same_nbest,
     check_batch_equals_one_at_a_time,
+    check_package_batch_invariance,
     check_served_summarize,
 )
 from hf_reference import reference_nbest
@@ -302,6 +303,7 @@ def test_export_plain_and_int8(attention: str, precision: str,
                     progress=False)
     assert report.precision == precision
     assert report.fp32_deviation["log_probs"] <= TOL
+    check_package_batch_invariance(tmp_path / "pkg", TEXTS, MAX_NEW)
 
 
 def test_export_mt5(tmp_path: Path) -> None:
