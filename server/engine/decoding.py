@@ -113,18 +113,16 @@ def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
     return log_probs
 
 
-def ban_bad_words(log_probs: np.ndarray, history: np.ndarray | None,
-                  bad_words: Sequence[Sequence[int]], lengths: np.ndarray | None = None
+def ban_bad_words(log_probs: np.ndarray, history: np.ndarray | None, single: np.ndarray,
+                  longer: Sequence[Sequence[int]], lengths: np.ndarray | None = None
                   ) -> np.ndarray:
-    """HF's `NoBadWordsLogitsProcessor` (a -inf `SequenceBiasLogitsProcessor`): a
-    one-token bad word is always banned; a longer one's last token is banned in
-    the rows whose history (start token included) ends with the rest of it.
-    lengths (N,): how many of a row's history columns are its own (default: all);
-    history may be None when every bad word is one token."""
-    single = [int(w[0]) for w in bad_words if len(w) == 1]
-    if single:
-        log_probs[:, np.asarray(single, dtype=np.int64)] = NEG_INF
-    longer = [w for w in bad_words if len(w) > 1]
+    """HF's `NoBadWordsLogitsProcessor` (a -inf `SequenceBiasLogitsProcessor`): the
+    one-token bad words `single` are always banned; a `longer` one's last token is
+    banned in the rows whose history (start token included) ends with the rest of
+    it. lengths (N,): how many of a row's history columns are its own (default:
+    all); history may be None when `longer` is empty."""
+    if single.size:
+        log_probs[:, single] = NEG_INF
     if not longer:
         return log_probs
     assert history is not None, "bad words of several tokens need the history"
@@ -186,7 +184,16 @@ class Processing:
         only bans tokens, forces tokens and bans EOS before min_length."""
         return bool(np.any(self.repetition_penalty != 1.0)
                     or np.any(self.no_repeat_ngram_size > 0)
-                    or any(len(w) > 1 for w in self.bad_words))
+                    or bool(self.longer_bad_words))
+
+    @cached_property
+    def single_bad_words(self) -> np.ndarray:
+        """The one-token bad words' ids, once (the decoding loop bans them every step)."""
+        return np.asarray([w[0] for w in self.bad_words if len(w) == 1], dtype=np.int64)
+
+    @cached_property
+    def longer_bad_words(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(w for w in self.bad_words if len(w) > 1)
 
     @cached_property
     def suppress_ids(self) -> np.ndarray:
@@ -201,11 +208,14 @@ class Processing:
         """HF's forced BOS, then forced EOS, where this Processing's rows generated
         `generated` tokens so far; each of them is `beams` rows of log_probs."""
         if self.forced_bos != NO_TOKEN:
-            force_token(log_probs, np.repeat(generated == 0, beams), self.forced_bos)
+            first = generated == 0
+            if first.any():  # one step of a row's life: no mask on the others
+                force_token(log_probs, np.repeat(first, beams), self.forced_bos)
         if self.forced_eos != NO_TOKEN:
             assert self.max_new is not None, "a forced EOS needs each row's limit"
-            force_token(log_probs, np.repeat(generated == self.max_new - 1, beams),
-                        self.forced_eos)
+            last = generated == self.max_new - 1
+            if last.any():
+                force_token(log_probs, np.repeat(last, beams), self.forced_eos)
         return log_probs
 
 
@@ -215,7 +225,7 @@ def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams:
     (`p.reads_history` False), with `generated` (B,) and `beams` rows per source:
     the same result without its per-row arrays."""
     if p.bad_words:
-        ban_bad_words(log_probs, None, p.bad_words)
+        ban_bad_words(log_probs, None, p.single_bad_words, ())
     if p.longest_min_length > 0:
         early = generated < p.min_length
         if early.any():
@@ -236,7 +246,7 @@ def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
     lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
     block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)
     if p.bad_words:
-        ban_bad_words(log_probs, history, p.bad_words, lengths)
+        ban_bad_words(log_probs, history, p.single_bad_words, p.longer_bad_words, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)
     p.force(log_probs, np.asarray(lengths - 1))
     return suppress_tokens(log_probs, p.suppress_ids)
