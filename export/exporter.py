@@ -301,7 +301,9 @@ def _check_graphs(source: Source, model: Any, tmp: Path,
     for graph in GRAPH_FILES:
         onnx.checker.check_model(str(fp32_dir / graph), full_check=True)
     tokenizer = source.write_tokenizer(tmp)
-    samples = [tokenizer.encode(t)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
+    # A multilingual model's samples are in its first language.
+    language = next(iter(source.languages.tokens.values())) if source.languages else None
+    samples = [tokenizer.encode(t, language)[: model.cfg.max_positions] for t in SAMPLE_TEXTS]
     return tokenizer, samples
 
 
@@ -404,6 +406,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
         attention=attention if shortlist_spec is not None else None,
         shortlist=shortlist_spec,
         input_prefix=source.input_prefix,
+        languages=source.languages,
     )
 
 

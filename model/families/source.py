@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.model.families.hf import TOKENIZER_JSON
+from seq2serve.model.package.languages import Languages
 from seq2serve.model.package.manifest import GenerationDefaults, TokenizerFiles
 from seq2serve.model.package.tokenizer import JsonTokenizer, PackageTokenizer, Tokenizer
 from seq2serve.model.transformer import Seq2SeqTransformer
@@ -51,6 +52,9 @@ class Source:
     # What the model expects before every input (T5's task prefix): the manifest's
     # input_prefix, which the server adds.
     input_prefix: str = ""
+    # A multilingual model's languages (model/package/languages.py); its
+    # source_language and target_language are then MULTILINGUAL.
+    languages: Languages | None = None
 
     def tokenizer_files(self) -> TokenizerFiles:
         """The manifest's tokenizer entry for the files `write_tokenizer` writes."""
@@ -64,17 +68,19 @@ class Source:
         directory `out`; the tokenizer reading them there."""
         cfg = self.model.cfg
         ids = dict(unk_id=cfg.unk_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+        languages = self.languages
         files = self.tokenizer_files()
         if self.tokenizer_json is not None:
             shutil.copyfile(self.tokenizer_json, out / files.tokenizer_json)
-            return JsonTokenizer(out / files.tokenizer_json, **ids)
+            return JsonTokenizer(out / files.tokenizer_json, **ids, languages=languages)
         assert self.source_spm is not None and self.target_spm is not None
         shutil.copyfile(self.source_spm, out / files.source_model)
         shutil.copyfile(self.target_spm, out / files.target_model)
         (out / files.vocab).write_text(json.dumps(self.vocab, ensure_ascii=False),
                                        encoding="utf-8")
         return PackageTokenizer(out / files.source_model, out / files.target_model,
-                                out / files.vocab, **ids)
+                                out / files.vocab, **ids,
+                                languages=languages)
 
 
 def default_generation(max_positions: int, beam_size: int = 4) -> GenerationDefaults:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from seq2serve.model.config import OMITTED_AT_DEFAULT, ModelConfig
+from seq2serve.model.package.languages import MULTILINGUAL, Languages
 
 FORMAT_VERSION = 8
 # Format 6 packages have the same graph inputs and outputs with plain attention
@@ -346,6 +347,14 @@ class Manifest:
     # What the model expects before every input text (T5's task prefix, "summarize: ",
     # "translate English to German: "): the server adds it. Absent when empty.
     input_prefix: str = field(default="", metadata=OMITTED_AT_DEFAULT)
+    # A multilingual model's languages (languages.py): every pair of them is served,
+    # and source_language and target_language are MULTILINGUAL. None (absent): the
+    # one pair source_language -> target_language.
+    languages: Languages | None = None
+
+    @property
+    def multilingual(self) -> bool:
+        return self.languages is not None
 
     @property
     def fused_attention(self) -> bool:
@@ -511,6 +520,12 @@ def _manifest_problems(manifest: Manifest) -> list[str]:
     for required in (*GRAPH_FILES, *manifest.tokenizer.files()):
         if required not in manifest.files:
             problems.append(f"'files' does not list {required}")
+    if manifest.languages is not None:
+        problems += manifest.languages.problems(manifest.config.tgt_vocab_size)
+        for side in ("source_language", "target_language"):
+            if getattr(manifest, side) != MULTILINGUAL:
+                problems.append(f"{side} must be {MULTILINGUAL!r} in a package with languages, "
+                                f"got {getattr(manifest, side)!r}")
     problems += _format_problems(manifest)
     expected = standard_graphs(manifest.config.decoder_layers, 0)
     for name, graph in manifest.graphs.by_name().items():

@@ -173,6 +173,9 @@ class WorkItem:
     # The handler's view of its RPC (e.g. `context.cancelled`), shared by all of a
     # request's items; `cancel()` below works without one.
     cancelled: Callable[[], bool] | None = None
+    # Its hypotheses' first token (a multilingual model's target language); None:
+    # the package's.
+    forced_bos: int | None = None
     id: int = field(default_factory=lambda: next(_ids))
     enqueued_at: float = 0.0  # set by Scheduler.submit (time.monotonic())
     _cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)

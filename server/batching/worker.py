@@ -163,7 +163,8 @@ class ModelWorker:
             try:
                 requests.append(self.engine.request(
                     item.id, item.source, item.options, cancelled=item.should_stop,
-                    on_token=stream if item.on_token is not None else None))
+                    on_token=stream if item.on_token is not None else None,
+                    forced_bos=item.forced_bos))
             except Exception as error:  # noqa: BLE001 - a bad source fails alone
                 self._fail(item, error)
                 continue

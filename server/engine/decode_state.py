@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from seq2serve.server.engine.decoding import BeamParams, BeamState, Processing
+from seq2serve.server.engine.decoding import NO_TOKEN, BeamParams, BeamState, Processing
 from seq2serve.server.engine.options import ResolvedOptions
 
 CancelCheck = Callable[[], bool]
@@ -77,13 +77,16 @@ class SourceOptions:
 @dataclass(frozen=True)
 class Request:
     """One source for the engine; `key` names it in the results (the caller's
-    number for it: generate()'s index, the worker's work item id)."""
+    number for it: generate()'s index, the worker's work item id). forced_bos: the
+    first token of its every hypothesis (a multilingual model's target language),
+    in place of the package's; None: the package's, if any."""
 
     key: int
     source: Sequence[int]  # token ids, EOS included
     options: SourceOptions
     cancelled: CancelCheck | None = None
     on_token: TokenCallback | None = None
+    forced_bos: int | None = None
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,8 @@ class DecodeState:
                                          other.processing.no_repeat_ngram_size),
                 max_new=None if self.processing.max_new is None
                 or other.processing.max_new is None
-                else cat(self.processing.max_new, other.processing.max_new)),
+                else cat(self.processing.max_new, other.processing.max_new),
+                forced_bos=_forced(self.processing, other.processing)),
             sampler=None if self.sampler is None and other.sampler is None
             else self._sampler().concatenate(other._sampler()),
             beam=(self.beam.concatenate(other.beam)
@@ -295,3 +299,12 @@ def _pad_last(array: np.ndarray, width: int, fill: int = 0) -> np.ndarray:
     out = np.full((*array.shape[:-1], width), fill, dtype=array.dtype)
     out[..., :array.shape[-1]] = array
     return out
+
+
+def _forced(a: Processing, b: Processing) -> np.ndarray | None:
+    """The forced first tokens of two states' sources, one after the other."""
+    if a.forced_bos is None and b.forced_bos is None:
+        return None
+    return np.concatenate([
+        p.forced_bos if p.forced_bos is not None
+        else np.full(p.min_length.shape[0], NO_TOKEN, dtype=np.int64) for p in (a, b)])

@@ -156,9 +156,11 @@ NO_TOKEN = -1  # a forced token that is not set
 @dataclass(frozen=True)
 class Processing:
     """Per-row processing parameters (N,) plus the model's special tokens.
-    forced_bos / forced_eos: generate()'s forced_bos_token_id (the first new
-    token) and forced_eos_token_id (the last new token a row's limit allows,
-    `max_new`), NO_TOKEN when not set; bad_words: generate()'s bad_words_ids."""
+    forced_bos: per row, generate()'s forced_bos_token_id (the first new token: the
+    package's, or a multilingual request's target language), NO_TOKEN where none;
+    None: no row has one. forced_eos: generate()'s forced_eos_token_id (the last new
+    token a row's limit allows, `max_new`), NO_TOKEN when not set; bad_words:
+    generate()'s bad_words_ids."""
 
     eos_id: int
     suppress: tuple[int, ...]
@@ -166,7 +168,7 @@ class Processing:
     repetition_penalty: np.ndarray
     no_repeat_ngram_size: np.ndarray
     max_new: np.ndarray | None = None  # (N,) each row's limit; needed with forced_eos
-    forced_bos: int = NO_TOKEN
+    forced_bos: np.ndarray | None = None  # (N,)
     forced_eos: int = NO_TOKEN
     bad_words: tuple[tuple[int, ...], ...] = ()
 
@@ -175,7 +177,8 @@ class Processing:
         return replace(self, min_length=self.min_length[index],
                        repetition_penalty=self.repetition_penalty[index],
                        no_repeat_ngram_size=self.no_repeat_ngram_size[index],
-                       max_new=None if self.max_new is None else self.max_new[index])
+                       max_new=None if self.max_new is None else self.max_new[index],
+                       forced_bos=None if self.forced_bos is None else self.forced_bos[index])
 
     @cached_property
     def reads_history(self) -> bool:
@@ -207,10 +210,12 @@ class Processing:
               ) -> np.ndarray:
         """HF's forced BOS, then forced EOS, where this Processing's rows generated
         `generated` tokens so far; each of them is `beams` rows of log_probs."""
-        if self.forced_bos != NO_TOKEN:
-            first = generated == 0
+        if self.forced_bos is not None:
+            first = (generated == 0) & (self.forced_bos != NO_TOKEN)
             if first.any():  # one step of a row's life: no mask on the others
-                force_token(log_probs, np.repeat(first, beams), self.forced_bos)
+                rows = np.flatnonzero(np.repeat(first, beams))
+                log_probs[rows] = NEG_INF
+                log_probs[rows, np.repeat(self.forced_bos, beams)[rows]] = 0.0
         if self.forced_eos != NO_TOKEN:
             assert self.max_new is not None, "a forced EOS needs each row's limit"
             last = generated == self.max_new - 1

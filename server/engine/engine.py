@@ -156,6 +156,7 @@ class Engine:
             forced_eos=_token_or_none(generation.forced_eos_token_id),
             bad_words=generation.bad_words_ids or ())
         self.src_vocab_size = manifest.config.src_vocab_size
+        self.tgt_vocab_size = manifest.config.tgt_vocab_size
         self.max_source_length = manifest.max_source_length
         # The decoder's positions end at max_positions: one per generated token.
         self.limits = OptionLimits(limits.max_beam_size,
@@ -203,11 +204,15 @@ class Engine:
 
     def request(self, key: int, source: Sequence[int], options: ResolvedOptions, *,
                 cancelled: CancelCheck | None = None, on_token: TokenCallback | None = None,
-                index: int = 0) -> Request:
-        """A checked request. options: already resolved (`resolve()`)."""
+                index: int = 0, forced_bos: int | None = None) -> Request:
+        """A checked request. options: already resolved (`resolve()`). forced_bos:
+        its hypotheses' first token (a multilingual model's target language)."""
         self.check_source(source, index)
+        if forced_bos is not None and not 0 <= forced_bos < self.tgt_vocab_size:
+            raise SourceError("forced_bos", f"source {index}'s forced first token "
+                              f"{forced_bos} is outside [0, {self.tgt_vocab_size})")
         return Request(key, list(source), SourceOptions.of(options, len(source)), cancelled,
-                       on_token)
+                       on_token, forced_bos)
 
     def strategy(self, beams: int) -> SearchStrategy:
         if beams == 1:
@@ -224,7 +229,8 @@ class Engine:
     def generate(self, sources: Sequence[Sequence[int]],
                  options: AnyOptions | Sequence[AnyOptions], *,
                  cancelled: Sequence[CancelCheck | None] | None = None,
-                 on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
+                 on_token: Sequence[TokenCallback | None] | None = None,
+                 forced_bos: Sequence[int | None] | None = None) -> Generation:
         """Decode a batch. sources: token ids with EOS, as the tokenizer makes them.
 
         options: one for all sources or one per source, resolved or not (a
@@ -234,6 +240,8 @@ class Engine:
         on_token: per source, called with every token of a greedy or sampling
         hypothesis as it is chosen, the final EOS included (beam search has no
         stable prefix to stream, so beam sources never call it).
+        forced_bos: per source, its hypotheses' first token (a multilingual model's
+        target language), None for the package's.
         """
         count = len(sources)
         if not isinstance(options, Sequence):
@@ -247,8 +255,9 @@ class Engine:
                                            else self.resolve(opt))
         cancel = list(cancelled) if cancelled is not None else [None] * count
         stream = list(on_token) if on_token is not None else [None] * count
+        forced = list(forced_bos) if forced_bos is not None else [None] * count
         requests = [self.request(i, src, resolved_by_id[id(opt)], cancelled=cancel[i],
-                                 on_token=stream[i], index=i)
+                                 on_token=stream[i], index=i, forced_bos=forced[i])
                     for i, (src, opt) in enumerate(zip(sources, options, strict=True))]
         stats = GenerateStats()
         results: list[Result] = [Result() for _ in range(count)]

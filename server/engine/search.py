@@ -176,7 +176,8 @@ class SearchStrategy:
                 np.array([o.repetition_penalty for o in opts], dtype=np.float32),
                 np.array([o.no_repeat_ngram_size for o in opts], dtype=np.int64),
                 max_new=np.array([o.max_new for o in opts], dtype=np.int64),
-                forced_bos=self.special.forced_bos, forced_eos=self.special.forced_eos,
+                forced_bos=_forced_bos(requests, self.special.forced_bos),
+                forced_eos=self.special.forced_eos,
                 bad_words=self.special.bad_words),
             sampler=None, beam=None, beam_params=None,
             # History padding: the start token, which every history holds already,
@@ -200,7 +201,13 @@ class SearchStrategy:
             return _View(log_probs, state.processing, None)
         p = state.processing
         sampling = state.sampler is not None and bool(state.sampler.sampling.any())
-        forced = [t for t in (p.forced_bos, p.forced_eos) if t != NO_TOKEN]
+        if p.forced_bos is not None:
+            # A row's first step forces its own token: over the whole vocabulary
+            # (a first step is one of a row's life); the later steps force none.
+            if bool(np.any((state.generated == 0) & (p.forced_bos != NO_TOKEN))):
+                return _View(candidates.expand(log_probs, state.beams), p, None)
+            p = replace(p, forced_bos=None)
+        forced = [p.forced_eos] if p.forced_eos != NO_TOKEN else []
         banned = [w[0] for w in p.bad_words]  # one token each: else reads_history
         columns = None if p.reads_history or sampling else \
             candidates.columns_of([p.eos_id, *p.suppress, *forced, *banned])
@@ -210,7 +217,7 @@ class SearchStrategy:
                        (int(c) for c in columns), strict=True))
         return _View(log_probs, replace(
             p, eos_id=col[p.eos_id], suppress=tuple(col[t] for t in p.suppress),
-            forced_bos=col.get(p.forced_bos, NO_TOKEN), forced_eos=col.get(p.forced_eos, NO_TOKEN),
+            forced_eos=col.get(p.forced_eos, NO_TOKEN),
             bad_words=tuple((col[t],) for t in banned)), candidates)
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
@@ -330,3 +337,11 @@ class BeamSearch(SearchStrategy):
         count = state.requests[source].options.num_hypotheses
         alignments: list[np.ndarray | None] = list(state.beam.nbest_alignments(source, count))
         return self._hypotheses(state, source, state.beam.nbest(source, count), alignments)
+
+
+def _forced_bos(requests: Sequence[Request], default: int) -> np.ndarray | None:
+    """Each request's forced first token (its own, else the package's); None when
+    no request has one."""
+    forced = np.array([default if r.forced_bos is None else r.forced_bos for r in requests],
+                      dtype=np.int64)
+    return forced if bool(np.any(forced != NO_TOKEN)) else None

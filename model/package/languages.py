@@ -1,0 +1,79 @@
+"""A multilingual package's languages (NLLB-200, M2M100, mBART-50): one package
+serves every ordered pair of them. Each language is a token of the model's
+vocabulary: the source's goes before the text (or, NLLB's `legacy_behaviour`,
+after its EOS), the target's is the decoder's forced first token.
+
+Requests name languages by the codes they use everywhere else (en, pt-BR,
+zh-Hans); the package maps those to the model's own codes (eng_Latn, de, de_DE:
+what the family's transformers tokenizer takes as `src_lang`). The model's own
+codes are accepted too. No torch, no transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+# Where a source's language token goes.
+SOURCE_TOKEN_PLACES = ("prefix", "suffix")
+
+MULTILINGUAL = "mul"  # ISO 639's code for many languages: a multilingual package's
+# source_language and target_language
+
+
+@dataclass(frozen=True)
+class Languages:
+    """tokens: the model's own code -> its language token's id. codes: a request's
+    code -> the model's own code; the first code of each model code is the one
+    listed (`/languages`). source_token: one of SOURCE_TOKEN_PLACES."""
+
+    tokens: dict[str, int]
+    codes: dict[str, str]
+    source_token: str = "prefix"
+
+    @cached_property
+    def _folded(self) -> dict[str, str]:
+        folded = {own.casefold(): own for own in self.tokens}
+        folded.update({code.casefold(): own for code, own in self.codes.items()})
+        return folded
+
+    def model_code(self, code: str) -> str | None:
+        """The model's code for a request's language code, case-insensitively: a
+        listed code, one of the model's own, or a BCP 47 tag's language subtag
+        (pt-BR -> pt) where the whole tag is not listed. None: not a language of
+        this model."""
+        key = code.strip().replace("_", "-").casefold()
+        for candidate in (code.strip().casefold(), key, key.split("-")[0]):
+            if candidate and (own := self._folded.get(candidate)) is not None:
+                return own
+        return None
+
+    def token(self, code: str) -> int | None:
+        """The language token's id for a request's code, or None."""
+        own = self.model_code(code)
+        return None if own is None else self.tokens[own]
+
+    def listed(self) -> dict[str, str]:
+        """Each language's listed code (a request code where one maps to it, else the
+        model's own) -> the model's own code, in the model's order."""
+        first: dict[str, str] = {}
+        for code, own in self.codes.items():
+            first.setdefault(own, code)
+        return {first.get(own, own): own for own in self.tokens}
+
+    def token_ids(self) -> frozenset[int]:
+        return frozenset(self.tokens.values())
+
+    def problems(self, vocab_size: int) -> list[str]:
+        """What a manifest's languages get wrong."""
+        found = []
+        if self.source_token not in SOURCE_TOKEN_PLACES:
+            found.append(f"languages.source_token must be one of "
+                         f"{', '.join(SOURCE_TOKEN_PLACES)}, got {self.source_token!r}")
+        if not self.tokens:
+            found.append("languages.tokens is empty")
+        found += [f"languages.tokens.{own}: id {i} outside [0, {vocab_size})"
+                  for own, i in self.tokens.items() if not 0 <= i < vocab_size]
+        found += [f"languages.codes.{code}: {own!r} is not in languages.tokens"
+                  for code, own in self.codes.items() if own not in self.tokens]
+        return found
