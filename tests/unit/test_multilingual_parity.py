@@ -49,16 +49,17 @@ TOKENIZER_CLASS = {"m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer",
 
 
 def write_spm(out: Path) -> None:
-    """sentencepiece.bpe.model: a BPE trained on the corpus with fairseq's specials
-    (<s> 0, <pad> 1, </s> 2, <unk> 3)."""
+    """sentencepiece.bpe.model: a BPE trained on the corpus with the ids of the hub's
+    (<unk> 0, <s> 1, </s> 2, no pad), which the families' tokenizers renumber
+    fairseq's way (<s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces)."""
     import sentencepiece as spm
 
     out.mkdir(parents=True, exist_ok=True)
     text = out / "corpus.txt"
     text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sentencepiece.bpe"),
-                                   vocab_size=120, model_type="bpe", bos_id=0, pad_id=PAD,
-                                   eos_id=EOS, unk_id=3, hard_vocab_limit=False,
+                                   vocab_size=120, model_type="bpe", unk_id=0, bos_id=1,
+                                   eos_id=2, pad_id=-1, hard_vocab_limit=False,
                                    minloglevel=2, num_threads=1)
     text.unlink()
     (out / "sentencepiece.bpe.vocab").unlink()
@@ -72,7 +73,9 @@ def write_tokenizer(family: str, out: Path) -> Any:
         import sentencepiece as spm
 
         sp = spm.SentencePieceProcessor(model_file=str(out / "sentencepiece.bpe.model"))
-        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+        vocab = {"<s>": 0, "<pad>": PAD, "</s>": EOS, "<unk>": 3}  # fairseq's dictionary
+        for i in range(3, sp.get_piece_size()):
+            vocab[sp.id_to_piece(i)] = len(vocab)
         (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
         tok = transformers.M2M100Tokenizer(str(out / "vocab.json"),
                                            str(out / "sentencepiece.bpe.model"))
@@ -214,7 +217,8 @@ def test_tokenizer_matches_the_family_class(family: str, folder: Path, package: 
         for text in texts:
             assert ours.encode(text, languages.token(src)) == tok(text)["input_ids"], (src, text)
     tok = hf_tokenizer(family, folder)
-    assert tok.unk_token_id in ours.encode("zzqx ǂ", languages.token(PAIRS[family][0][0]))
+    assert tok.unk_token_id == manifest.special_tokens.unk == 3
+    assert 3 in ours.encode("zzqx ǂ", languages.token(PAIRS[family][0][0]))
     g = torch.Generator().manual_seed(0)
     language_ids = sorted(languages.token_ids())
     rows = [tok(t)["input_ids"][1:-1] for t in texts]
