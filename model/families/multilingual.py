@@ -140,7 +140,11 @@ def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Schem
             check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, scheme.name, problems)
         own = _language_tokens(scheme, tokens, model.cfg.tgt_vocab_size, problems)
         if own:
-            languages = family_languages(own, scheme.tag_of, scheme.preferred, source_token)
+            try:
+                languages = family_languages(own, scheme.tag_of, scheme.preferred,
+                                             source_token)
+            except ImportError as e:  # langcodes, of the export extra
+                problems.append(str(e))
     settings = generate_settings(path, problems)
     if problems or model is None or languages is None:
         raise SourceError(path, problems)

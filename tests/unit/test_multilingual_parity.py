@@ -390,3 +390,34 @@ def test_odd_folders_are_refused(tmp_path: Path) -> None:
     hf_model("nllb", len(tok) + 3).save_pretrained(folder)
     with pytest.raises(SourceError, match="none of NLLB-200's language tokens"):
         export(folder, tmp_path / "out", progress=False)
+
+
+def test_stored_position_tables_are_checked(tmp_path: Path) -> None:
+    """Older M2M100 files store the sinusoid tables (`embed_positions.weights`): the
+    table itself is read and accepted, another (learned positions) refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from seq2serve.model.families.hf import ConversionError
+
+    folder = make_folder("m2m100", tmp_path / "m2m")
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(folder))
+    state = load_file(folder / "model.safetensors")
+    for side in ("encoder", "decoder"):
+        state[f"model.{side}.embed_positions.weights"] = \
+            getattr(hf.model, side).embed_positions.weights.clone()
+    save_file(state, folder / "model.safetensors")
+    cfg, converted = m2m100.convert_m2m100(folder)
+    assert converted["src_positions"].shape == (cfg.max_positions, cfg.d_model)
+    state["model.decoder.embed_positions.weights"] += 0.01
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ConversionError, match="model.decoder.embed_positions.weights is not"):
+        m2m100.convert_m2m100(folder)
+
+
+def test_the_registry_names_the_families(tmp_path: Path) -> None:
+    from seq2serve.model.families.registry import FAMILIES
+
+    assert FAMILIES["m2m_100"] is m2m100.load_source and FAMILIES["mbart"] is mbart.load_source
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nllb_moe"}))
+    with pytest.raises(SourceError, match="'m2m_100'.*'mbart'"):
+        export(tmp_path, tmp_path / "out", progress=False)
