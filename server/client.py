@@ -127,6 +127,7 @@ class ModelInfo:
     defaults: dict[str, Any] = field(default_factory=dict)  # only the fields the model sets
     # The limits the server applies (ListModels' max_length ... max_length_penalty).
     limits: dict[str, float] = field(default_factory=dict)
+    languages: tuple[str, ...] = ()  # a multilingual model's (every pair served)
 
 
 class Seq2ServeClient:
@@ -175,7 +176,8 @@ class Seq2ServeClient:
         response = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
         return [ModelInfo(m.name, m.task, m.source_language, m.target_language, m.precision,
                           m.provider, m.max_source_length, _options_dict(m.defaults),
-                          {name: getattr(m, name) for name in _LIMIT_FIELDS})
+                          {name: getattr(m, name) for name in _LIMIT_FIELDS},
+                          tuple(m.languages))
                 for m in response.models]
 
     def list_routes(self) -> list[tuple[str, str, tuple[str, ...]]]:

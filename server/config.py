@@ -70,6 +70,9 @@ class ServerConfig:
     serve_valid_models: bool = field(default=False, metadata=_meta(
         "start even when some package directories are broken, serving the valid ones (each "
         "broken one is logged as an error); without it a broken package stops the start"))
+    prefer_multilingual: bool = field(default=False, metadata=_meta(
+        "where a multilingual model (NLLB-200, M2M100, mBART-50) and a model of one pair "
+        "both serve a pair, the multilingual one serves it (default: the one-pair model)"))
     host: str = field(default="0.0.0.0", metadata=_meta(
         "address the gRPC server listens on", "HOST"))
     port: int = field(default=50051, metadata=_meta("gRPC port", "PORT"))

@@ -32,8 +32,7 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         asked = overrides.get("max_new_tokens")
         limit = (int(asked) if asked is not None  # type: ignore[call-overload]
                  else gen.max_length - 1 if gen.max_length is not None else 20)
-        forced_bos = overrides.get("forced_bos_token_id", gen.forced_bos_token_id)
-        if forced_bos is not None:  # a multilingual model's target language, as asked
+        if overrides.get("forced_bos_token_id", gen.forced_bos_token_id) is not None:
             chosen[:, 0] = 0.0
         if gen.forced_eos_token_id is not None and chosen.shape[1] == limit:
             chosen[:, limit - 1] = torch.where(seqs[:, limit - 1] == eos, 0.0,

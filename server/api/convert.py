@@ -161,6 +161,7 @@ def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
         defaults=options_to_pb(info.defaults),
         min_length_penalty=LENGTH_PENALTY_RANGE[0],
         max_length_penalty=LENGTH_PENALTY_RANGE[1],
+        languages=info.languages,
         **dataclasses.asdict(info.limits),
     )
 

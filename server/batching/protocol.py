@@ -38,8 +38,9 @@ class RunningRows(Protocol):
 class BatchEngine(Protocol):
     def request(self, key: int, source: Sequence[int], options: ResolvedOptions, *,
                 cancelled: CancelCheck | None = None, on_token: TokenCallback | None = None,
-                index: int = 0) -> Request:
-        """A checked request (InvalidOptions for a bad source)."""
+                index: int = 0, forced_bos: int | None = None) -> Request:
+        """A checked request (InvalidOptions for a bad source); forced_bos: its
+        hypotheses' first token (a multilingual model's target language)."""
 
     def start_batch(self, beams: int, shortlist: bool = False) -> RunningRows: ...
 

@@ -108,27 +108,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _model(models: Sequence[ModelInfo], name: str | None, source: str, target: str,
            routes: Sequence[tuple[str, str, tuple[str, ...]]] = ()) -> ModelInfo | None:
-    """The model the server will pick: by name, else by language pair; for a pair
-    served through English, the chain's last model (its limits apply to the texts)."""
-    if not name and source:
+    """The model the server will pick: by name, else by language pair (a
+    multilingual model's too); for a pair served through English, the chain's last
+    model (its limits apply to the texts)."""
+    translators = [m for m in models if m.task == "translate"]
+    if name:
+        return next((m for m in translators if m.name == name), None)
+    if source:
         for route_source, route_target, names in routes:
-            if (route_source, route_target) == (source, target) and len(names) > 1:
-                return next((m for m in models if m.name == names[-1]), None)
-    for model in models:
-        if model.task != "translate":
-            continue
-        if name:
-            if model.name == name:
-                return model
-        elif model.target_language == target and source in ("", model.source_language):
-            return model
-    return None
+            if (route_source, route_target) == (source, target) and names:
+                return next((m for m in translators if m.name == names[-1]), None)
+    return next((m for m in translators if m.target_language == target
+                 and source in ("", m.source_language)), None)
 
 
 async def _translate(client: Seq2ServeClient, document: Document, model: ModelInfo,
                      args: argparse.Namespace, source: str) -> bytes:
-    # A chain is asked for by its pair: the server routes it through English.
-    chained = model.source_language != source and bool(source) and not args.model
+    # A pair is asked for as such (the server routes it: a chain through English, a
+    # multilingual model's languages); a named model by its name.
+    by_pair = bool(source) and not args.model
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(DEFAULT_WINDOW) as pool, \
             tqdm(unit="text", desc=Path(args.file).name, file=sys.stderr,
@@ -136,9 +134,9 @@ async def _translate(client: Seq2ServeClient, document: Document, model: ModelIn
 
         def call(texts: Sequence[str]) -> list[str]:
             answers = client.translate(
-                list(texts), None if chained else model.name,
-                source_language=source if chained else None,
-                target_language=args.target_language if chained else None,
+                list(texts), args.model or (None if by_pair else model.name),
+                source_language=source or None,
+                target_language=args.target_language,
                 software=args.software, beam_size=args.beam)
             return [nbest[0].text for nbest in answers]
 

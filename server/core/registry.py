@@ -6,6 +6,11 @@ request is served (`route`: the model it names, a direct model of its pair, a ch
 of two through English). Until every model is loaded it answers Unavailable: what is
 served is not known yet. `generation` counts the changes to what is served, so that
 what a door derives from it is derived again when it moves.
+
+A multilingual model (its manifest's `languages`: NLLB-200, M2M100, mBART-50) serves
+every ordered pair of its languages. Where a bilingual model serves a pair too, the
+bilingual one wins (`prefer_multilingual` turns that round); chains through English
+are only for pairs no model serves.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from seq2serve.model.package.languages import Languages
 from seq2serve.model.package.manifest import Manifest, ModelPackage
 from seq2serve.model.package.tokenizer import Tokenizer
 from seq2serve.server.batching.scheduler import Scheduler
@@ -64,18 +70,72 @@ class ModelHandle:
     def batches(self) -> int:
         return sum(w.batches for w in self.workers)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, language: int | None = None) -> list[int]:
         """A text's token ids as the model reads them: after the package's input
-        prefix (T5's "summarize: "), when it has one."""
-        return self.tokenizer.encode(self.manifest.input_prefix + text)
+        prefix (T5's "summarize: "), when it has one; a multilingual model's with
+        its source `language` token."""
+        return self.tokenizer.encode(self.manifest.input_prefix + text, language)
+
+    @property
+    def languages(self) -> Languages | None:
+        """A multilingual model's languages; None for a model of one pair."""
+        return self.manifest.languages
+
+    def language_codes(self) -> list[str]:
+        """The languages this model reads and writes, by the codes requests use."""
+        if self.languages is not None:
+            return list(self.languages.listed())
+        return list(dict.fromkeys((self.manifest.source_language,
+                                   self.manifest.target_language)))
+
+    def listed_code(self, code: str) -> str | None:
+        """A request's language code as this model lists it (a multilingual model
+        takes ISO, BCP 47 and its own codes), or None where it does not have it."""
+        if self.languages is None:
+            return code if code in (self.manifest.source_language,
+                                    self.manifest.target_language) else None
+        own = self.languages.model_code(code)
+        if own is None:
+            return None
+        return next(c for c, o in self.languages.listed().items() if o == own)
+
+    def serves(self, source: str, target: str) -> bool:
+        """Whether this model translates source -> target (either "" matches any)."""
+        if self.languages is None:
+            return ((not source or self.manifest.source_language == source)
+                    and (not target or self.manifest.target_language == target))
+        return bool(source and target) and all(
+            self.languages.model_code(code) is not None for code in (source, target)) \
+            and self.languages.model_code(source) != self.languages.model_code(target)
 
     @property
     def provider(self) -> str:
         return self.engine.provider
 
 
+# Most chained pairs an error message names one by one.
+LISTED_CHAINS = 12
+
 # The language every chain goes through: each shipped model reads or writes it.
 PIVOT = "en"
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One model of a route and the pair it translates there (the languages whose
+    tokens a multilingual model is given)."""
+
+    handle: ModelHandle
+    source_language: str
+    target_language: str
+
+    def tokens(self) -> tuple[int | None, int | None]:
+        """A multilingual model's source and target language tokens; (None, None)
+        for a model of one pair."""
+        languages = self.handle.languages
+        if languages is None:
+            return None, None
+        return languages.token(self.source_language), languages.token(self.target_language)
 
 
 @dataclass(frozen=True)
@@ -85,7 +145,11 @@ class Route:
 
     source_language: str
     target_language: str
-    models: tuple[ModelHandle, ...]
+    legs: tuple[Leg, ...]
+
+    @property
+    def models(self) -> tuple[ModelHandle, ...]:
+        return tuple(leg.handle for leg in self.legs)
 
     @property
     def chained(self) -> bool:
@@ -107,8 +171,10 @@ class Route:
 
 
 class ModelRegistry:
-    def __init__(self) -> None:
+    def __init__(self, prefer_multilingual: bool = False) -> None:
         self._handles: dict[str, ModelHandle] = {}
+        # Whether a multilingual model serving a pair wins over a bilingual one.
+        self.prefer_multilingual = prefer_multilingual
         self.ready = False
         # Counts the changes to what is served (a model added, loading finished): what
         # a door derives from the served models is derived again when it moves.
@@ -155,20 +221,18 @@ class ModelRegistry:
             if handle.manifest.task != task:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
                                       f"{task}")
-            return Route(handle.manifest.source_language, handle.manifest.target_language,
-                         (handle,))
+            return _direct_route(handle, source_language, target_language)
         candidates = self._direct(task, source_language, target_language)
         if len(candidates) == 1:
-            handle = candidates[0]
-            return Route(handle.manifest.source_language, handle.manifest.target_language,
-                         (handle,))
+            return _direct_route(candidates[0], source_language, target_language)
         if len(candidates) > 1:
             raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
                                   f"(set model, or source_language and target_language); "
                                   f"available: {self._served()}")
         if chains and task == "translate" and source_language and target_language:
-            if source_language == target_language and source_language in self.languages():
-                return Route(source_language, target_language, ())
+            same = self._same_language(source_language, target_language)
+            if same is not None:
+                return Route(same, same, ())
             chain = self._chain(source_language, target_language)
             if chain is not None:
                 return chain
@@ -177,9 +241,21 @@ class ModelRegistry:
                        f"{self._served(chains=chains and task == 'translate') or 'none'}")
 
     def _direct(self, task: str, source: str, target: str) -> list[ModelHandle]:
-        return [h for h in self._handles.values() if h.manifest.task == task
-                and (not source or h.manifest.source_language == source)
-                and (not target or h.manifest.target_language == target)]
+        """The models of `task` that serve the pair: of the preferred kind
+        (bilingual, unless prefer_multilingual) where both kinds do."""
+        found = [h for h in self._handles.values() if h.manifest.task == task
+                 and h.serves(source, target)]
+        preferred = [h for h in found if (h.languages is not None) == self.prefer_multilingual]
+        return preferred or found
+
+    def _same_language(self, source: str, target: str) -> str | None:
+        """The listed code where source and target name one served language."""
+        for handle in self._handles.values():
+            if handle.manifest.task == "translate":
+                a, b = handle.listed_code(source), handle.listed_code(target)
+                if a is not None and a == b:
+                    return a
+        return None
 
     def _chain(self, source: str, target: str) -> Route | None:
         """source -> PIVOT -> target with one model for each leg, or None. Never a
@@ -190,32 +266,54 @@ class ModelRegistry:
         second = self._direct("translate", PIVOT, target)
         if len(first) != 1 or len(second) != 1 or first[0] is second[0]:
             return None
-        return Route(source, target, (first[0], second[0]))
+        return Route(source, target, (_leg(first[0], source, PIVOT),
+                                      _leg(second[0], PIVOT, target)))
+
+    def listed_code(self, code: str) -> str:
+        """A request's language code as the served models list it (a multilingual
+        model's pt-BR or por_Latn is its pt); the code itself where none has it."""
+        for handle in self._handles.values():
+            if handle.manifest.task == "translate" and (listed := handle.listed_code(code)):
+                return listed
+        return code
 
     def languages(self) -> set[str]:
         """Every language a translation model reads or writes."""
         return {code for h in self._handles.values() if h.manifest.task == "translate"
-                for code in (h.manifest.source_language, h.manifest.target_language)}
+                for code in h.language_codes()}
 
     def routes(self) -> list[Route]:
         """Every translation pair served, direct or chained through English, sorted
-        by pair (a pair with several direct models lists each)."""
-        out = [Route(h.manifest.source_language, h.manifest.target_language, (h,))
-               for h in self._handles.values() if h.manifest.task == "translate"]
-        direct = {(r.source_language, r.target_language) for r in out}
+        by pair: each pair's direct models of the preferred kind (a pair with several
+        lists each), else its chain."""
+        translators = [h for h in self._handles.values() if h.manifest.task == "translate"]
+        by_pair: dict[tuple[str, str], list[ModelHandle]] = {}
+        for h in translators:
+            codes = h.language_codes()
+            pairs = ([(a, b) for a in codes for b in codes if a != b] if h.languages is not None
+                     else [(h.manifest.source_language, h.manifest.target_language)])
+            for pair in pairs:
+                by_pair.setdefault(pair, []).append(h)
+        out = []
+        for (source, target), handles in by_pair.items():
+            preferred = [h for h in handles
+                         if (h.languages is not None) == self.prefer_multilingual]
+            out += [_leg_route(h, source, target) for h in preferred or handles]
         languages = sorted(self.languages())
         for source in languages:
             for target in languages:
-                if (source, target) not in direct and (chain := self._chain(source, target)):
+                if (source, target) not in by_pair and (chain := self._chain(source, target)):
                     out.append(chain)
         return sorted(out, key=lambda r: (r.source_language, r.target_language, r.name))
 
     def _served(self, chains: bool = False) -> str:
-        models = ", ".join(f"{h.name} ({h.manifest.task} {h.manifest.source_language}->"
-                           f"{h.manifest.target_language})" for h in self._handles.values())
+        models = ", ".join(f"{h.name} ({h.manifest.task} {_pair_text(h)})"
+                           for h in self._handles.values())
         chained = [r for r in self.routes() if r.chained] if chains else []
         if not chained:
             return models
+        if len(chained) > LISTED_CHAINS:  # a message stays short: ListRoutes has them all
+            return f"{models}; {len(chained)} pairs through {PIVOT} (ListRoutes, /languages)"
         return (f"{models}; through {PIVOT}: "
                 + ", ".join(f"{r.source_language}->{r.target_language}" for r in chained))
 
@@ -242,3 +340,43 @@ class ModelRegistry:
                           "were terminated", worker.name, TERMINATE_JOIN_S)
         if late:
             log.info("terminated the work in flight of %d engine(s) at the deadline", len(late))
+
+
+def _pair_text(handle: ModelHandle) -> str:
+    if handle.languages is not None:
+        return f"{len(handle.languages.tokens)} languages, every pair"
+    return f"{handle.manifest.source_language}->{handle.manifest.target_language}"
+
+
+def _leg(handle: ModelHandle, source: str, target: str) -> Leg:
+    """The leg of `handle` for source -> target: a multilingual model's languages as
+    it lists them; a bilingual model's own pair."""
+    if handle.languages is None:
+        return Leg(handle, handle.manifest.source_language, handle.manifest.target_language)
+    return Leg(handle, handle.listed_code(source) or source,
+               handle.listed_code(target) or target)
+
+
+def _leg_route(handle: ModelHandle, source: str, target: str) -> Route:
+    leg = _leg(handle, source, target)
+    return Route(leg.source_language, leg.target_language, (leg,))
+
+
+def _direct_route(handle: ModelHandle, source: str, target: str) -> Route:
+    """`handle` alone for the request's pair. A multilingual model needs both
+    languages, each one it has (else InvalidArgument naming the field)."""
+    if handle.languages is not None:
+        for field, code in (("source_language", source), ("target_language", target)):
+            if not code:
+                raise InvalidArgument(
+                    f"{field} is required: model {handle.name!r} is multilingual (its "
+                    "languages: /languages, or ListModels)")
+            if handle.listed_code(code) is None:
+                raise InvalidArgument(
+                    f"{field}={echo(code)} is not a language of model {handle.name!r} "
+                    "(its languages: /languages, or ListModels)")
+        if handle.listed_code(source) == handle.listed_code(target):
+            raise InvalidArgument(
+                f"source_language and target_language are the same language "
+                f"({echo(source)}); model {handle.name!r} translates between two")
+    return _leg_route(handle, source, target)

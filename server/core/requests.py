@@ -160,3 +160,5 @@ class ModelInfo:
     max_source_length: int
     defaults: Mapping[str, OptionValue]
     limits: ModelLimits
+    # A multilingual model's languages (every pair served); () for one pair.
+    languages: tuple[str, ...] = ()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
 from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
-from seq2serve.server.core.registry import PIVOT, ModelHandle, ModelRegistry, Route
+from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
     Call,
     ModelInfo,
@@ -72,6 +73,7 @@ class _Leg:
 
     handle: ModelHandle
     options: ResolvedOptions
+    leg: Leg  # its pair: source -> PIVOT
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class _Job:
     protect: bool = False  # placeholders masked (translate only)
     terms: Terms = Terms()  # glossary terms masked and substituted
     first: _Leg | None = None  # a chain's first leg: source -> PIVOT
+    leg: Leg | None = None  # the pair `handle` translates (None: summarize)
 
     @property
     def reader(self) -> ModelHandle:
@@ -140,7 +143,8 @@ class Translator:
 
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
-                                  [p.source_ids for t in ready for p in t.plan.pieces], call)
+                                  [p.source_ids for t in ready for p in t.plan.pieces], call,
+                                  forced_bos=_target_token(job.leg))
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
@@ -200,7 +204,8 @@ class Translator:
         futures = self._queue(job.handle, job.options, [p.source_ids for p in planned.pieces],
                               call,
                               [events.token_sink(i) if tokens else None
-                               for i in range(len(planned.pieces))])
+                               for i in range(len(planned.pieces))],
+                              forced_bos=_target_token(job.leg))
         events.watch(futures)
         streamed = StreamedText(planned, job.handle.tokenizer.decode)
         waiter = _gathered(futures)
@@ -232,6 +237,13 @@ class Translator:
         self.registry.require_ready()
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
+
+    def language_code(self, code: str) -> str:
+        """A language code as the served models list it (`/languages`): a
+        multilingual model's aliases (pt-BR, por_Latn) become its listed code;
+        Unavailable while the models load."""
+        self.registry.require_ready()
+        return self.registry.listed_code(code)
 
     def generation(self) -> int:
         """Changes whenever what is served changes: what a door derives from
@@ -284,12 +296,14 @@ class Translator:
             # score when the answer's scores need it (they add the two legs').
             head = route.models[0]
             first = _Leg(head, head.engine.resolve(dataclasses.replace(
-                options, num_hypotheses=1, return_scores=resolved.return_scores)))
+                options, num_hypotheses=1, return_scores=resolved.return_scores)),
+                route.legs[0])
         terms = request_terms(self.glossaries, request.glossary, request.terms,
                               request.do_not_translate, route.source_language,
                               route.target_language)
         return _Job(handle, checked, resolved, resolved.num_hypotheses,
-                    protect=request.protect_placeholders, terms=terms, first=first)
+                    protect=request.protect_placeholders, terms=terms, first=first,
+                    leg=route.legs[-1])
 
     def _unchanged(self, request: TranslateRequest, route: Route) -> TranslateResult:
         """Source and target the same language: every text back as it is (as Argos
@@ -298,8 +312,7 @@ class Translator:
         model of that language would check them."""
         checked = self._texts(request.texts)
         model = next(h for h in self.registry.handles() if h.manifest.task == "translate"
-                     and route.source_language in (h.manifest.source_language,
-                                                   h.manifest.target_language))
+                     and h.listed_code(route.source_language) is not None)
         resolved = model.engine.resolve(request.options)
         score = 0.0 if resolved.return_scores else None
         return TranslateResult(route.name, tuple(
@@ -323,8 +336,8 @@ class Translator:
         """The text as the model that reads it sees it (placeholders and terms
         masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
-        reader = job.reader
-        return masked, _plan(reader, masked.text)
+        return masked, _plan(job.reader, masked.text,
+                             job.leg if job.first is None else job.first.leg)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
                              call: Call) -> list[_Text]:
@@ -335,7 +348,8 @@ class Translator:
             return [_Text(masked, planned) for masked, planned in prepared]
         first = job.first
         futures = self._queue(first.handle, first.options,
-                              [p.source_ids for _, pl in prepared for p in pl.pieces], call)
+                              [p.source_ids for _, pl in prepared for p in pl.pieces], call,
+                              forced_bos=_target_token(first.leg))
         results = await _gather(futures, call)
         _check_call(call)  # the second leg never queues for a call that has ended
 
@@ -346,17 +360,18 @@ class Translator:
                 [head] = join(planned, [_enough(next(it).hypotheses, 1) for _ in planned.pieces],
                               1, first.handle.tokenizer.decode)
                 middle, repaired = carry(masked, head.text)
-                out.append(_Text(masked, _plan(job.handle, middle),
+                out.append(_Text(masked, _plan(job.handle, middle, job.leg),
                                  head.score if planned.pieces else 0.0, repaired))
             return out
 
         return await off_loop(replan)
 
     def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
-               call: Call, on_token: Sequence[Callable[[int], None] | None] = ()
-               ) -> list[asyncio.Future[Result]]:
+               call: Call, on_token: Sequence[Callable[[int], None] | None] = (),
+               forced_bos: int | None = None) -> list[asyncio.Future[Result]]:
         """All of a request's work items for one model enter its queue together, or
-        none does."""
+        none does. forced_bos: every hypothesis's first token (a multilingual model's
+        target language)."""
         scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
@@ -367,7 +382,7 @@ class Translator:
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
         items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
-                          on_token=on_token[i] if on_token else None)
+                          on_token=on_token[i] if on_token else None, forced_bos=forced_bos)
                  for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
         try:
             scheduler.submit_many(items)
@@ -395,7 +410,8 @@ class Translator:
             name=manifest.name, task=manifest.task, source_language=manifest.source_language,
             target_language=manifest.target_language, precision=manifest.precision,
             provider=handle.provider, max_source_length=manifest.max_source_length,
-            defaults=defaults, limits=limits)
+            defaults=defaults, limits=limits,
+            languages=tuple(handle.language_codes()) if handle.languages else ())
 
 
 # -- pieces and answers ------------------------------------------------------------
@@ -423,9 +439,21 @@ def _one_text(texts: Sequence[str]) -> None:
                               f"got {len(texts)}")
 
 
-def _plan(handle: ModelHandle, text: str) -> Plan:
+def _plan(handle: ModelHandle, text: str, leg: Leg | None = None) -> Plan:
+    """The text in sentence-sized pieces of the model's input, in the leg's source
+    language (a multilingual model's with that language's token)."""
     manifest = handle.manifest
-    return plan(text, manifest.source_language, handle.encode, manifest.max_source_length)
+    if leg is None or handle.languages is None:
+        return plan(text, manifest.source_language, handle.encode, manifest.max_source_length)
+    token, _ = leg.tokens()
+    return plan(text, leg.source_language, functools.partial(handle.encode, language=token),
+                manifest.max_source_length)
+
+
+def _target_token(leg: Leg | None) -> int | None:
+    """The forced first token of a leg's hypotheses: a multilingual model's target
+    language; None otherwise (the package's own, if any)."""
+    return None if leg is None else leg.tokens()[1]
 
 
 def _check_call(call: Call) -> None:
@@ -446,7 +474,9 @@ def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
         return None
     legs = [job.handle] if job.first is None else [job.first.handle, job.handle]
     options = [job.options] if job.first is None else [job.first.options, job.options]
+    pairs = [job.leg] if job.first is None else [job.first.leg, job.leg]
     return (tuple(h.digest for h in legs), "translate", text, tuple(repr(o) for o in options),
+            tuple((p.source_language, p.target_language) for p in pairs if p is not None),
             job.protect, job.terms)
 
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import CORPUS
 from serving import server_config
 
+from seq2serve.model.package.languages import MULTILINGUAL, Languages
 from seq2serve.server.api import convert
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
@@ -28,7 +29,7 @@ from seq2serve.server.core import translator as core_translator
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
-from seq2serve.server.core.registry import ModelRegistry, Route
+from seq2serve.server.core.registry import ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import Call, StreamChunk, TranslateRequest, Translation
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import Metrics
@@ -42,21 +43,79 @@ LIMITS = dict(max_texts_per_request=8, max_text_chars=500, max_length_cap=64)
 # -- the lookup rules, on stand-in models ------------------------------------------
 
 
-def fake_registry(*pairs: str) -> ModelRegistry:
-    """A ready registry of stand-ins named "src-tgt" (a "summarize-xx" is a summarizer)."""
-    registry = ModelRegistry()
+def stand_in(name: str, task: str, source: str, target: str,
+             languages: Languages | None = None) -> ModelHandle:
+    """A ModelHandle whose package is only its manifest's routing facts."""
+    handle = object.__new__(ModelHandle)
+    handle.name = name
+    handle.package = SimpleNamespace(manifest=SimpleNamespace(  # type: ignore[assignment]
+        task=task, source_language=source, target_language=target, languages=languages))
+    return handle
+
+
+def fake_registry(*pairs: str, prefer_multilingual: bool = False) -> ModelRegistry:
+    """A ready registry of stand-ins named "src-tgt" (a "summarize-xx" is a summarizer;
+    "mul-CODES", CODES joined by "+", a multilingual model of those languages whose
+    own codes are xx_XX)."""
+    registry = ModelRegistry(prefer_multilingual)
     for name in pairs:
-        source, target = name.split("-")[:2]
+        source, target = name.split("-", 1)
+        if source == "mul":
+            codes = target.split("+")
+            languages = Languages({f"{c}_XX": i for i, c in enumerate(codes)},
+                                  {c: f"{c}_XX" for c in codes})
+            registry._handles[name] = stand_in(name, "translate", MULTILINGUAL, MULTILINGUAL,
+                                               languages)
+            continue
+        target = target.split("-")[0]
         task = "summarize" if source == "summarize" else "translate"
-        manifest = SimpleNamespace(task=task, source_language=target if task == "summarize"
-                                   else source, target_language=target)
-        registry._handles[name] = SimpleNamespace(name=name, manifest=manifest)  # type: ignore[assignment]
+        registry._handles[name] = stand_in(name, task, target if task == "summarize"
+                                           else source, target)
     registry.ready = True
     return registry
 
 
 def names(route: Route) -> tuple[str, ...]:
     return route.names
+
+
+def pairs(route: Route) -> list[tuple[str, str, str]]:
+    return [(leg.handle.name, leg.source_language, leg.target_language) for leg in route.legs]
+
+
+def test_a_multilingual_model_serves_every_pair_and_a_bilingual_model_wins() -> None:
+    registry = fake_registry("en-de", "mul-en+de+pt+sr-Latn", "fr-en")
+    many = "mul-en+de+pt+sr-Latn"
+    # every ordered pair of its languages, codes as listed (case, region, own codes)
+    assert pairs(registry.route("translate", "", "pt-BR", "DE")) == [(many, "pt", "de")]
+    assert pairs(registry.route("translate", "", "sr_Latn", "pt_XX")) == [(many, "sr-Latn", "pt")]
+    # a pair a bilingual model serves too: the bilingual one, unless told otherwise
+    assert names(registry.route("translate", "", "en", "de")) == ("en-de",)
+    preferring = fake_registry("en-de", many, prefer_multilingual=True)
+    assert names(preferring.route("translate", "", "en", "de")) == (many,)
+    # through English only where no model serves the pair: fr -> en (bilingual), en -> pt
+    assert pairs(registry.route("translate", "", "fr", "pt")) == [
+        ("fr-en", "fr", "en"), (many, "en", "pt")]
+    # the same language is the text itself, by whichever code it is named
+    assert registry.route("translate", "", "pt", "pt-PT").models == ()
+    listed = {(r.source_language, r.target_language): r.names for r in registry.routes()}
+    assert listed[("en", "de")] == ("en-de",) and listed[("de", "en")] == (many,)
+    assert listed[("fr", "de")] == ("fr-en", "en-de") and listed[("fr", "pt")] == ("fr-en", many)
+    assert len(listed) == 4 * 3 + 1 + 3
+    assert registry.languages() == {"en", "de", "pt", "sr-Latn", "fr"}
+
+
+def test_a_named_multilingual_model_needs_two_of_its_languages() -> None:
+    registry = fake_registry("mul-en+de")
+    assert pairs(registry.route("translate", "mul-en+de", "de", "en")) == [
+        ("mul-en+de", "de", "en")]
+    for source, target, said in [("", "de", "source_language is required"),
+                                 ("de", "xx", "target_language='xx' is not a language"),
+                                 ("en", "EN", "the same language")]:
+        with pytest.raises(ServiceError) as err:
+            registry.route("translate", "mul-en+de", source, target)
+        assert err.value.kind is ErrorKind.INVALID_ARGUMENT and said in str(err.value)
+        assert "/languages" in str(err.value) or "same" in said
 
 
 def test_a_pair_without_a_model_goes_through_english() -> None:

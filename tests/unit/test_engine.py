@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from hf_reference import reference_nbest
 
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
@@ -542,3 +543,51 @@ def test_beams_continue_their_rows_across_a_compaction(engine: Engine,
     assert {i: key(results[i]) for i in range(len(sources)) if i not in gone} == \
         {i: r for i, r in alone.items() if i not in gone}
     assert key(results["new"]) == newcomer
+
+
+# -- a forced first token per source (a multilingual model's target language) -----------
+
+@pytest.mark.parametrize(("beams", "ngram"), [(1, 0), (4, 0), (4, 2)])
+def test_each_source_its_own_forced_first_token(beams: int, ngram: int, engine: Engine,
+                                                hf: tuple[Any, Any],
+                                                batch: dict[str, torch.Tensor],
+                                                sources: list[list[int]]) -> None:
+    """Sources forced to different first tokens (as a multilingual model's target
+    languages are) decode in one batch, and joining a running batch, exactly as
+    each alone, and each alone as generate() with that forced_bos_token_id."""
+    vocab = hf[1].config.vocab_size
+    forced = [7 + 13 * i % (vocab - 10) for i in range(len(sources))]
+    options = DecodingOptions(beam_size=beams, num_hypotheses=min(beams, 2), max_length=MAX_NEW,
+                              max_length_ratio=0, return_alignment=True,
+                              no_repeat_ngram_size=ngram)
+    alone = [key(engine.generate([s], options, forced_bos=[f])[0])
+             for s, f in zip(sources, forced, strict=True)]
+    for i, token in enumerate(forced):
+        one = {k: v[i: i + 1] for k, v in batch.items()}
+        [ref] = reference_nbest(hf[1], one, num_beams=beams, num_return_sequences=min(beams, 2),
+                                do_sample=False, max_new_tokens=MAX_NEW,
+                                forced_eos_token_id=None, forced_bos_token_id=token,
+                                no_repeat_ngram_size=ngram,
+                                suppress_tokens=[hf[1].config.pad_token_id])
+        assert [t for t, _, _ in alone[i]] == [t for t, _ in ref]
+        assert all(t[0] == token for t, _, _ in alone[i])
+        assert max(abs(h[1] - s) for h, (_, s) in zip(alone[i], ref, strict=True)) \
+            <= SCORE_TOLERANCE
+    together = engine.generate(sources, options, forced_bos=forced)
+    assert [key(r) for r in together] == alone
+    # joining at step 2: the newcomers' first step forces their tokens, not the others'
+    half = len(sources) // 2
+    resolved = engine.resolve(options)
+    running = engine.start_batch(resolved.beam_size)
+    running.admit([engine.request(i, sources[i], resolved, forced_bos=forced[i])
+                   for i in range(half)])
+    results: dict[int, Result] = {}
+    for _ in range(2):
+        results.update(running.step().finished)  # type: ignore[arg-type]
+    running.admit([engine.request(i, sources[i], resolved, forced_bos=forced[i])
+                   for i in range(half, len(sources))])
+    while running.rows:
+        results.update(running.step().finished)  # type: ignore[arg-type]
+    assert {k: key(r) for k, r in results.items()} == dict(enumerate(alone))
+    with pytest.raises(SourceError, match="forced first token"):
+        engine.request(0, sources[0], resolved, forced_bos=vocab)

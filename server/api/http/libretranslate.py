@@ -141,7 +141,9 @@ class LibreTranslateApi:
         if catalog.detector is None:
             # Every served language, so that a text in a language that is only a
             # target is named as such ("fr is not supported"), not mistaken for another.
-            catalog.detector = Detector(catalog.languages)
+            # (Those the identifier knows: a multilingual model's may include more.)
+            catalog.detector = Detector([code for code in catalog.languages
+                                         if Detector.can_identify(code)])
         return catalog.detector
 
     async def languages(self, request: Request) -> Response:
@@ -219,6 +221,7 @@ class LibreTranslateApi:
         """Each text's source language and the confidence in it (100 when given)."""
         sources = {s for s, _ in self.pairs()}
         if source != "auto":
+            source = self.translator.language_code(source)
             if source not in sources:
                 raise invalid(f"{source[:16]} is not supported")
             return [(source, 100.0)] * len(texts)
@@ -231,6 +234,8 @@ class LibreTranslateApi:
 
     def _pair(self, source: str, target: str) -> Pair:
         pairs = self.pairs()
+        source, target = (self.translator.language_code(source),
+                          self.translator.language_code(target))
         if (source, target) in pairs:
             return pairs[(source, target)]
         if source == target and source in {code for pair in pairs for code in pair}:
