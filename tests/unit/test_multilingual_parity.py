@@ -331,3 +331,53 @@ def test_the_registry_names_the_families(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "nllb_moe"}))
     with pytest.raises(SourceError, match="'m2m_100'.*'mbart'"):
         export(tmp_path, tmp_path / "out", progress=False)
+
+
+VARIANTS = {
+    # M2M100Config's other settings: unscaled embeddings, gelu, untied output
+    "m2m100_unscaled_untied": ("m2m100", dict(scale_embedding=False, activation_function="gelu",
+                                              tie_word_embeddings=False, decoder_layers=3)),
+    # MBartConfig's defaults: unscaled, and no decoder_start_token_id (generate() starts
+    # from bos_token_id)
+    "mbart50_class_defaults": ("mbart50", dict(scale_embedding=False,
+                                               decoder_start_token_id=None)),
+}
+
+
+@pytest.mark.parametrize("case", list(VARIANTS))
+def test_config_variants(case: str, tmp_path: Path) -> None:
+    """Our model against transformers' where a config differs from the hub's, and the
+    engine against generate() (greedy, one pair)."""
+    from test_bart_parity import inputs
+
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.core.options import DecodingOptions
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    family, overrides = VARIANTS[case]
+    folder = make_folder(family, tmp_path / case, seed=3, **overrides)
+    cls = (transformers.MBartForConditionalGeneration if family == "mbart50"
+           else transformers.M2M100ForConditionalGeneration)
+    hf = cls.from_pretrained(str(folder), attn_implementation="eager").eval()
+    load = mbart.load_mbart if family == "mbart50" else m2m100.load_m2m100
+    ours = load(folder)
+    assert ours.cfg.scale_embedding is False
+    start = hf.generation_config.decoder_start_token_id
+    assert ours.cfg.decoder_start_id == (hf.generation_config.bos_token_id if start is None
+                                         else start)
+    src, mask, tgt = inputs(hf.config.vocab_size)
+    tgt[:, 0] = ours.cfg.decoder_start_id
+    family_checks.assert_parity(hf, ours, src, mask, tgt, TOL)
+    export(folder, tmp_path / "out", progress=False)
+    engine = Engine(tmp_path / "out", RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
+    src_lang, tgt_lang = PAIRS[family][1]
+    batch, sources = _sources(family, folder, tmp_path / "out", src_lang)
+    target = lang_id(family, hf_tokenizer(family, folder), tgt_lang)
+    ref = reference_nbest(hf, batch, do_sample=False, max_new_tokens=MAX_NEW,
+                          forced_bos_token_id=target)
+    results = engine.generate(sources, DecodingOptions(beam_size=1, max_length=MAX_NEW,
+                                                       max_length_ratio=0),
+                              forced_bos=[target] * len(sources))
+    assert_same_nbest(ref, results, TOL)
