@@ -46,28 +46,11 @@ from seq2serve.model.families.hf import TOKENIZER_JSON, Weights
 from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.transformer import Seq2SeqTransformer
 
-# transformers' M2M100Config defaults: a config.json that omits a field means these.
-HF_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 128112,
-    "max_position_embeddings": 1024,
-    "encoder_layers": 12,
-    "encoder_ffn_dim": 4096,
-    "encoder_attention_heads": 16,
-    "decoder_layers": 12,
-    "decoder_ffn_dim": 4096,
-    "decoder_attention_heads": 16,
-    "activation_function": "relu",
-    "d_model": 1024,
-    "dropout": 0.1,
-    "attention_dropout": 0.1,
-    "activation_dropout": 0.0,
-    "scale_embedding": True,
-    "pad_token_id": 1,
-    "bos_token_id": 0,
-    "eos_token_id": 2,
-    "decoder_start_token_id": 2,
-    "tie_word_embeddings": True,
-}
+# transformers' M2M100Config defaults: a config.json that omits a field means these
+# (BartConfig's but for these four).
+HF_DEFAULTS: dict[str, Any] = {**bart.HF_DEFAULTS, "vocab_size": 128112,
+                               "activation_function": "relu", "attention_dropout": 0.1,
+                               "scale_embedding": True}
 
 SUPPORTED_ARCHITECTURES = ("M2M100ForConditionalGeneration", "M2M100Model")
 
@@ -183,13 +166,6 @@ M2M100 = bart.Layout(
     structure={"pre_norm": True, "positions": "learned", "layernorm_embedding": False},
     stack_tensors=_stack_tensors, fallback_unk=bart.vocab_json_unk,
     tokenizer_files=(multilingual.SPM_FILE,), tokenizer_class="NllbTokenizer")
-
-
-def m2m100_config(hf_config: dict[str, Any], problems: list[str] | None = None,
-                  path: Path | None = None) -> ModelConfig:
-    """Our `ModelConfig` for an M2M100 / NLLB config.json; raises a `ConversionError`
-    listing every problem (without `problems`) or appends to `problems`."""
-    return bart.bart_config(hf_config, problems, path, M2M100)
 
 
 def convert_m2m100(path: str | Path,

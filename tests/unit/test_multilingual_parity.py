@@ -381,3 +381,15 @@ def test_config_variants(case: str, tmp_path: Path) -> None:
                                                        max_length_ratio=0),
                               forced_bos=[target] * len(sources))
     assert_same_nbest(ref, results, TOL)
+
+
+def test_defaults_are_the_config_classes() -> None:
+    """What a config.json that omits a key means: the config class's default (mBART's
+    missing decoder start is generate()'s fallback, BOS)."""
+    for defaults, config in ((m2m100.HF_DEFAULTS, transformers.M2M100Config()),
+                             (mbart.HF_DEFAULTS, transformers.MBartConfig())):
+        for key, value in defaults.items():
+            theirs = getattr(config, key)
+            if key == "decoder_start_token_id" and theirs is None:
+                theirs = config.bos_token_id
+            assert theirs == value, key
