@@ -3,7 +3,7 @@ under the folder's own generation settings, scored as the engine scores."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,3 +45,20 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         found.append(tokens)  # what follows EOS is padding; a pad before it was generated
     return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
             for i in range(len(found) // n)]
+
+
+def reference_nbest_by_pair(model: Any, encode: Callable[[list[str], str], Mapping[str, Any]],
+                            texts: Sequence[str], pairs: Sequence[tuple[str, int]],
+                            **overrides: object) -> list[list[tuple[list[int], float]]]:
+    """reference_nbest for a multilingual model's sources of several language pairs:
+    text i in pairs[i] = (source language as its tokenizer's `src_lang`, target
+    language token), one generate() call per pair (generate() takes one target
+    language per call); the n-best lists in the texts' order. `encode(texts,
+    src_lang)`: the padded batch the family's tokenizer makes."""
+    found: dict[int, list[tuple[list[int], float]]] = {}
+    for pair in dict.fromkeys(pairs):
+        rows = [i for i, p in enumerate(pairs) if p == pair]
+        batch = encode([texts[i] for i in rows], pair[0])
+        nbest = reference_nbest(model, batch, forced_bos_token_id=pair[1], **overrides)
+        found.update(zip(rows, nbest, strict=True))
+    return [found[i] for i in range(len(texts))]

@@ -393,3 +393,33 @@ def test_defaults_are_the_config_classes() -> None:
             if key == "decoder_start_token_id" and theirs is None:
                 theirs = config.bos_token_id
             assert theirs == value, key
+
+
+def test_mixed_pairs_batch_matches_generate(family: str, folder: Path, package: Path,
+                                            hf: Any, engine: Any) -> None:
+    """One engine batch of every pair (beam 4, n-best 2) against generate() run pair by
+    pair with the tokenizer's src_lang and the target as forced_bos_token_id."""
+    from hf_reference import reference_nbest_by_pair
+
+    from seq2serve.server.core.options import DecodingOptions
+
+    tok = hf_tokenizer(family, folder)
+    languages = load_package(package).manifest.languages
+    assert languages is not None
+    ours = package_tokenizer(load_package(package))
+    pairs = [PAIRS[family][i % len(PAIRS[family])] for i in range(len(TEXTS))]
+    targets = [lang_id(family, tok, tgt) for _, tgt in pairs]
+
+    def encode(texts: list[str], src_lang: str) -> Any:
+        return hf_tokenizer(family, folder, src_lang)(texts, return_tensors="pt", padding=True)
+
+    ref = reference_nbest_by_pair(hf, encode, TEXTS, [(s, t) for (s, _), t in
+                                                      zip(pairs, targets, strict=True)],
+                                  num_beams=4, num_return_sequences=2, do_sample=False,
+                                  max_new_tokens=MAX_NEW)
+    sources = [ours.encode(text, languages.token(src))
+               for text, (src, _) in zip(TEXTS, pairs, strict=True)]
+    results = engine.generate(sources, DecodingOptions(beam_size=4, num_hypotheses=2,
+                                                       max_length=MAX_NEW, max_length_ratio=0),
+                              forced_bos=targets)
+    assert_same_nbest(ref, results, TOL)
