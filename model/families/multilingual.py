@@ -113,6 +113,8 @@ def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Schem
         tokenizer_json = hf_tokenizer_json(path, problems, (SPM_FILE,), scheme.tokenizer_class,
                                            scheme.name)
         tokens = tokenizer_json_tokens(tokenizer_json) if tokenizer_json else {}
+        if tokenizer_json is not None and not tokens:
+            problems.append(f"{TOKENIZER_JSON}: no vocabulary could be read from it")
     else:
         missing = [name for name in (SPM_FILE, VOCAB_FILE) if not (path / name).is_file()]
         if missing:

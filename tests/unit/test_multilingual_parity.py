@@ -423,3 +423,10 @@ def test_mixed_pairs_batch_matches_generate(family: str, folder: Path, package: 
                                                        max_length=MAX_NEW, max_length_ratio=0),
                               forced_bos=targets)
     assert_same_nbest(ref, results, TOL)
+
+
+def test_an_unreadable_tokenizer_json_is_named(tmp_path: Path) -> None:
+    folder = make_folder("nllb", tmp_path / "nllb")
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(SourceError, match="tokenizer.json: no vocabulary"):
+        export(folder, tmp_path / "out", progress=False)
