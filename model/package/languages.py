@@ -39,14 +39,26 @@ class Languages:
 
     def model_code(self, code: str) -> str | None:
         """The model's code for a request's language code, case-insensitively: a
-        listed code, one of the model's own, or a BCP 47 tag's language subtag
-        (pt-BR -> pt) where the whole tag is not listed. None: not a language of
-        this model."""
-        key = code.strip().replace("_", "-").casefold()
-        for candidate in (code.strip().casefold(), key, key.split("-")[0]):
-            if candidate and (own := self._folded.get(candidate)) is not None:
+        listed code, one of the model's own, or a BCP 47 tag with its last subtags
+        dropped where the whole tag is not listed (pt-BR -> pt, zh-Hant-TW ->
+        zh-Hant); its script only where the model lists no script of that language
+        (M2M100's zh serves zh-Hans; NLLB's srp_Cyrl, listed as sr-Cyrl, never
+        sr-Latn). None: not a language of this model."""
+        raw = code.strip().casefold()
+        if (own := self._folded.get(raw)) is not None:
+            return own
+        subtags = raw.replace("_", "-").split("-")
+        scripted = len(subtags) > 1 and len(subtags[1]) == 4 and subtags[1].isalpha()
+        keep = 2 if scripted and self._has_scripts(subtags[0]) else 1
+        for end in range(len(subtags), keep - 1, -1):
+            if (own := self._folded.get("-".join(subtags[:end]))) is not None:
                 return own
         return None
+
+    def _has_scripts(self, language: str) -> bool:
+        """Whether a listed code names `language` with a script (zh-hant)."""
+        return any(len(parts := key.split("-")) > 1 and parts[0] == language
+                   and len(parts[1]) == 4 and parts[1].isalpha() for key in self._folded)
 
     def token(self, code: str) -> int | None:
         """The language token's id for a request's code, or None."""

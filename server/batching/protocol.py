@@ -47,8 +47,10 @@ class BatchEngine(Protocol):
     def generate(self, sources: Sequence[Sequence[int]],
                  options: Sequence[ResolvedOptions], *,
                  cancelled: Sequence[CancelCheck | None] | None = None,
-                 on_token: Sequence[TokenCallback | None] | None = None) -> Generation:
-        """Decode a whole batch (request-level)."""
+                 on_token: Sequence[TokenCallback | None] | None = None,
+                 forced_bos: Sequence[int | None] | None = None) -> Generation:
+        """Decode a whole batch (request-level); forced_bos: per source, its
+        hypotheses' first token (a multilingual model's target language)."""
 
     def terminate(self) -> None:
         """End the ONNX Runtime runs in progress; the engine cannot run again."""

@@ -233,7 +233,8 @@ class ModelWorker:
             [item.source for item in items], [item.options for item in items],
             cancelled=[item.should_stop for item in items],
             on_token=[s if item.on_token is not None else None
-                      for item, s in zip(items, streams, strict=True)])
+                      for item, s in zip(items, streams, strict=True)],
+            forced_bos=[item.forced_bos for item in items])
         if len(results.results) != len(items):
             raise RuntimeError(f"the engine returned {len(results.results)} results for "
                                f"{len(items)} sources")

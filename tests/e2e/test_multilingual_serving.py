@@ -21,7 +21,7 @@ import httpx
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS
 from multilingual_folders import multilingual_package
-from serving import RunningServer, server_config
+from serving import RunningServer, free_port, server_config
 
 from seq2serve.model.package.manifest import load_package
 from seq2serve.model.package.tokenizer import package_tokenizer
@@ -60,7 +60,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(models: Path) -> Iterator[RunningServer]:
-    running = RunningServer(server_config(models, http_port=0, max_queue_delay_ms=50.0))
+    running = RunningServer(server_config(models, http_port=free_port(), max_queue_delay_ms=50.0))
     yield running
     running.stop()
 
@@ -89,9 +89,9 @@ def test_every_pair_is_listed(server: RunningServer, engine: Engine) -> None:
     codes = sorted(languages.listed())
     with grpc.insecure_channel(server.target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
-        models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=30).models}
-        routes = {(r.source_language, r.target_language): tuple(r.models)
-                  for r in stub.ListRoutes(pb.ListRoutesRequest(), timeout=30).routes}
+        listing = stub.ListModels(pb.ListModelsRequest(), timeout=30)
+    models = {m.name: m for m in listing.models}
+    routes = {(r.source_language, r.target_language): tuple(r.models) for r in listing.routes}
     assert sorted(models[MANY].languages) == codes and not models[ONE].languages
     assert (models[MANY].source_language, models[MANY].target_language) == ("mul", "mul")
     # every ordered pair; en -> de to the bilingual model, which wins
@@ -160,7 +160,7 @@ def test_a_language_the_model_lacks_is_refused(server: RunningServer) -> None:
 
 
 def test_the_page_lists_every_language(server: RunningServer, engine: Engine) -> None:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     languages = engine.package.manifest.languages
     assert languages is not None
@@ -170,25 +170,25 @@ def test_the_page_lists_every_language(server: RunningServer, engine: Engine) ->
         try:
             page = browser.new_page()
             page.goto(f"{server.http_url}/")
-            page.wait_for_function("document.querySelectorAll('#source-lang option').length > 2")
-            sources = set(page.eval_on_selector_all("#source-lang option",
-                                                    "els => els.map(e => e.value)"))
+            expect(page.locator("#source-lang")).to_be_enabled(timeout=30_000)
+            options = page.locator("#source-lang option")
+            sources = {options.nth(i).get_attribute("value") for i in range(options.count())}
             page.select_option("#source-lang", "de")
-            targets = set(page.eval_on_selector_all("#target-lang option",
-                                                    "els => els.map(e => e.value)"))
+            options = page.locator("#target-lang option")
+            targets = {options.nth(i).get_attribute("value") for i in range(options.count())}
         finally:
             browser.close()
     assert codes <= sources and targets == codes - {"de"}
 
 
 def test_prefer_multilingual_serves_the_shared_pair(models: Path, engine: Engine) -> None:
-    running = RunningServer(server_config(models, http_port=0, prefer_multilingual=True))
+    running = RunningServer(server_config(models, http_port=free_port(), prefer_multilingual=True))
     try:
         answer: Any = httpx.post(f"{running.http_url}/translate", timeout=60, json={
             "q": TEXTS[1], "source": "en", "target": "de"}).json()
         with grpc.insecure_channel(running.target) as channel:
             routes = {(r.source_language, r.target_language): tuple(r.models) for r in
-                      pb_grpc.TranslatorStub(channel).ListRoutes(pb.ListRoutesRequest(),
+                      pb_grpc.TranslatorStub(channel).ListModels(pb.ListModelsRequest(),
                                                                  timeout=30).routes}
     finally:
         running.stop()

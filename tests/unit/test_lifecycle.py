@@ -106,7 +106,7 @@ class BlockingEngine:
         self.runner = BlockingRunner()
 
     def generate(self, sources: Any, options: Any, *, cancelled: Any = None,
-                 on_token: Any = None) -> Any:
+                 on_token: Any = None, forced_bos: Any = None) -> Any:
         self.runner.run()
         raise AssertionError("a blocked run never finishes")
 

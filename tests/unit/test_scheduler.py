@@ -466,7 +466,8 @@ class FakeEngine:
         return FakeRunning(beams, self, shortlist=shortlist)
 
     def generate(self, sources: Sequence[Sequence[int]], options: Any, *,
-                 cancelled: Any = None, on_token: Any = None) -> Generation:
+                 cancelled: Any = None, on_token: Any = None,
+                 forced_bos: Any = None) -> Generation:
         self.check(sources)
         out = []
         for i, src in enumerate(sources):
@@ -547,7 +548,7 @@ def test_an_engine_that_always_fails_delivers_its_error_to_every_item() -> None:
 
 def test_streamed_item_is_not_retried_after_a_failure() -> None:
     class StreamThenFail(FakeEngine):
-        def generate(self, sources, options, *, cancelled=None, on_token=None):
+        def generate(self, sources, options, *, cancelled=None, on_token=None, forced_bos=None):
             for cb in on_token or []:
                 if cb:
                     cb(5)
