@@ -68,10 +68,23 @@ class Languages:
     def listed(self) -> dict[str, str]:
         """Each language's listed code (a request code where one maps to it, else the
         model's own) -> the model's own code, in the model's order."""
+        return dict(self._listed)
+
+    @cached_property
+    def _listed(self) -> dict[str, str]:
         first: dict[str, str] = {}
         for code, own in self.codes.items():
             first.setdefault(own, code)
         return {first.get(own, own): own for own in self.tokens}
+
+    @cached_property
+    def _listed_by_own(self) -> dict[str, str]:
+        return {own: code for code, own in self._listed.items()}
+
+    def listed_code(self, code: str) -> str | None:
+        """A request's code as the package lists its language, or None."""
+        own = self.model_code(code)
+        return None if own is None else self._listed_by_own[own]
 
     def token_ids(self) -> frozenset[int]:
         return frozenset(self.tokens.values())

@@ -94,10 +94,7 @@ class ModelHandle:
         if self.languages is None:
             return code if code in (self.manifest.source_language,
                                     self.manifest.target_language) else None
-        own = self.languages.model_code(code)
-        if own is None:
-            return None
-        return next(c for c, o in self.languages.listed().items() if o == own)
+        return self.languages.listed_code(code)
 
     def serves(self, source: str, target: str) -> bool:
         """Whether this model translates source -> target (either "" matches any)."""
@@ -175,6 +172,7 @@ class ModelRegistry:
         self._handles: dict[str, ModelHandle] = {}
         # Whether a multilingual model serving a pair wins over a bilingual one.
         self.prefer_multilingual = prefer_multilingual
+        self._routes: tuple[int, list[Route]] | None = None  # (generation, routes)
         self.ready = False
         # Counts the changes to what is served (a model added, loading finished): what
         # a door derives from the served models is derived again when it moves.
@@ -285,7 +283,14 @@ class ModelRegistry:
     def routes(self) -> list[Route]:
         """Every translation pair served, direct or chained through English, sorted
         by pair: each pair's direct models of the preferred kind (a pair with several
-        lists each), else its chain."""
+        lists each), else its chain. Computed once per `generation` (a 200-language
+        model has 40,000 pairs)."""
+        cached = self._routes
+        if cached is None or cached[0] != self.generation:
+            cached = self._routes = (self.generation, self._all_routes())
+        return list(cached[1])
+
+    def _all_routes(self) -> list[Route]:
         translators = [h for h in self._handles.values() if h.manifest.task == "translate"]
         by_pair: dict[tuple[str, str], list[ModelHandle]] = {}
         for h in translators:
