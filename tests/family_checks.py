@@ -60,30 +60,50 @@ def assert_same_nbest(ref: list[list[tuple[list[int], float]]], results: Any,
     return float(diff)
 
 
-def check_batch_equals_one_at_a_time(engine: Any, sources: list[list[int]],
-                                     max_new: int) -> None:
-    """Beam 4, n-best 2: each source's answer in the batch equals its answer alone."""
+def check_batch_equals_one_at_a_time(engine: Any, sources: list[list[int]], max_new: int,
+                                     forced_bos: list[int | None] | None = None,
+                                     exact: bool = False) -> None:
+    """Beam 4, n-best 2: each source's answer in the batch equals its answer alone
+    (scores within 1e-5, or bit for bit where `exact`). forced_bos: per source, a
+    multilingual model's target language token."""
     from seq2serve.server.core.options import DecodingOptions
 
     options = DecodingOptions(beam_size=4, num_hypotheses=2, max_length=max_new)
-    together = engine.generate(sources, options)
-    for src, result in zip(sources, together, strict=True):
-        alone = engine.generate([src], options)[0]
+    forced = forced_bos or [None] * len(sources)
+    together = engine.generate(sources, options, forced_bos=forced)
+    for src, bos, result in zip(sources, forced, together, strict=True):
+        alone = engine.generate([src], options, forced_bos=[bos])[0]
         assert [h.token_ids for h in alone] == [h.token_ids for h in result]
-        assert [h.score for h in alone] == pytest.approx([h.score for h in result], abs=1e-5)
+        if exact:
+            assert [h.score for h in alone] == [h.score for h in result]
+        else:
+            assert [h.score for h in alone] == pytest.approx([h.score for h in result],
+                                                             abs=1e-5)
 
 
-def check_package_batch_invariance(package: Path, texts: list[str], max_new: int) -> None:
+def check_package_batch_invariance(package: Path, texts: list[str], max_new: int,
+                                   pairs: list[tuple[str, str]] | None = None) -> None:
     """An exported package (any precision) decodes each text in a batch exactly as
-    alone (check_batch_equals_one_at_a_time through its own engine)."""
+    alone (check_batch_equals_one_at_a_time through its own engine). A multilingual
+    package's text i is translated along pairs[i % len(pairs)] (request codes), every
+    pair in one batch, bit for bit as alone."""
     from seq2serve.server.assembly import default_limits
     from seq2serve.server.engine.engine import Engine
     from seq2serve.server.engine.runner import RunnerConfig
 
     engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1),
                     default_limits())
-    tokenizer = package_tokenizer(load_package(package))
-    check_batch_equals_one_at_a_time(engine, [tokenizer.encode(t) for t in texts], max_new)
+    loaded = load_package(package)
+    tokenizer = package_tokenizer(loaded)
+    languages = loaded.manifest.languages
+    if languages is None or not pairs:
+        check_batch_equals_one_at_a_time(engine, [tokenizer.encode(t) for t in texts], max_new)
+        return
+    chosen = [pairs[i % len(pairs)] for i in range(len(texts))]
+    sources = [tokenizer.encode(t, languages.token(src))
+               for t, (src, _) in zip(texts, chosen, strict=True)]
+    check_batch_equals_one_at_a_time(engine, sources, max_new,
+                                     [languages.token(tgt) for _, tgt in chosen], exact=True)
 
 
 def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path,

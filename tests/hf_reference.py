@@ -14,7 +14,9 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
     """generate() under the folder's generation_config (plus `overrides`): per
     source its n-best (the tokens after the start, up to EOS; score): beam
     search's sequences_scores, or greedy's sum of the chosen tokens' log-probs,
-    a forced token counting 0 (its processed log-prob, as the engine sums)."""
+    a forced token counting 0 (its processed log-prob, as the engine sums). A
+    multilingual model's target language is the override forced_bos_token_id (one
+    per call: a batch of one target language)."""
     gen = model.generation_config
     n = int(overrides.get("num_return_sequences", 1))  # type: ignore[call-overload]
     with torch.no_grad():
@@ -30,7 +32,8 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         asked = overrides.get("max_new_tokens")
         limit = (int(asked) if asked is not None  # type: ignore[call-overload]
                  else gen.max_length - 1 if gen.max_length is not None else 20)
-        if overrides.get("forced_bos_token_id", gen.forced_bos_token_id) is not None:
+        forced_bos = overrides.get("forced_bos_token_id", gen.forced_bos_token_id)
+        if forced_bos is not None:  # a multilingual model's target language, as asked
             chosen[:, 0] = 0.0
         if gen.forced_eos_token_id is not None and chosen.shape[1] == limit:
             chosen[:, limit - 1] = torch.where(seqs[:, limit - 1] == eos, 0.0,

@@ -151,7 +151,9 @@ def tokenizer_json_unk(file: Path) -> int | None:
     return unk if is_int(unk) else None
 
 
-def _bart_unk(path: Path | None) -> tuple[int, str]:
+def vocab_json_unk(path: Path | None) -> tuple[int, str]:
+    """The unk id of the folder's vocab.json (BART's, M2M100's), else BART's
+    convention."""
     if path is not None and (path / "vocab.json").is_file():
         try:
             unk = json.loads((path / "vocab.json").read_text(encoding="utf-8")).get("<unk>")
@@ -253,7 +255,7 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
 # -- weights ---------------------------------------------------------------------
 
 
-def _learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
+def learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
                        problems: list[str]) -> tuple[dict[str, Tensor | None], dict[str, str]]:
     """BART's stack tensors: each stack's position table with the offset folded,
     (max_positions, d_model) from the stored (max_positions + 2, d_model); and the
@@ -278,11 +280,25 @@ def _learned_positions(cfg: ModelConfig, weights: Weights, prefix: str,
     return state, names
 
 
+def final_norms(weights: Weights, prefix: str) -> tuple[dict[str, Tensor | None],
+                                                      dict[str, str]]:
+    """The final LayerNorm after each stack of a pre-norm family (Pegasus, mBART,
+    M2M100): `model.encoder.layer_norm` / `model.decoder.layer_norm`, our
+    `encoder_norm` / `decoder_norm`; with the HF names of each."""
+    state: dict[str, Tensor | None] = {}
+    names: dict[str, str] = {}
+    for side, ours in (("encoder", "encoder_norm"), ("decoder", "decoder_norm")):
+        for t in ("weight", "bias"):
+            names[f"{ours}.{t}"] = f"{prefix}{side}.layer_norm.{t}"
+            state[f"{ours}.{t}"] = weights.take(names[f"{ours}.{t}"])
+    return state, names
+
+
 BART = Layout(
     name="BART", model_type="bart", architectures=SUPPORTED_ARCHITECTURES,
     hf_defaults=HF_DEFAULTS, flag_values=BART_FLAG_VALUES,
     structure={"pre_norm": False, "positions": "learned", "layernorm_embedding": True},
-    stack_tensors=_learned_positions, fallback_unk=_bart_unk,
+    stack_tensors=learned_positions, fallback_unk=vocab_json_unk,
     tokenizer_files=("vocab.json", "merges.txt"), tokenizer_class="BartTokenizer")
 
 

@@ -93,13 +93,7 @@ def _stack_tensors(cfg: ModelConfig, weights: Weights, prefix: str,
     """Pegasus's stack tensors: the final LayerNorms; the stored position tables
     are checked to be the sinusoids our model recomputes."""
     check_sinusoid_positions(cfg, weights, prefix, "Pegasus", problems)
-    state: dict[str, Tensor | None] = {}
-    names: dict[str, str] = {}
-    for side, ours in (("encoder", "encoder_norm"), ("decoder", "decoder_norm")):
-        for t in ("weight", "bias"):
-            names[f"{ours}.{t}"] = f"{prefix}{side}.layer_norm.{t}"
-            state[f"{ours}.{t}"] = weights.take(names[f"{ours}.{t}"])
-    return state, names
+    return bart.final_norms(weights, prefix)
 
 
 def _fallback_unk(path: Path | None) -> tuple[int, str]:

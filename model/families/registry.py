@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from seq2serve.model.families import bart, marian, pegasus, t5
+from seq2serve.model.families import bart, m2m100, marian, mbart, pegasus, t5
 from seq2serve.model.families.hf import CONFIG_FILE
 from seq2serve.model.families.source import Source
 
@@ -24,6 +24,8 @@ FAMILIES: dict[str, Callable[[Path, str | None], Source]] = {
     "pegasus": pegasus.load_source,
     "t5": t5.load_source,
     "mt5": t5.load_source,
+    "mbart": mbart.load_source,
+    "m2m_100": m2m100.load_source,  # M2M100 and NLLB-200
 }
 
 

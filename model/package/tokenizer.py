@@ -49,7 +49,7 @@ class PackageTokenizer:
         do), and the source `language` token where the package puts it."""
         code: list[str] = []
         # A leading >>lang<< code of multilingual Marian models is a vocab entry, not text.
-        if text.startswith(">>") and (end := text.find("<<")) != -1:
+        if self.languages is None and text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[: end + 2]], text[end + 2:]
         pieces = code + self.source.encode(text, out_type=str)
         ids = [self.piece_to_id.get(p, self.unk_id) for p in pieces] + [self.eos_id]

@@ -1,0 +1,388 @@
+"""The multilingual families (issue 46): M2M100 and NLLB-200 (model_type m2m_100) and
+mBART-50 (mbart), each a tiny random model built with transformers' own classes and a
+SentencePiece model trained here, tokenized by the family's own transformers tokenizer
+class (M2M100Tokenizer, NllbTokenizer, MBart50Tokenizer) and saved as the hub's folders
+are; exported; decoded by the engine and compared with generate() under the folder's
+generation_config with the tokenizer's `src_lang` and `forced_bos_token_id` = the target
+language, for several pairs; mixed-pair batches against each source alone at fp32,
+int8 and fp16; the package's tokenizer against the family's class; language codes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import family_checks
+import pytest
+import torch
+import transformers
+from conftest import CORPUS
+from family_checks import assert_same_nbest, check_package_batch_invariance
+from hf_reference import reference_nbest
+from torch import Tensor
+
+from seq2serve.export.exporter import export
+from seq2serve.model.families import m2m100, mbart
+from seq2serve.model.families.source import SourceError
+from seq2serve.model.package.languages import MULTILINGUAL
+from seq2serve.model.package.manifest import load_package
+from seq2serve.model.package.tokenizer import package_tokenizer
+
+TOL = 1e-4
+MAX_NEW = 16
+PAD, EOS = 1, 2
+TEXTS = CORPUS[:4] + ["unseen wörds: ☃ zebra", "Open", "  spaces   and\nnew lines  "]
+FAMILIES = ("m2m100", "nllb", "mbart50")
+# (source, target) in each family's own codes
+PAIRS = {
+    "m2m100": [("en", "de"), ("de", "fr"), ("fr", "zh")],
+    "nllb": [("eng_Latn", "deu_Latn"), ("deu_Latn", "fra_Latn"), ("zho_Hant", "eng_Latn")],
+    "mbart50": [("en_XX", "de_DE"), ("de_DE", "fr_XX"), ("fr_XX", "zh_CN")],
+}
+FAMILY_CODES = {"m2m100": m2m100.M2M100_CODES["m2m100"], "nllb": m2m100.NLLB_CODES,
+                "mbart50": mbart.MBART50_CODES}
+TOKENIZER_CLASS = {"m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer",
+                   "mbart50": "MBart50Tokenizer"}
+
+
+def write_spm(out: Path) -> None:
+    """sentencepiece.bpe.model: a BPE trained on the corpus with fairseq's specials
+    (<s> 0, <pad> 1, </s> 2, <unk> 3)."""
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / "corpus.txt"
+    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sentencepiece.bpe"),
+                                   vocab_size=120, model_type="bpe", bos_id=0, pad_id=PAD,
+                                   eos_id=EOS, unk_id=3, hard_vocab_limit=False,
+                                   minloglevel=2, num_threads=1)
+    text.unlink()
+    (out / "sentencepiece.bpe.vocab").unlink()
+
+
+def write_tokenizer(family: str, out: Path) -> Any:
+    """The family's tokenizer files as the hub's folders have them, written by its
+    transformers class; the tokenizer."""
+    write_spm(out)
+    if family == "m2m100":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(out / "sentencepiece.bpe.model"))
+        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+        (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+        tok = transformers.M2M100Tokenizer(str(out / "vocab.json"),
+                                           str(out / "sentencepiece.bpe.model"))
+    elif family == "nllb":
+        tok = transformers.NllbTokenizer.from_pretrained(
+            str(out), extra_special_tokens=list(m2m100.NLLB_CODES))
+    else:
+        tok = transformers.MBart50Tokenizer.from_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return tok
+
+
+def hf_model(family: str, vocab: int, seed: int = 0, **overrides: Any) -> Any:
+    """A tiny model of the family in which every weight matters."""
+    args: dict[str, Any] = dict(
+        vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=PAD, bos_token_id=0,
+        eos_token_id=EOS, decoder_start_token_id=EOS, dropout=0.1, scale_embedding=True,
+        attn_implementation="eager")
+    args.update(overrides)
+    torch.manual_seed(seed)
+    if family == "mbart50":
+        model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**args))
+    else:
+        model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**args))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        if family == "mbart50":
+            model.final_logits_bias.normal_()
+    return model.eval()
+
+
+def make_folder(family: str, out: Path, seed: int = 0, **overrides: Any) -> Path:
+    tok = write_tokenizer(family, out)
+    # Model vocabularies are larger than their tokenizers (NLLB's 256206; M2M100's
+    # made-up words): every row is kept.
+    extra = {"m2m100": 8, "nllb": 3, "mbart50": 0}[family]
+    size = max(max(tok.get_vocab().values()),
+               *(lang_id(family, tok, code) for code in FAMILY_CODES[family])) + 1
+    model = hf_model(family, size + extra, seed, **overrides)
+    model.save_pretrained(out)
+    if family != "mbart50":
+        # A generated pad takes transformers' zero position row (positions count
+        # non-pad tokens); trained models never generate it, this tiny one must not.
+        file = out / "generation_config.json"
+        file.write_text(json.dumps({**json.loads(file.read_text()), "suppress_tokens": [PAD]}))
+    return out
+
+
+def hf_tokenizer(family: str, folder: Path, src_lang: str | None = None) -> Any:
+    kwargs = {} if src_lang is None else {"src_lang": src_lang}
+    return getattr(transformers, TOKENIZER_CLASS[family]).from_pretrained(str(folder), **kwargs)
+
+
+def lang_id(family: str, tok: Any, code: str) -> int:
+    return tok.get_lang_id(code) if family == "m2m100" else tok.convert_tokens_to_ids(code)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def folder(family: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_folder(family, tmp_path_factory.mktemp(family) / f"tiny-{family}")
+
+
+@pytest.fixture(scope="module")
+def hf(family: str, folder: Path) -> Any:
+    cls = (transformers.MBartForConditionalGeneration if family == "mbart50"
+           else transformers.M2M100ForConditionalGeneration)
+    return cls.from_pretrained(str(folder), attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def package(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packages") / folder.name
+    export(folder, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(package: Path) -> Any:
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    return Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1), default_limits())
+
+
+# -- the model ---------------------------------------------------------------------------
+
+
+def test_pytorch_parity(family: str, folder: Path, hf: Any) -> None:
+    """Our model against transformers' on a right-padded batch: encoder, logits, every
+    cached decoder step (positions from fairseq's sinusoids / the learned table)."""
+    from test_bart_parity import inputs
+
+    load = mbart.load_mbart if family == "mbart50" else m2m100.load_m2m100
+    ours = load(folder)
+    cfg = ours.cfg
+    assert cfg.pre_norm and cfg.positions == "learned"
+    assert cfg.layernorm_embedding == (family == "mbart50")
+    assert cfg.final_logits_bias == (family == "mbart50")
+    assert cfg.decoder_start_id == EOS and cfg.tgt_vocab_size == hf.config.vocab_size
+    src, mask, tgt = inputs(hf.config.vocab_size)
+    diffs = family_checks.assert_parity(hf, ours, src, mask, tgt, TOL)
+    print(family, {k: f"{v:.1e}" for k, v in diffs.items()})
+
+
+def test_sinusoids_are_transformers_table() -> None:
+    """fairseq_sinusoids is M2M100SinusoidalPositionalEmbedding's table bit for bit
+    (odd widths and another pad id included)."""
+    from transformers.models.m2m_100.modeling_m2m_100 import (
+        M2M100SinusoidalPositionalEmbedding as Theirs,
+    )
+
+    for rows, dim, pad in ((66, 32, 1), (40, 17, 0), (1026, 1024, 1)):
+        assert torch.equal(m2m100.fairseq_sinusoids(rows, dim, pad),
+                           Theirs.get_embedding(rows, dim, pad))
+
+
+# -- the tokenizer ---------------------------------------------------------------------
+
+
+def test_tokenizer_matches_the_family_class(family: str, folder: Path, package: Path) -> None:
+    manifest = load_package(package).manifest
+    languages = manifest.languages
+    assert languages is not None and languages.source_token == "prefix"
+    assert manifest.source_language == manifest.target_language == MULTILINGUAL
+    ours = package_tokenizer(load_package(package))
+    texts = [*TEXTS, "Müller größer Straße café Noël", "日本語 🙂", "zzqx ǂ ∰ unknown pieces",
+             "", " ", "Don't stop , he said .", ">>de<< not a Marian code"]
+    for src, _ in PAIRS[family]:
+        tok = hf_tokenizer(family, folder, src)
+        for text in texts:
+            assert ours.encode(text, languages.token(src)) == tok(text)["input_ids"], (src, text)
+    tok = hf_tokenizer(family, folder)
+    assert tok.unk_token_id in ours.encode("zzqx ǂ", languages.token(PAIRS[family][0][0]))
+    g = torch.Generator().manual_seed(0)
+    language_ids = sorted(languages.token_ids())
+    rows = [tok(t)["input_ids"][1:-1] for t in texts]
+    rows += [torch.randint(0, len(tok), (12,), generator=g).tolist() for _ in range(100)]
+    rows += [[language_ids[0], 5, 6, language_ids[-1], 7, 3]]  # language tokens and <unk>
+    for ids in rows:
+        cut = ids[: ids.index(EOS)] if EOS in ids else ids  # ours stops at EOS
+        # Language tokens never come back, also where the class does not skip them
+        # (transformers 5's M2M100Tokenizer decodes them as text).
+        text = [i for i in cut if i not in languages.token_ids()]
+        assert ours.decode(ids) == tok.decode(text, skip_special_tokens=True), ids
+    assert all(ours.decode([i]) == "" for i in language_ids)
+
+
+def test_languages_are_the_family_classes(family: str, folder: Path, package: Path) -> None:
+    """The package's languages are the family's tokenizer class's codes, each with the
+    token id its class gives it; the codes requests use map to them."""
+    languages = load_package(package).manifest.languages
+    assert languages is not None
+    tok = hf_tokenizer(family, folder)
+    if family == "m2m100":
+        from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+        codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
+        assert tuple(codes) == m2m100.M2M100_CODES["m2m100"]
+    elif family == "nllb":
+        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as codes
+        assert tuple(codes) == m2m100.NLLB_CODES
+    else:
+        from transformers.models.mbart50.tokenization_mbart50 import (
+            FAIRSEQ_LANGUAGE_CODES as codes,
+        )
+        assert tuple(codes) == mbart.MBART50_CODES
+    assert languages.tokens == {code: lang_id(family, tok, code) for code in codes}
+    expected = {  # request code -> the model's own code
+        "m2m100": {"en": "en", "de": "de", "pt-BR": "pt", "zh-Hans": "zh", "zh-TW": "zh",
+                   "fil": "tl", "nso": "ns", "DE": "de", "__de__": None},
+        "nllb": {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "pt-BR": "por_Latn",
+                 "zh": "zho_Hans", "zh-Hans": "zho_Hans", "zh-Hant": "zho_Hant",
+                 "zh-TW": "zho_Hant", "zh-HK": "zho_Hant", "zh-CN": "zho_Hans",
+                 "ar": "arb_Arab", "fa": "pes_Arab", "fa-AF": "prs_Arab", "ms": "zsm_Latn",
+                 "sw": "swh_Latn", "no": "nob_Latn", "nb": "nob_Latn", "tl": "tgl_Latn",
+                 "sr": "srp_Cyrl", "sr-Cyrl": "srp_Cyrl", "yue": "yue_Hant",
+                 "eng_Latn": "eng_Latn", "eng-latn": "eng_Latn", "en-US": "eng_Latn"},
+        "mbart50": {"en": "en_XX", "de": "de_DE", "de-DE": "de_DE", "de_DE": "de_DE",
+                    "zh": "zh_CN", "zh-Hans": "zh_CN", "zh-CN": "zh_CN", "pt-BR": "pt_XX",
+                    "tl": "tl_XX", "fil": "tl_XX"},
+    }[family]
+    for code, own in expected.items():
+        assert languages.model_code(code) == own, (code, languages.model_code(code))
+    for unknown in ("xx", "klingon", "", "tlh", "qaa-Latn"):
+        assert languages.model_code(unknown) is None, unknown
+    listed = languages.listed()
+    assert sorted(listed.values()) == sorted(codes)
+    assert listed.get({"m2m100": "en", "nllb": "en", "mbart50": "en"}[family]) is not None
+
+
+# -- the engine against generate() ---------------------------------------------------
+
+
+def _sources(family: str, folder: Path, package: Path,
+             src: str) -> tuple[dict[str, Tensor], list[list[int]]]:
+    tok = hf_tokenizer(family, folder, src)
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    ours = package_tokenizer(load_package(package))
+    languages = load_package(package).manifest.languages
+    assert languages is not None
+    sources = [ours.encode(t, languages.token(src)) for t in TEXTS]
+    assert sources == [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+                       for i in range(len(TEXTS))]
+    return batch, sources
+
+
+PARITY = {
+    "greedy": ({}, {"beam_size": 1}),
+    "beam4_nbest2": ({"num_beams": 4, "num_return_sequences": 2, "length_penalty": 1.5},
+                     {"beam_size": 4, "num_hypotheses": 2, "length_penalty": 1.5}),
+}
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_engine_matches_generate(case: str, family: str, folder: Path, package: Path,
+                                 hf: Any, engine: Any) -> None:
+    from seq2serve.server.core.options import DecodingOptions
+
+    hf_kwargs, ours = PARITY[case]
+    tok = hf_tokenizer(family, folder)
+    for src, tgt in PAIRS[family]:
+        batch, sources = _sources(family, folder, package, src)
+        target = lang_id(family, tok, tgt)
+        ref = reference_nbest(hf, batch, do_sample=False, max_new_tokens=MAX_NEW,
+                              forced_bos_token_id=target, **hf_kwargs)
+        results = engine.generate(sources, DecodingOptions(max_length=MAX_NEW,
+                                                           max_length_ratio=0, **ours),
+                                  forced_bos=[target] * len(sources))
+        assert all(h.token_ids[0] == target for r in results for h in r)
+        diff = assert_same_nbest(ref, results, TOL)
+        print(family, case, src, tgt, f"score diff {diff:.1e}")
+
+
+def test_mixed_pairs_batch_equals_each_alone(family: str, package: Path) -> None:
+    """Texts of different source and target languages in one batch decode bit for bit
+    as each alone (request codes: what the server passes)."""
+    pairs = {"m2m100": [("en", "de"), ("de", "fr"), ("fr", "en"), ("zh-Hans", "pt-BR")],
+             "nllb": [("en", "de"), ("de", "fr"), ("zh-TW", "en"), ("fr", "zh-Hans")],
+             "mbart50": [("en", "de"), ("de", "fr"), ("fr", "en"), ("zh", "pt-BR")]}[family]
+    check_package_batch_invariance(package, TEXTS, MAX_NEW, pairs)
+
+
+def test_export_int8_fp16(family: str, folder: Path, package: Path, tmp_path: Path) -> None:
+    manifest = load_package(package).manifest
+    assert manifest.task == "translate"
+    assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
+    pairs = [("en", "de"), ("de", "fr"), ("fr", "en")]
+    for precision in ("int8", "fp16"):
+        report = export(folder, tmp_path / precision, precision=precision, progress=False)
+        assert report.precision == precision
+        if precision == "fp16":
+            assert report.deviation["log_probs"] <= 0.05
+        exported = load_package(tmp_path / precision).manifest
+        assert exported.languages == manifest.languages
+        check_package_batch_invariance(tmp_path / precision, TEXTS[:5], MAX_NEW, pairs)
+
+
+# -- odd folders -------------------------------------------------------------------------
+
+
+def test_nllb_legacy_behaviour_puts_the_language_last(tmp_path: Path) -> None:
+    folder = make_folder("nllb", tmp_path / "nllb")
+    file = folder / "tokenizer_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), "legacy_behaviour": True}))
+    export(folder, tmp_path / "out", progress=False)
+    package = load_package(tmp_path / "out")
+    languages = package.manifest.languages
+    assert languages is not None and languages.source_token == "suffix"
+    ours = package_tokenizer(package)
+    tok = hf_tokenizer("nllb", folder, "deu_Latn")
+    assert tok.legacy_behaviour
+    for text in TEXTS:
+        assert ours.encode(text, languages.token("de")) == tok(text)["input_ids"]
+
+
+def test_odd_folders_are_refused(tmp_path: Path) -> None:
+    # mBART-25 (MBartTokenizer): another token scheme
+    folder = make_folder("mbart50", tmp_path / "mbart25")
+    file = folder / "tokenizer_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()),
+                                "tokenizer_class": "MBartTokenizer"}))
+    with pytest.raises(SourceError, match="only mBART-50"):
+        export(folder, tmp_path / "out", progress=False)
+    # an M2M100 folder without its tokenizer
+    folder = make_folder("m2m100", tmp_path / "m2m")
+    (folder / "vocab.json").unlink()
+    with pytest.raises(SourceError, match="vocab.json"):
+        export(folder, tmp_path / "out", progress=False)
+    # an unknown tokenizer class; a summarization task asked of a translation model
+    folder = make_folder("nllb", tmp_path / "nllb")
+    with pytest.raises(SourceError, match="translates"):
+        export(folder, tmp_path / "out", progress=False, task="summarize")
+    file = folder / "tokenizer_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), "tokenizer_class": "T5Tokenizer"}))
+    with pytest.raises(SourceError, match="neither NLLB's"):
+        export(folder, tmp_path / "out", progress=False)
+    # a tokenizer.json without any of the family's language tokens (what transformers 5's
+    # NllbTokenizer builds from sentencepiece.bpe.model alone)
+    shutil.rmtree(folder)
+    write_spm(folder)
+    tok = transformers.NllbTokenizer.from_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    hf_model("nllb", len(tok) + 3).save_pretrained(folder)
+    with pytest.raises(SourceError, match="none of NLLB-200's language tokens"):
+        export(folder, tmp_path / "out", progress=False)
