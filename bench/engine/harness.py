@@ -186,8 +186,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=sorted(FAMILY_SHAPES), default=None,
                         help="instead of --shape: a Hugging Face family at its smallest "
                         "public shape with random weights (bart: bart-base; pegasus: at "
-                        "bart-base's size; t5: t5-small; flan-t5: flan-t5-small; tiny-*: "
-                        "test-sized), built as a folder, exported and converted for "
+                        "bart-base's size; t5: t5-small; flan-t5: flan-t5-small; m2m100: "
+                        "m2m100_418M; nllb: nllb-200-distilled-600M, sources with their "
+                        "language token, the first new token forced to the target's; "
+                        "tiny-*: test-sized), built as a folder, exported and converted for "
                         "CTranslate2 by its own converter (bench/engine/families.py)")
     parser.add_argument("--new-tokens", type=_positive, default=32,
                         help="tokens every system generates per source (default 32)")
@@ -295,11 +297,13 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         start = time.perf_counter()
         precisions = {s.split("-")[1] for s in args.systems if s.startswith("seq2serve-")}
         with_ct2 = any(s.startswith("ctranslate2-") for s in args.systems)
+        forced_bos = None  # a multilingual family's target language token
         if args.family is not None:
             family = FAMILY_SHAPES[args.family]
             models = prepare_family(work, family, args.seed, precisions, with_ct2)
-            sources = family_sources(family_ids(models.marian, family), max(args.batch_sizes),
-                                     args.source_length, args.seed)
+            ids = family_ids(models.marian, family)
+            sources = family_sources(ids, max(args.batch_sizes), args.source_length, args.seed)
+            forced_bos = ids.target
             label = family.name
         else:
             shape = SHAPES[args.shape]
@@ -316,13 +320,15 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         for name in args.systems:
             if name.startswith("seq2serve-"):
                 systems.append(Seq2Serve(models.packages[name.split("-")[1]], threads,
-                                         device=args.device))
+                                         device=args.device, forced_bos=forced_bos))
             elif name == "transformers":
-                systems.append(Transformers(models.marian, threads, device=args.device))
+                systems.append(Transformers(models.marian, threads, device=args.device,
+                                            forced_bos=forced_bos))
             else:
                 assert models.ctranslate2 is not None
                 systems.append(CTranslate2(models.ctranslate2, models.marian,
-                                           name.split("-")[1], threads, device=args.device))
+                                           name.split("-")[1], threads, device=args.device,
+                                           forced_bos=forced_bos))
         if args.family is not None:
             systems = agreeing_systems(systems, sources, args.new_tokens)
         records += run_systems(systems, workload, settings, batches_for, args.new_tokens,

@@ -1,7 +1,8 @@
 """`seq2serve bench --family` on the tiny shape of each Hugging Face family (BART,
-Pegasus, T5, Flan-T5 style): the folder builds, our packages export, CTranslate2's
-own converter converts it, every system generates exactly the requested tokens,
-and the fp32 systems give generate()'s greedy tokens."""
+Pegasus, T5, Flan-T5 style, M2M100, NLLB-200): the folder builds, our packages
+export, CTranslate2's own converter converts it, every system generates exactly the
+requested tokens (a multilingual family's first one forced to the target language's
+token), and the fp32 systems give generate()'s greedy tokens."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import pytest
 from bench_systems import assert_systems_agree
 
 from seq2serve.bench.engine import families, harness, systems
+from seq2serve.export.sources import SAMPLE_TEXTS
 
-TINY = ["tiny-bart", "tiny-pegasus", "tiny-t5", "tiny-flan-t5"]
+TINY = ["tiny-bart", "tiny-pegasus", "tiny-t5", "tiny-flan-t5", "tiny-m2m100", "tiny-nllb"]
+# each multilingual family's target language token, as CTranslate2's vocabulary names it
+TARGET_TOKEN = {"m2m100": "__de__", "nllb": "deu_Latn"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,16 @@ def test_real_shapes_are_the_public_ones() -> None:
             t5["feed_forward_proj"]) == (512, 8, 6, 2048, "relu")
     assert (flan["num_heads"], flan["num_layers"], flan["d_ff"], flan["feed_forward_proj"],
             flan["tie_word_embeddings"]) == (6, 8, 1024, "gated-gelu", False)
+    # facebook/m2m100_418M and facebook/nllb-200-distilled-600M: one shape, two vocabularies
+    dims = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+            "max_position_embeddings", "activation_function", "scale_embedding")
+    for name, vocab in (("m2m100", 128112), ("nllb", 256206)):
+        config = families.FAMILY_SHAPES[name].config
+        assert {k: config[k] for k in dims} == dict(zip(dims, (1024, 12, 12, 16, 16, 4096,
+                                                               4096, 1024, "relu", True),
+                                                        strict=True))
+        assert config["vocab_size"] == vocab
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -50,14 +64,39 @@ def test_every_system_loads_and_agrees(name: str, work: Path) -> None:
     ids = families.source_ids(models.marian, shape)
     sources = families.random_sources(ids, 3, 6, seed=0)
     assert all(len(s) == 6 and s[-1] == ids.eos for s in sources)
-    assert all(ids.low <= i < ids.high for s in sources for i in s[:-1])
-    assert_systems_agree(models, sources)
+    multilingual = shape.family in families.MULTILINGUAL
+    assert all(ids.low <= i < ids.high for s in sources for i in s[multilingual:-1])
+    if multilingual:
+        # each source starts with its language's token, in turn, as the tokenizer puts it
+        assert [s[0] for s in sources] == list(ids.source_languages)
+        assert pieces[ids.target] == TARGET_TOKEN[shape.family]
+        assert ids.target not in ids.source_languages
+    else:
+        assert ids.target is None
+    assert_systems_agree(models, sources, forced_bos=ids.target)
 
 
-def test_harness_runs_a_family(work: Path, tmp_path: Path,
+def test_multilingual_sources_are_what_the_tokenizer_makes(work: Path) -> None:
+    """A source's language token where the family's own tokenizer puts it (first, as
+    M2M100Tokenizer and NllbTokenizer do with src_lang), its pieces (no <unk>: the
+    tokenizer's training text), EOS last."""
+    import transformers
+
+    for name, code in (("tiny-m2m100", "fr"), ("tiny-nllb", "fra_Latn")):
+        shape = families.FAMILY_SHAPES[name]
+        folder = families.build_folder(work / f"{shape.key}-seed0" / "hf", shape, 0)
+        tok = transformers.AutoTokenizer.from_pretrained(str(folder), src_lang=code)
+        made = tok(SAMPLE_TEXTS[0]).input_ids
+        ids = families.source_ids(folder, shape)
+        assert made[0] == ids.source_languages[1] and made[-1] == ids.eos
+        assert all(ids.low <= i < ids.high for i in made[1:-1])
+
+
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-nllb"])
+def test_harness_runs_a_family(name: str, work: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    rc = harness.main(["--family", "tiny-t5", "--threads", "1", "--repeats", "1",
+    rc = harness.main(["--family", name, "--threads", "1", "--repeats", "1",
                        "--new-tokens", "4", "--source-length", "5", "--decodings", "beam4",
                        "--batch-sizes", "1", "2", "--work", str(work), "--json", str(out)])
     assert rc == 0
@@ -67,7 +106,8 @@ def test_harness_runs_a_family(work: Path, tmp_path: Path,
         ("ctranslate2", "fp32"), ("ctranslate2", "int8")}
     assert len(records) == 5 * 2
     text = capsys.readouterr()
-    assert "**tiny-t5, random weights: 5 source tokens, 4 new tokens per source**" in text.out
+    assert f"**{name}, random weights: 5 source tokens, 4 new tokens per source**" in text.out
+    assert "greedy fp32 check: ctranslate2 gives transformers's tokens for 2 of 2" in text.err
     assert "MISMATCH" not in text.out
 
 
