@@ -38,6 +38,7 @@ so that every id has its own piece.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ import numpy as np
 from seq2serve.bench.engine.workload import (
     Models,
     _atomic_dir,
+    converted_vocabulary,
     export_package,
     exporter_key,
 )
@@ -407,6 +409,47 @@ def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
         if len(pieces) != config_vocab(folder):
             raise RuntimeError(f"{tmp}: CTranslate2's vocabulary has {len(pieces)} entries, "
                                f"the model {config_vocab(folder)}")
+
+    return _atomic_dir(out, build)
+
+
+def vocabulary_map(ids: Ids, vocab_size: int, settings: Any, seed: int) -> str:
+    """CTranslate2's vocabulary map (ctranslate2_model.vocabulary_map's format) of a
+    random shortlist table with `settings`' sizes (a ShortlistSettings: `first`,
+    `best`), the shortlist a trained model's table would give these random weights:
+    always the `first` pieces (random ordinary ones) with EOS and the target
+    language token, and for each source piece (the ordinary ones and the language
+    tokens) `best` random targets. Tokens are written as ids, `<id>` being
+    replaced by the converted vocabulary's piece (`with_vocabulary_map`)."""
+    rng = np.random.default_rng(seed)
+
+    def pick(count: int) -> list[int]:
+        return sorted(rng.choice(np.arange(ids.low, vocab_size), size=count,
+                                 replace=False).tolist())
+
+    always = sorted({ids.eos, *([] if ids.target is None else [ids.target]),
+                     *pick(settings.first)})
+    lines = ["\t" + " ".join(map(str, always))]
+    for source in [*range(ids.low, ids.high), *ids.source_languages]:
+        lines.append(f"{source}\t" + " ".join(map(str, pick(settings.best))))
+    return "\n".join(lines) + "\n"
+
+
+def with_vocabulary_map(ct2: Path, out: Path, vmap: str) -> Path:
+    """The CTranslate2 conversion `ct2` (its files linked, not copied) with `vmap`
+    (vocabulary_map's text, ids) as its vocabulary map, written in its pieces."""
+    from seq2serve.bench.engine.ctranslate2_model import VMAP_FILE
+
+    def build(tmp: Path) -> None:
+        pieces = converted_vocabulary(ct2)
+        for file in ct2.iterdir():
+            os.link(file, tmp / file.name)
+        lines = []
+        for line in vmap.splitlines():
+            source, targets = line.split("\t")
+            lines.append("\t".join(" ".join(pieces[int(i)] for i in part.split())
+                                    for part in (source, targets)))
+        (tmp / VMAP_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     return _atomic_dir(out, build)
 

@@ -166,12 +166,17 @@ class Transformers(System):
 
 class CTranslate2(System):
     """CTranslate2's Translator on the converted model; int8 is its load-time
-    quantization (compute_type) of the float32 conversion."""
+    quantization (compute_type) of the float32 conversion. With `vmap`, over the
+    model directory's vocabulary map (`use_vmap`), named CTRANSLATE2_VMAP."""
 
     name = "ctranslate2"
+    vmap = False
 
     def __init__(self, model_dir: Path, marian_dir: Path, precision: str, threads: int,
-                 device: str = "cpu", forced_bos: int | None = None):
+                 device: str = "cpu", forced_bos: int | None = None, vmap: bool = False):
+        self.vmap = vmap
+        if vmap:
+            self.name = CTRANSLATE2_VMAP
         self.model_dir = Path(model_dir)
         self.precision = precision
         self.device = device
@@ -199,7 +204,7 @@ class CTranslate2(System):
         results = self.translator.translate_batch(
             prepared, beam_size=beam, num_hypotheses=1, max_batch_size=0,
             target_prefix=None if self.prefix is None else [self.prefix] * len(prepared),
-            suppress_sequences=self.suppress or None, **lengths)
+            suppress_sequences=self.suppress or None, use_vmap=self.vmap, **lengths)
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
 
     def close(self) -> None:

@@ -96,15 +96,20 @@ def test_multilingual_sources_are_what_the_tokenizer_makes(work: Path) -> None:
 def test_harness_runs_a_family(name: str, work: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
+    # NLLB's with the shortlist's peer too (not checked against generate(): its map
+    # restricts the output)
+    vmap = ["ctranslate2-vmap-fp32", "ctranslate2-vmap-int8"] if name == "tiny-nllb" else []
     rc = harness.main(["--family", name, "--threads", "1", "--repeats", "1",
                        "--new-tokens", "4", "--source-length", "5", "--decodings", "beam4",
-                       "--batch-sizes", "1", "2", "--work", str(work), "--json", str(out)])
+                       "--batch-sizes", "1", "2", "--work", str(work), "--json", str(out),
+                       "--systems", *harness.DEVICE_SYSTEMS["cpu"], *vmap])
     assert rc == 0
     records = json.loads(out.read_text())
     assert {(r["system"], r["precision"]) for r in records} == {
         ("seq2serve", "fp32"), ("seq2serve", "int8"), ("transformers", "fp32"),
-        ("ctranslate2", "fp32"), ("ctranslate2", "int8")}
-    assert len(records) == 5 * 2
+        ("ctranslate2", "fp32"), ("ctranslate2", "int8"),
+        *((systems.CTRANSLATE2_VMAP, p) for p in (("fp32", "int8") if vmap else ()))}
+    assert len(records) == (5 + len(vmap)) * 2
     text = capsys.readouterr()
     assert f"**{name}, random weights: 5 source tokens, 4 new tokens per source**" in text.out
     assert "greedy fp32 check: ctranslate2 gives transformers's tokens for 2 of 2" in text.err
@@ -142,3 +147,52 @@ def test_a_mismatching_ctranslate2_is_reported_not_timed(
     assert [s.name for s in kept] == ["seq2serve", "transformers"]
     assert "MISMATCH: ctranslate2 fp32 greedy tokens differ from transformers's on 1 of 1 " \
         "sources; not timed" in capsys.readouterr().out
+
+
+def test_ctranslate2_over_a_vocabulary_map(work: Path) -> None:
+    """The shortlist's peer (`ctranslate2-vmap-*`): a random table of the engine's
+    default shortlist sizes as CTranslate2's vocabulary map; CTranslate2 then chooses
+    only among a batch's candidates (the always line and its pieces' lines), still
+    decoding exactly the requested tokens, the forced one first."""
+    from seq2serve.model.package.shortlist import ShortlistSettings
+
+    shape = families.FAMILY_SHAPES["tiny-nllb"]
+    models = families.prepare_family(work, shape, 0, set(), True)
+    assert models.ctranslate2 is not None
+    ids = families.source_ids(models.marian, shape)
+    settings = ShortlistSettings(first=20, best=3)
+    text = families.vocabulary_map(ids, shape.config["vocab_size"], settings, seed=0)
+    lines = [line.split("\t") for line in text.splitlines()]
+    always = [int(i) for i in lines[0][1].split()]
+    assert lines[0][0] == "" and {ids.eos, ids.target} <= set(always)
+    assert len(always) == 20 + 2
+    table = {int(src): [int(i) for i in targets.split()] for src, targets in lines[1:]}
+    assert set(table) == {*range(ids.low, ids.high), *ids.source_languages}
+    assert all(len(targets) == 3 for targets in table.values())
+    vmap_dir = families.with_vocabulary_map(models.ctranslate2, work / "ct2-vmap", text)
+    assert (vmap_dir / "model.bin").samefile(models.ctranslate2 / "model.bin")
+    sources = families.random_sources(ids, 3, 6, seed=0)
+    system = systems.CTranslate2(vmap_dir, models.marian, "fp32", 1, forced_bos=ids.target,
+                                 vmap=True)
+    assert system.name == systems.CTRANSLATE2_VMAP
+    system.load()
+    try:
+        out = system.generate(system.prepare(sources), 4, 6)
+    finally:
+        system.close()
+    allowed = set(always).union(*(table[i] for s in sources for i in s[:-1]))
+    assert all(len(t) == 6 and t[0] == ids.target for t in out)
+    assert {i for t in out for i in t} <= allowed
+    # without the map, the same model chooses outside those candidates
+    full = systems.CTranslate2(models.ctranslate2, models.marian, "fp32", 1,
+                               forced_bos=ids.target)
+    full.load()
+    try:
+        unrestricted = full.generate(full.prepare(sources), 4, 6)
+    finally:
+        full.close()
+    assert not {i for t in unrestricted for i in t} <= allowed
+
+
+def test_vmap_rows_are_for_families() -> None:
+    assert harness.main(["--systems", "ctranslate2-vmap-int8", "--threads", "1"]) == 2
