@@ -3,7 +3,7 @@ under the folder's own generation settings, scored as the engine scores."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,8 +32,7 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         asked = overrides.get("max_new_tokens")
         limit = (int(asked) if asked is not None  # type: ignore[call-overload]
                  else gen.max_length - 1 if gen.max_length is not None else 20)
-        forced_bos = overrides.get("forced_bos_token_id", gen.forced_bos_token_id)
-        if forced_bos is not None:  # a multilingual model's target language, as asked
+        if overrides.get("forced_bos_token_id", gen.forced_bos_token_id) is not None:
             chosen[:, 0] = 0.0
         if gen.forced_eos_token_id is not None and chosen.shape[1] == limit:
             chosen[:, limit - 1] = torch.where(seqs[:, limit - 1] == eos, 0.0,
@@ -46,3 +45,20 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         found.append(tokens)  # what follows EOS is padding; a pad before it was generated
     return [[(found[i * n + j], scores[i * n + j]) for j in range(n)]
             for i in range(len(found) // n)]
+
+
+def reference_nbest_by_pair(model: Any, encode: Callable[[list[str], str], Mapping[str, Any]],
+                            texts: Sequence[str], pairs: Sequence[tuple[str, int]],
+                            **overrides: object) -> list[list[tuple[list[int], float]]]:
+    """reference_nbest for a multilingual model's sources of several language pairs:
+    text i in pairs[i] = (source language as its tokenizer's `src_lang`, target
+    language token), one generate() call per pair (generate() takes one target
+    language per call); the n-best lists in the texts' order. `encode(texts,
+    src_lang)`: the padded batch the family's tokenizer makes."""
+    found: dict[int, list[tuple[list[int], float]]] = {}
+    for pair in dict.fromkeys(pairs):
+        rows = [i for i, p in enumerate(pairs) if p == pair]
+        batch = encode([texts[i] for i in rows], pair[0])
+        nbest = reference_nbest(model, batch, forced_bos_token_id=pair[1], **overrides)
+        found.update(zip(rows, nbest, strict=True))
+    return [found[i] for i in range(len(texts))]

@@ -24,6 +24,7 @@ stay accepted (`Languages.model_code`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from seq2serve.model.package.languages import Languages
 
@@ -31,7 +32,7 @@ from seq2serve.model.package.languages import Languages
 REGIONAL_TAGS = ("zh-CN", "zh-SG", "zh-TW", "zh-HK", "zh-MO")
 
 
-def _langcodes():  # type: ignore[no-untyped-def]
+def _langcodes() -> Any:
     try:
         import langcodes
     except ImportError as e:  # export's extra installs it

@@ -81,19 +81,6 @@ MBART = bart.Layout(
     tokenizer_files=(multilingual.SPM_FILE,), tokenizer_class="MBart50Tokenizer")
 
 
-def mbart_config(hf_config: dict[str, Any], problems: list[str] | None = None,
-                 path: Path | None = None) -> ModelConfig:
-    """Our `ModelConfig` for an mBART config.json; raises a `ConversionError` listing
-    every problem (without `problems`) or appends to `problems`."""
-    return bart.bart_config(hf_config, problems, path, MBART)
-
-
-def convert_mbart(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """(ModelConfig, state dict for `Seq2SeqTransformer`) from an mBART directory, or
-    one `ConversionError` listing every problem found."""
-    return bart.convert_bart(path, MBART)
-
-
 def load_mbart(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
     """A `Seq2SeqTransformer` in eval mode with the mBART checkpoint's weights."""
     return bart.load_bart(path, dtype, MBART)

@@ -113,6 +113,8 @@ def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Schem
         tokenizer_json = hf_tokenizer_json(path, problems, (SPM_FILE,), scheme.tokenizer_class,
                                            scheme.name)
         tokens = tokenizer_json_tokens(tokenizer_json) if tokenizer_json else {}
+        if tokenizer_json is not None and not tokens:
+            problems.append(f"{TOKENIZER_JSON}: no vocabulary could be read from it")
     else:
         missing = [name for name in (SPM_FILE, VOCAB_FILE) if not (path / name).is_file()]
         if missing:
@@ -140,7 +142,11 @@ def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Schem
             check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, scheme.name, problems)
         own = _language_tokens(scheme, tokens, model.cfg.tgt_vocab_size, problems)
         if own:
-            languages = family_languages(own, scheme.tag_of, scheme.preferred, source_token)
+            try:
+                languages = family_languages(own, scheme.tag_of, scheme.preferred,
+                                             source_token)
+            except ImportError as e:  # langcodes, of the export extra
+                problems.append(str(e))
     settings = generate_settings(path, problems)
     if problems or model is None or languages is None:
         raise SourceError(path, problems)

@@ -113,6 +113,9 @@ class ModelHandle:
         return self.engine.provider
 
 
+# Most chained pairs an error message names one by one.
+LISTED_CHAINS = 12
+
 # The language every chain goes through: each shipped model reads or writes it.
 PIVOT = "en"
 
@@ -309,6 +312,8 @@ class ModelRegistry:
         chained = [r for r in self.routes() if r.chained] if chains else []
         if not chained:
             return models
+        if len(chained) > LISTED_CHAINS:  # a message stays short: ListRoutes has them all
+            return f"{models}; {len(chained)} pairs through {PIVOT} (ListRoutes, /languages)"
         return (f"{models}; through {PIVOT}: "
                 + ", ".join(f"{r.source_language}->{r.target_language}" for r in chained))
 

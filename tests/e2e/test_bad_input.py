@@ -165,10 +165,10 @@ class BlockingTokenizer:
         self.inner = inner
         self.started, self.release = threading.Event(), threading.Event()
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, language: int | None = None) -> list[int]:
         self.started.set()
         self.release.wait(120)
-        return self.inner.encode(text)
+        return self.inner.encode(text, language)
 
     def decode(self, ids: list[int]) -> str:
         return self.inner.decode(ids)

@@ -134,7 +134,7 @@ def test_bad_words_and_forced_tokens_as_hf() -> None:
     history[1, 1:4] = [3, 1, 1]  # row 1 ends in (3, 1) at length 3: 4 is banned
     lengths = np.array([1, 3, 4, 6])  # generated 0, 2, 3, 5: BOS forced in row 0, EOS in 2, 3
     p = Processing(EOS, (6,), np.array([2, 0, 0, 0]), np.ones(4, np.float32), np.zeros(4, int),
-                   max_new=max_new, forced_bos=4, forced_eos=EOS, bad_words=bad)
+                   max_new=max_new, forced_bos=np.full(4, 4), forced_eos=EOS, bad_words=bad)
     scores = np.log(rng.dirichlet(np.ones(vocab), 4)).astype(np.float32)
     ours = process_log_probs(scores.copy(), np.where(np.arange(6) < lengths[:, None], history, 6),
                              lengths - 1, p)

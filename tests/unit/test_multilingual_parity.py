@@ -22,6 +22,16 @@ import transformers
 from conftest import CORPUS
 from family_checks import assert_same_nbest, check_package_batch_invariance
 from hf_reference import reference_nbest
+from multilingual_folders import (
+    EOS,
+    FAMILIES,
+    PAIRS,
+    hf_model,
+    hf_tokenizer,
+    lang_id,
+    make_folder,
+    write_spm,
+)
 from torch import Tensor
 
 from seq2serve.export.exporter import export
@@ -33,104 +43,7 @@ from seq2serve.model.package.tokenizer import package_tokenizer
 
 TOL = 1e-4
 MAX_NEW = 16
-PAD, EOS = 1, 2
 TEXTS = CORPUS[:4] + ["unseen wörds: ☃ zebra", "Open", "  spaces   and\nnew lines  "]
-FAMILIES = ("m2m100", "nllb", "mbart50")
-# (source, target) in each family's own codes
-PAIRS = {
-    "m2m100": [("en", "de"), ("de", "fr"), ("fr", "zh")],
-    "nllb": [("eng_Latn", "deu_Latn"), ("deu_Latn", "fra_Latn"), ("zho_Hant", "eng_Latn")],
-    "mbart50": [("en_XX", "de_DE"), ("de_DE", "fr_XX"), ("fr_XX", "zh_CN")],
-}
-FAMILY_CODES = {"m2m100": m2m100.M2M100_CODES["m2m100"], "nllb": m2m100.NLLB_CODES,
-                "mbart50": mbart.MBART50_CODES}
-TOKENIZER_CLASS = {"m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer",
-                   "mbart50": "MBart50Tokenizer"}
-
-
-def write_spm(out: Path) -> None:
-    """sentencepiece.bpe.model: a BPE trained on the corpus with fairseq's specials
-    (<s> 0, <pad> 1, </s> 2, <unk> 3)."""
-    import sentencepiece as spm
-
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "corpus.txt"
-    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sentencepiece.bpe"),
-                                   vocab_size=120, model_type="bpe", bos_id=0, pad_id=PAD,
-                                   eos_id=EOS, unk_id=3, hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1)
-    text.unlink()
-    (out / "sentencepiece.bpe.vocab").unlink()
-
-
-def write_tokenizer(family: str, out: Path) -> Any:
-    """The family's tokenizer files as the hub's folders have them, written by its
-    transformers class; the tokenizer."""
-    write_spm(out)
-    if family == "m2m100":
-        import sentencepiece as spm
-
-        sp = spm.SentencePieceProcessor(model_file=str(out / "sentencepiece.bpe.model"))
-        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-        (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-        tok = transformers.M2M100Tokenizer(str(out / "vocab.json"),
-                                           str(out / "sentencepiece.bpe.model"))
-    elif family == "nllb":
-        tok = transformers.NllbTokenizer.from_pretrained(
-            str(out), extra_special_tokens=list(m2m100.NLLB_CODES))
-    else:
-        tok = transformers.MBart50Tokenizer.from_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return tok
-
-
-def hf_model(family: str, vocab: int, seed: int = 0, **overrides: Any) -> Any:
-    """A tiny model of the family in which every weight matters."""
-    args: dict[str, Any] = dict(
-        vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=64,
-        decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=PAD, bos_token_id=0,
-        eos_token_id=EOS, decoder_start_token_id=EOS, dropout=0.1, scale_embedding=True,
-        attn_implementation="eager")
-    args.update(overrides)
-    torch.manual_seed(seed)
-    if family == "mbart50":
-        model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**args))
-    else:
-        model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**args))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-        if family == "mbart50":
-            model.final_logits_bias.normal_()
-    return model.eval()
-
-
-def make_folder(family: str, out: Path, seed: int = 0, **overrides: Any) -> Path:
-    tok = write_tokenizer(family, out)
-    # Model vocabularies are larger than their tokenizers (NLLB's 256206; M2M100's
-    # made-up words): every row is kept.
-    extra = {"m2m100": 8, "nllb": 3, "mbart50": 0}[family]
-    size = max(max(tok.get_vocab().values()),
-               *(lang_id(family, tok, code) for code in FAMILY_CODES[family])) + 1
-    model = hf_model(family, size + extra, seed, **overrides)
-    model.save_pretrained(out)
-    if family != "mbart50":
-        # A generated pad takes transformers' zero position row (positions count
-        # non-pad tokens); trained models never generate it, this tiny one must not.
-        file = out / "generation_config.json"
-        file.write_text(json.dumps({**json.loads(file.read_text()), "suppress_tokens": [PAD]}))
-    return out
-
-
-def hf_tokenizer(family: str, folder: Path, src_lang: str | None = None) -> Any:
-    kwargs = {} if src_lang is None else {"src_lang": src_lang}
-    return getattr(transformers, TOKENIZER_CLASS[family]).from_pretrained(str(folder), **kwargs)
-
-
-def lang_id(family: str, tok: Any, code: str) -> int:
-    return tok.get_lang_id(code) if family == "m2m100" else tok.convert_tokens_to_ids(code)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -214,7 +127,8 @@ def test_tokenizer_matches_the_family_class(family: str, folder: Path, package: 
         for text in texts:
             assert ours.encode(text, languages.token(src)) == tok(text)["input_ids"], (src, text)
     tok = hf_tokenizer(family, folder)
-    assert tok.unk_token_id in ours.encode("zzqx ǂ", languages.token(PAIRS[family][0][0]))
+    assert tok.unk_token_id == manifest.special_tokens.unk == 3
+    assert 3 in ours.encode("zzqx ǂ", languages.token(PAIRS[family][0][0]))
     g = torch.Generator().manual_seed(0)
     language_ids = sorted(languages.token_ids())
     rows = [tok(t)["input_ids"][1:-1] for t in texts]
@@ -385,4 +299,134 @@ def test_odd_folders_are_refused(tmp_path: Path) -> None:
     tok.save_pretrained(str(folder))
     hf_model("nllb", len(tok) + 3).save_pretrained(folder)
     with pytest.raises(SourceError, match="none of NLLB-200's language tokens"):
+        export(folder, tmp_path / "out", progress=False)
+
+
+def test_stored_position_tables_are_checked(tmp_path: Path) -> None:
+    """Older M2M100 files store the sinusoid tables (`embed_positions.weights`): the
+    table itself is read and accepted, another (learned positions) refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from seq2serve.model.families.hf import ConversionError
+
+    folder = make_folder("m2m100", tmp_path / "m2m")
+    hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(folder))
+    state = load_file(folder / "model.safetensors")
+    for side in ("encoder", "decoder"):
+        state[f"model.{side}.embed_positions.weights"] = \
+            getattr(hf.model, side).embed_positions.weights.clone()
+    save_file(state, folder / "model.safetensors")
+    cfg, converted = m2m100.convert_m2m100(folder)
+    assert converted["src_positions"].shape == (cfg.max_positions, cfg.d_model)
+    state["model.decoder.embed_positions.weights"] += 0.01
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ConversionError, match="model.decoder.embed_positions.weights is not"):
+        m2m100.convert_m2m100(folder)
+
+
+def test_the_registry_names_the_families(tmp_path: Path) -> None:
+    from seq2serve.model.families.registry import FAMILIES
+
+    assert FAMILIES["m2m_100"] is m2m100.load_source and FAMILIES["mbart"] is mbart.load_source
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nllb_moe"}))
+    with pytest.raises(SourceError, match="'m2m_100'.*'mbart'"):
+        export(tmp_path, tmp_path / "out", progress=False)
+
+
+VARIANTS = {
+    # M2M100Config's other settings: unscaled embeddings, gelu, untied output
+    "m2m100_unscaled_untied": ("m2m100", dict(scale_embedding=False, activation_function="gelu",
+                                              tie_word_embeddings=False, decoder_layers=3)),
+    # MBartConfig's defaults: unscaled, and no decoder_start_token_id (generate() starts
+    # from bos_token_id)
+    "mbart50_class_defaults": ("mbart50", dict(scale_embedding=False,
+                                               decoder_start_token_id=None)),
+}
+
+
+@pytest.mark.parametrize("case", list(VARIANTS))
+def test_config_variants(case: str, tmp_path: Path) -> None:
+    """Our model against transformers' where a config differs from the hub's, and the
+    engine against generate() (greedy, one pair)."""
+    from test_bart_parity import inputs
+
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.core.options import DecodingOptions
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    family, overrides = VARIANTS[case]
+    folder = make_folder(family, tmp_path / case, seed=3, **overrides)
+    cls = (transformers.MBartForConditionalGeneration if family == "mbart50"
+           else transformers.M2M100ForConditionalGeneration)
+    hf = cls.from_pretrained(str(folder), attn_implementation="eager").eval()
+    load = mbart.load_mbart if family == "mbart50" else m2m100.load_m2m100
+    ours = load(folder)
+    assert ours.cfg.scale_embedding is False
+    start = hf.generation_config.decoder_start_token_id
+    assert ours.cfg.decoder_start_id == (hf.generation_config.bos_token_id if start is None
+                                         else start)
+    src, mask, tgt = inputs(hf.config.vocab_size)
+    tgt[:, 0] = ours.cfg.decoder_start_id
+    family_checks.assert_parity(hf, ours, src, mask, tgt, TOL)
+    export(folder, tmp_path / "out", progress=False)
+    engine = Engine(tmp_path / "out", RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
+    src_lang, tgt_lang = PAIRS[family][1]
+    batch, sources = _sources(family, folder, tmp_path / "out", src_lang)
+    target = lang_id(family, hf_tokenizer(family, folder), tgt_lang)
+    ref = reference_nbest(hf, batch, do_sample=False, max_new_tokens=MAX_NEW,
+                          forced_bos_token_id=target)
+    results = engine.generate(sources, DecodingOptions(beam_size=1, max_length=MAX_NEW,
+                                                       max_length_ratio=0),
+                              forced_bos=[target] * len(sources))
+    assert_same_nbest(ref, results, TOL)
+
+
+def test_defaults_are_the_config_classes() -> None:
+    """What a config.json that omits a key means: the config class's default (mBART's
+    missing decoder start is generate()'s fallback, BOS)."""
+    for defaults, config in ((m2m100.HF_DEFAULTS, transformers.M2M100Config()),
+                             (mbart.HF_DEFAULTS, transformers.MBartConfig())):
+        for key, value in defaults.items():
+            theirs = getattr(config, key)
+            if key == "decoder_start_token_id" and theirs is None:
+                theirs = config.bos_token_id
+            assert theirs == value, key
+
+
+def test_mixed_pairs_batch_matches_generate(family: str, folder: Path, package: Path,
+                                            hf: Any, engine: Any) -> None:
+    """One engine batch of every pair (beam 4, n-best 2) against generate() run pair by
+    pair with the tokenizer's src_lang and the target as forced_bos_token_id."""
+    from hf_reference import reference_nbest_by_pair
+
+    from seq2serve.server.core.options import DecodingOptions
+
+    tok = hf_tokenizer(family, folder)
+    languages = load_package(package).manifest.languages
+    assert languages is not None
+    ours = package_tokenizer(load_package(package))
+    pairs = [PAIRS[family][i % len(PAIRS[family])] for i in range(len(TEXTS))]
+    targets = [lang_id(family, tok, tgt) for _, tgt in pairs]
+
+    def encode(texts: list[str], src_lang: str) -> Any:
+        return hf_tokenizer(family, folder, src_lang)(texts, return_tensors="pt", padding=True)
+
+    ref = reference_nbest_by_pair(hf, encode, TEXTS, [(s, t) for (s, _), t in
+                                                      zip(pairs, targets, strict=True)],
+                                  num_beams=4, num_return_sequences=2, do_sample=False,
+                                  max_new_tokens=MAX_NEW)
+    sources = [ours.encode(text, languages.token(src))
+               for text, (src, _) in zip(TEXTS, pairs, strict=True)]
+    results = engine.generate(sources, DecodingOptions(beam_size=4, num_hypotheses=2,
+                                                       max_length=MAX_NEW, max_length_ratio=0),
+                              forced_bos=targets)
+    assert_same_nbest(ref, results, TOL)
+
+
+def test_an_unreadable_tokenizer_json_is_named(tmp_path: Path) -> None:
+    folder = make_folder("nllb", tmp_path / "nllb")
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(SourceError, match="tokenizer.json: no vocabulary"):
         export(folder, tmp_path / "out", progress=False)
