@@ -12,8 +12,9 @@ tokenizer_config lists the language tokens, which CTranslate2's M2M100 loader
 takes its vocabulary's language entries from), NLLB-200 as NllbTokenizer's
 tokenizer.json (its language tokens after the pieces; the model's rows past the
 tokenizer are CTranslate2's made-up words). A source starts with its language
-token (M2M100's and NLLB's current behaviour; `source_language_tokens`), and every
-system's first new token is forced to the target language's (`target_token`):
+token (M2M100's and NLLB's current behaviour; `Ids.source_languages`, the codes of
+`LANGUAGES` in turn), and every system's first new token is forced to the target
+language's (`Ids.target`):
 generate()'s forced_bos_token_id, CTranslate2's target_prefix, our engine's
 per-source forced_bos; it counts as one of the `new_tokens`. The folder's
 generation_config suppresses <pad>: transformers gives a generated <pad> the zero
