@@ -72,6 +72,8 @@ class FamilyShape:
         digest = json.dumps(self.config, sort_keys=True)
         if self.spread != 0.1:
             digest += f" spread {self.spread}"
+        if self.family in MULTILINGUAL:  # SentencePiece numbered as the hub's
+            digest += " hub spm"
         import hashlib
 
         return f"{self.name}-{hashlib.sha256(digest.encode()).hexdigest()[:8]}"
@@ -204,14 +206,15 @@ def _spm_tokenizer(out: Path, family: str) -> None:
 
 
 def _multilingual_tokenizer(out: Path, family: str, vocab_size: int) -> None:
-    """sentencepiece.bpe.model (fairseq's specials: <s> 0, <pad> 1, </s> 2, <unk> 3)
-    and the family's tokenizer files as its transformers class saves them: M2M100's
-    vocab.json filled up to `vocab_size` less its language tokens and made-up words;
-    NLLB's tokenizer.json, which must fit in `vocab_size`."""
+    """sentencepiece.bpe.model numbered as the hub's (<unk> 0, <s> 1, </s> 2, no pad)
+    and the family's tokenizer files as its transformers class saves them, fairseq's
+    numbering (<s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces): M2M100's vocab.json
+    filled up to `vocab_size` less its language tokens and made-up words; NLLB's
+    tokenizer.json, which must fit in `vocab_size`."""
     import transformers
 
-    model = _train_spm(out, "sentencepiece.bpe", "bpe", bos_id=0, pad_id=1, eos_id=2,
-                       unk_id=3)
+    model = _train_spm(out, "sentencepiece.bpe", "bpe", unk_id=0, bos_id=1, eos_id=2,
+                       pad_id=-1)
     if family == "nllb":
         from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
@@ -225,7 +228,9 @@ def _multilingual_tokenizer(out: Path, family: str, vocab_size: int) -> None:
         from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
         sp = spm.SentencePieceProcessor(model_file=str(model))
-        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fairseq's dictionary
+        for i in range(3, sp.get_piece_size()):
+            vocab.setdefault(sp.id_to_piece(i), len(vocab))
         filler = 0
         while len(vocab) < vocab_size - M2M100_EXTRA_ROWS:
             vocab.setdefault(f"\u2581w{filler}", len(vocab))
