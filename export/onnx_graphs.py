@@ -284,7 +284,12 @@ def tie_output_projection(path: Path) -> bool:
     """
     model = onnx.load(str(path))
     graph = model.graph
-    inferred = onnx.shape_inference.infer_shapes(model).graph
+    # The ranks come from the graph without its weights: a decoder past protobuf's
+    # 2 GB (NLLB-200's: two copies of a 256206-row embedding) is written with external
+    # data, and the model loaded whole cannot be serialised for shape inference. The
+    # tied one is under the limit again and is saved as one file.
+    structure = onnx.load(str(path), load_external_data=False)
+    inferred = onnx.shape_inference.infer_shapes(structure).graph
     ranks = {v.name: len(v.type.tensor_type.shape.dim)
              for v in [*inferred.value_info, *inferred.input, *inferred.output]}
     inits = {i.name: i for i in graph.initializer}

@@ -1,8 +1,25 @@
 """The Hugging Face families at their smallest public shapes with seeded random
 weights (`seq2serve bench --family`): bart-base, Pegasus at bart-base's size,
-t5-small and flan-t5-small, each built as a Hugging Face folder (config.json,
+t5-small, flan-t5-small, and the multilingual m2m100_418M and
+nllb-200-distilled-600M, each built as a Hugging Face folder (config.json,
 weights, tokenizer files), exported as our packages (fp32, int8) and converted for
 CTranslate2 by its own converter; plus a tiny shape of each family for the tests.
+
+The multilingual ones (model_type m2m_100) are written as the hub's folders are:
+M2M100 as sentencepiece.bpe.model + vocab.json (filled to the model's rows less its
+100 language tokens and 8 made-up words, which M2M100Tokenizer numbers after it;
+tokenizer_config lists the language tokens, which CTranslate2's M2M100 loader
+takes its vocabulary's language entries from), NLLB-200 as NllbTokenizer's
+tokenizer.json (its language tokens after the pieces; the model's rows past the
+tokenizer are CTranslate2's made-up words). A source starts with its language
+token (M2M100's and NLLB's current behaviour; `Ids.source_languages`, the codes of
+`LANGUAGES` in turn), and every system's first new token is forced to the target
+language's (`Ids.target`):
+generate()'s forced_bos_token_id, CTranslate2's target_prefix, our engine's
+per-source forced_bos; it counts as one of the `new_tokens`. The folder's
+generation_config suppresses <pad>: transformers gives a generated <pad> the zero
+position row (its positions count non-pad tokens), which no trained model meets;
+every system is told the folder's suppressed tokens.
 
 As on the OPUS-MT shape (workload.py), every system decodes exactly `new_tokens`
 tokens (EOS banned until then) from the same random source ids, so each does the
@@ -22,6 +39,7 @@ so that every id has its own piece.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -33,6 +51,7 @@ import numpy as np
 from seq2serve.bench.engine.workload import (
     Models,
     _atomic_dir,
+    converted_vocabulary,
     export_package,
     exporter_key,
 )
@@ -42,13 +61,19 @@ from seq2serve.export.sources import SAMPLE_TEXTS
 @dataclass(frozen=True)
 class FamilyShape:
     name: str
-    family: str  # bart | pegasus | t5
+    family: str  # bart | pegasus | t5 | m2m100 | nllb
     config: dict[str, Any] = field(hash=False)  # the transformers config's arguments
+    # the std of the N(0, spread) added to every initialised weight (build_folder)
+    spread: float = 0.1
 
     @property
     def key(self) -> str:
         """A directory name that changes whenever the weights would."""
         digest = json.dumps(self.config, sort_keys=True)
+        if self.spread != 0.1:
+            digest += f" spread {self.spread}"
+        if self.family in MULTILINGUAL:  # SentencePiece numbered as the hub's
+            digest += " hub spm"
         import hashlib
 
         return f"{self.name}-{hashlib.sha256(digest.encode()).hexdigest()[:8]}"
@@ -65,6 +90,13 @@ def _bart_like(vocab: int, d: int, layers: int, heads: int, ffn: int) -> dict[st
     return dict(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
                 encoder_attention_heads=heads, decoder_attention_heads=heads,
                 encoder_ffn_dim=ffn, decoder_ffn_dim=ffn)
+
+
+# M2M100Config's own values beside the dimensions (m2m100_418M's and NLLB-200's).
+_M2M100 = {**_BART_IDS, **_FREE, "activation_function": "relu", "scale_embedding": True}
+MULTILINGUAL = ("m2m100", "nllb")
+# M2M100Tokenizer's rows after vocab.json: its 100 language tokens, then 8 made-up words.
+M2M100_EXTRA_ROWS = 100 + 8
 
 
 FAMILY_SHAPES = {s.name: s for s in [
@@ -89,6 +121,12 @@ FAMILY_SHAPES = {s.name: s for s in [
                                       num_layers=8, num_decoder_layers=8, num_heads=6,
                                       feed_forward_proj="gated-gelu",
                                       tie_word_embeddings=False, **_T5_IDS)),
+    # facebook/m2m100_418M
+    FamilyShape("m2m100", "m2m100", {**_bart_like(128112, 1024, 12, 16, 4096), **_M2M100,
+                                     "max_position_embeddings": 1024}),
+    # facebook/nllb-200-distilled-600M: m2m100_418M's dimensions, NLLB's vocabulary
+    FamilyShape("nllb", "nllb", {**_bart_like(256206, 1024, 12, 16, 4096), **_M2M100,
+                                 "max_position_embeddings": 1024}),
     # the test-sized ones
     FamilyShape("tiny-bart", "bart", {**_bart_like(600, 32, 2, 4, 64), **_BART_IDS, **_FREE,
                                       "max_position_embeddings": 128}),
@@ -111,8 +149,20 @@ FAMILY_SHAPES = {s.name: s for s in [
                                            relative_attention_max_distance=16,
                                            feed_forward_proj="gated-gelu",
                                            tie_word_embeddings=False, **_T5_IDS)),
+    # vocab.json of 100 entries (the 90 pieces, filler words) and the 108 rows after it
+    # (spread wider: at width 32 the scaled embedding of the last token outweighs the
+    # layers below 1, and every system would repeat one token from the first step)
+    FamilyShape("tiny-m2m100", "m2m100", {**_bart_like(208, 32, 2, 4, 64), **_M2M100,
+                                          "max_position_embeddings": 128}, spread=1.0),
+    # the tokenizer's ~290 entries and a few rows past them
+    FamilyShape("tiny-nllb", "nllb", {**_bart_like(320, 32, 2, 4, 64), **_M2M100,
+                                      "max_position_embeddings": 128}, spread=1.0),
 ]}
-FAMILIES = ("bart", "pegasus", "t5", "flan-t5")
+FAMILIES = ("bart", "pegasus", "t5", "flan-t5", "m2m100", "nllb")
+# The languages of a multilingual family's sources (in turn) and their one target, in
+# the family's own codes.
+LANGUAGES = {"m2m100": (("en", "fr", "zh"), "de"),
+             "nllb": (("eng_Latn", "fra_Latn", "zho_Hans"), "deu_Latn")}
 
 # The keys CTranslate2 4.8.5's BART/Pegasus loader reads and transformers 5 no
 # longer writes, with the values that describe these models (BART: post-norm with
@@ -122,28 +172,76 @@ CT2_LEGACY_KEYS = {
     "pegasus": dict(normalize_before=True, normalize_embedding=False),
 }
 
+_M2M100_CLASSES = ("M2M100Config", "M2M100ForConditionalGeneration")
 _MODEL_CLASSES = {"bart": ("BartConfig", "BartForConditionalGeneration"),
                   "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
-                  "t5": ("T5Config", "T5ForConditionalGeneration")}
+                  "t5": ("T5Config", "T5ForConditionalGeneration"),
+                  "m2m100": _M2M100_CLASSES, "nllb": _M2M100_CLASSES}
+
+
+def _train_spm(out: Path, prefix: str, model_type: str, **ids: int) -> Path:
+    """A 90-piece SentencePiece model `prefix`.model trained on the sample texts
+    with the given special ids."""
+    import sentencepiece as spm
+
+    text = out / "train.txt"
+    text.write_text("\n".join(SAMPLE_TEXTS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / prefix), vocab_size=90, model_type=model_type,
+        hard_vocab_limit=False, minloglevel=2, num_threads=1, **ids)
+    text.unlink()
+    (out / f"{prefix}.vocab").unlink()
+    return out / f"{prefix}.model"
 
 
 def _spm_tokenizer(out: Path, family: str) -> None:
     """A SentencePiece unigram model (pad 0, eos 1, unk 2, no bos: Pegasus's and
     T5's) trained on the sample texts, loaded by the family's tokenizer class and
     saved (spiece.model and tokenizer.json)."""
-    import sentencepiece as spm
     import transformers
 
-    text = out / "train.txt"
-    text.write_text("\n".join(SAMPLE_TEXTS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(out / "spiece"), vocab_size=90, model_type="unigram",
-        hard_vocab_limit=False, minloglevel=2, num_threads=1, pad_id=0, eos_id=1, unk_id=2,
-        bos_id=-1)
-    text.unlink()
-    (out / "spiece.vocab").unlink()
+    _train_spm(out, "spiece", "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     cls = transformers.PegasusTokenizer if family == "pegasus" else transformers.T5Tokenizer
     cls.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def _multilingual_tokenizer(out: Path, family: str, vocab_size: int) -> None:
+    """sentencepiece.bpe.model numbered as the hub's (<unk> 0, <s> 1, </s> 2, no pad)
+    and the family's tokenizer files as its transformers class saves them, fairseq's
+    numbering (<s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces): M2M100's vocab.json
+    filled up to `vocab_size` less its language tokens and made-up words; NLLB's
+    tokenizer.json, which must fit in `vocab_size`."""
+    import transformers
+
+    model = _train_spm(out, "sentencepiece.bpe", "bpe", unk_id=0, bos_id=1, eos_id=2,
+                       pad_id=-1)
+    if family == "nllb":
+        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+        tok = transformers.NllbTokenizer.from_pretrained(
+            str(out), extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES))
+        if len(tok) > vocab_size:
+            raise ValueError(f"NLLB's tokenizer has {len(tok)} entries, more than the "
+                             f"model's {vocab_size} rows")
+    else:
+        import sentencepiece as spm
+        from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fairseq's dictionary
+        for i in range(3, sp.get_piece_size()):
+            vocab.setdefault(sp.id_to_piece(i), len(vocab))
+        filler = 0
+        while len(vocab) < vocab_size - M2M100_EXTRA_ROWS:
+            vocab.setdefault(f"\u2581w{filler}", len(vocab))
+            filler += 1
+        (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False),
+                                        encoding="utf-8")
+        codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
+        tok = transformers.M2M100Tokenizer(
+            str(out / "vocab.json"), str(model),
+            additional_special_tokens=[f"__{code}__" for code in codes])
+    tok.save_pretrained(str(out))
 
 
 def _byte_symbols() -> list[str]:
@@ -184,13 +282,18 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
         transformers.logging.disable_progress_bar()
         if shape.family == "bart":
             _bart_tokenizer(tmp, shape.config["vocab_size"])
+        elif shape.family in MULTILINGUAL:
+            _multilingual_tokenizer(tmp, shape.family, shape.config["vocab_size"])
         else:
             _spm_tokenizer(tmp, shape.family)
         config_name, model_name = _MODEL_CLASSES[shape.family]
         # The summarization task (the families' exporters need a folder to say its
-        # task); T5's input prefix with it, nothing that changes decoding.
-        task = {"summarization": {"prefix": "summarize: "} if shape.family == "t5" else {}}
-        config = getattr(transformers, config_name)(**shape.config, task_specific_params=task)
+        # task); T5's input prefix with it, nothing that changes decoding. A
+        # multilingual model translates, as its exporter knows.
+        task = ({} if shape.family in MULTILINGUAL else
+                {"summarization": {"prefix": "summarize: "} if shape.family == "t5" else {}})
+        config = getattr(transformers, config_name)(
+            **shape.config, **({"task_specific_params": task} if task else {}))
         torch.manual_seed(seed)
         model = getattr(transformers, model_name)(config).eval()
         with torch.no_grad():
@@ -199,12 +302,15 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
             # model's are (Pegasus keeps its sinusoid position table).
             for name, p in model.named_parameters():
                 if "embed_positions" not in name:
-                    p.add_(0.1 * torch.randn_like(p))
+                    p.add_(shape.spread * torch.randn_like(p))
         model.save_pretrained(tmp)
         # The generation settings say only what starts and ends a sequence.
         c = shape.config
-        generation = {k: c[k] for k in ("decoder_start_token_id", "eos_token_id",
-                                         "pad_token_id", "bos_token_id") if k in c}
+        generation: dict[str, Any] = {
+            k: c[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id",
+                              "bos_token_id") if k in c}
+        if shape.family in MULTILINGUAL:
+            generation["suppress_tokens"] = [c["pad_token_id"]]
         (tmp / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
 
     return _atomic_dir(out, build)
@@ -215,6 +321,9 @@ class Ids:
     eos: int
     low: int  # the ordinary pieces: [low, high)
     high: int
+    # a multilingual family's: the sources' language tokens (in turn) and the target's
+    source_languages: tuple[int, ...] = ()
+    target: int | None = None
 
 
 def source_ids(folder: Path, shape: FamilyShape) -> Ids:
@@ -222,6 +331,9 @@ def source_ids(folder: Path, shape: FamilyShape) -> Ids:
     eos = config["eos_token_id"]
     if shape.family == "bart":  # specials 0..3, the byte symbols and words, <mask> last
         return Ids(eos, 4, config["vocab_size"] - 1)
+    if shape.family in MULTILINGUAL:  # specials 0..3, the pieces, the language tokens
+        sources, target = language_tokens(folder, shape.family)
+        return Ids(eos, 4, min(sources + (target,)), sources, target)
     import sentencepiece as spm
 
     pieces = spm.SentencePieceProcessor(model_file=str(folder / "spiece.model")).get_piece_size()
@@ -229,11 +341,30 @@ def source_ids(folder: Path, shape: FamilyShape) -> Ids:
     return Ids(eos, offset + 3, offset + pieces)  # past pad, eos, unk
 
 
+def language_tokens(folder: Path, family: str) -> tuple[tuple[int, ...], int]:
+    """The ids of `LANGUAGES[family]`'s source language tokens and of its target's,
+    as the family's transformers tokenizer gives them."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    sources, target = LANGUAGES[family]
+    if family == "m2m100":
+        return tuple(tok.get_lang_id(code) for code in sources), tok.get_lang_id(target)
+    ids = tok.convert_tokens_to_ids([*sources, target])
+    if tok.unk_token_id in ids:
+        raise ValueError(f"{folder}: the tokenizer lacks one of {[*sources, target]}")
+    return tuple(ids[:-1]), ids[-1]
+
+
 def random_sources(ids: Ids, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` sources of `length` ids (the last one EOS), ordinary pieces only."""
+    """`count` sources of `length` ids (the last one EOS), ordinary pieces only; a
+    multilingual family's first one its language token (one of `source_languages`,
+    in turn)."""
     rng = np.random.default_rng(seed)
-    rows = rng.integers(ids.low, ids.high, size=(count, length - 1))
-    return [row + [ids.eos] for row in rows.tolist()]
+    languages = [[lang] for lang in ids.source_languages]
+    rows = rng.integers(ids.low, ids.high, size=(count, length - 1 - bool(languages)))
+    return [(languages[i % len(languages)] if languages else []) + row + [ids.eos]
+            for i, row in enumerate(rows.tolist())]
 
 
 def _pad_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -284,6 +415,47 @@ def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
         if len(pieces) != config_vocab(folder):
             raise RuntimeError(f"{tmp}: CTranslate2's vocabulary has {len(pieces)} entries, "
                                f"the model {config_vocab(folder)}")
+
+    return _atomic_dir(out, build)
+
+
+def vocabulary_map(ids: Ids, vocab_size: int, settings: Any, seed: int) -> str:
+    """CTranslate2's vocabulary map (ctranslate2_model.vocabulary_map's format) of a
+    random shortlist table with `settings`' sizes (a ShortlistSettings: `first`,
+    `best`), the shortlist a trained model's table would give these random weights:
+    always the `first` pieces (random ordinary ones) with EOS and the target
+    language token, and for each source piece (the ordinary ones and the language
+    tokens) `best` random targets. Tokens are written as ids, `<id>` being
+    replaced by the converted vocabulary's piece (`with_vocabulary_map`)."""
+    rng = np.random.default_rng(seed)
+
+    def pick(count: int) -> list[int]:
+        return sorted(rng.choice(np.arange(ids.low, vocab_size), size=count,
+                                 replace=False).tolist())
+
+    always = sorted({ids.eos, *([] if ids.target is None else [ids.target]),
+                     *pick(settings.first)})
+    lines = ["\t" + " ".join(map(str, always))]
+    for source in [*range(ids.low, ids.high), *ids.source_languages]:
+        lines.append(f"{source}\t" + " ".join(map(str, pick(settings.best))))
+    return "\n".join(lines) + "\n"
+
+
+def with_vocabulary_map(ct2: Path, out: Path, vmap: str) -> Path:
+    """The CTranslate2 conversion `ct2` (its files linked, not copied) with `vmap`
+    (vocabulary_map's text, ids) as its vocabulary map, written in its pieces."""
+    from seq2serve.bench.engine.ctranslate2_model import VMAP_FILE
+
+    def build(tmp: Path) -> None:
+        pieces = converted_vocabulary(ct2)
+        for file in ct2.iterdir():
+            os.link(file, tmp / file.name)
+        lines = []
+        for line in vmap.splitlines():
+            source, targets = line.split("\t")
+            lines.append("\t".join(" ".join(pieces[int(i)] for i in part.split())
+                                    for part in (source, targets)))
+        (tmp / VMAP_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     return _atomic_dir(out, build)
 

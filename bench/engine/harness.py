@@ -40,7 +40,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from seq2serve.bench.engine.families import FAMILY_SHAPES, prepare_family
+from seq2serve.bench.engine.families import (
+    FAMILY_SHAPES,
+    config_vocab,
+    prepare_family,
+    vocabulary_map,
+    with_vocabulary_map,
+)
 from seq2serve.bench.engine.families import random_sources as family_sources
 from seq2serve.bench.engine.families import source_ids as family_ids
 from seq2serve.bench.engine.measure import (
@@ -66,9 +72,14 @@ from seq2serve.bench.engine.systems import (
 from seq2serve.bench.engine.workload import SHAPES, prepare_models, random_sources
 from seq2serve.bench.inputs import read_sentences, source_ids
 from seq2serve.model.package.session import cpuinfo
+from seq2serve.model.package.shortlist import ShortlistSettings
 
 SYSTEMS = ("seq2serve-fp32", "seq2serve-int8", "transformers", "ctranslate2-fp32",
-           "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16")
+           "ctranslate2-int8", "seq2serve-fp16", "ctranslate2-fp16", "ctranslate2-vmap-fp32",
+           "ctranslate2-vmap-int8")
+# With --family only: CTranslate2 over a vocabulary map of a random shortlist table of the
+# engine's default shortlist sizes (families.vocabulary_map), the vocabulary shortlist's peer.
+VMAP_SYSTEMS = ("ctranslate2-vmap-fp32", "ctranslate2-vmap-int8")
 # What each device compares by default: int8 is the CPU's reduced precision, fp16 the GPU's.
 DEVICE_SYSTEMS = {
     "cpu": SYSTEMS[:5],
@@ -186,8 +197,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=sorted(FAMILY_SHAPES), default=None,
                         help="instead of --shape: a Hugging Face family at its smallest "
                         "public shape with random weights (bart: bart-base; pegasus: at "
-                        "bart-base's size; t5: t5-small; flan-t5: flan-t5-small; tiny-*: "
-                        "test-sized), built as a folder, exported and converted for "
+                        "bart-base's size; t5: t5-small; flan-t5: flan-t5-small; m2m100: "
+                        "m2m100_418M; nllb: nllb-200-distilled-600M, sources with their "
+                        "language token, the first new token forced to the target's; "
+                        "tiny-*: test-sized), built as a folder, exported and converted for "
                         "CTranslate2 by its own converter (bench/engine/families.py)")
     parser.add_argument("--new-tokens", type=_positive, default=32,
                         help="tokens every system generates per source (default 32)")
@@ -236,6 +249,9 @@ def _check(args: argparse.Namespace) -> list[str]:
         problems.append("--data needs --package or --model")
     if args.family is not None and (args.model is not None or args.quick):
         problems.append("--family is a workload of its own; leave out --model and --quick")
+    if set(args.systems) & set(VMAP_SYSTEMS) and args.family is None:
+        problems.append(f"{' and '.join(sorted(set(args.systems) & set(VMAP_SYSTEMS)))}: "
+                        "with --family only (--model has its own ctranslate2-vmap rows)")
     if args.ort_beam_search and args.model is None:
         problems.append("--ort-beam-search needs --model")
     for p in args.package:
@@ -295,12 +311,22 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         start = time.perf_counter()
         precisions = {s.split("-")[1] for s in args.systems if s.startswith("seq2serve-")}
         with_ct2 = any(s.startswith("ctranslate2-") for s in args.systems)
+        forced_bos = None  # a multilingual family's target language token
+        vmap_dir = None
         if args.family is not None:
             family = FAMILY_SHAPES[args.family]
             models = prepare_family(work, family, args.seed, precisions, with_ct2)
-            sources = family_sources(family_ids(models.marian, family), max(args.batch_sizes),
-                                     args.source_length, args.seed)
+            ids = family_ids(models.marian, family)
+            sources = family_sources(ids, max(args.batch_sizes), args.source_length, args.seed)
+            forced_bos = ids.target
             label = family.name
+            if set(args.systems) & set(VMAP_SYSTEMS):
+                assert models.ctranslate2 is not None
+                settings = ShortlistSettings()
+                vmap_dir = with_vocabulary_map(
+                    models.ctranslate2, models.ctranslate2.parent /
+                    f"ctranslate2-vmap-{settings.first}-{settings.best}",
+                    vocabulary_map(ids, config_vocab(models.marian), settings, args.seed))
         else:
             shape = SHAPES[args.shape]
             models = prepare_models(work, shape, args.seed, precisions, with_ct2)
@@ -316,13 +342,20 @@ def benchmark(args: argparse.Namespace) -> list[Record]:
         for name in args.systems:
             if name.startswith("seq2serve-"):
                 systems.append(Seq2Serve(models.packages[name.split("-")[1]], threads,
-                                         device=args.device))
+                                         device=args.device, forced_bos=forced_bos))
             elif name == "transformers":
-                systems.append(Transformers(models.marian, threads, device=args.device))
+                systems.append(Transformers(models.marian, threads, device=args.device,
+                                            forced_bos=forced_bos))
+            elif name in VMAP_SYSTEMS:
+                assert vmap_dir is not None
+                systems.append(CTranslate2(vmap_dir, models.marian, name.split("-")[-1],
+                                           threads, device=args.device,
+                                           forced_bos=forced_bos, vmap=True))
             else:
                 assert models.ctranslate2 is not None
                 systems.append(CTranslate2(models.ctranslate2, models.marian,
-                                           name.split("-")[1], threads, device=args.device))
+                                           name.split("-")[1], threads, device=args.device,
+                                           forced_bos=forced_bos))
         if args.family is not None:
             systems = agreeing_systems(systems, sources, args.new_tokens)
         records += run_systems(systems, workload, settings, batches_for, args.new_tokens,
@@ -345,8 +378,8 @@ def agreeing_systems(systems: list[System], sources: list[list[int]],
         return systems
     outputs: dict[str, list[list[int]]] = {}
     for system in systems:
-        if isinstance(system, CTranslate2) and system.precision != "fp32":
-            continue
+        if isinstance(system, CTranslate2) and (system.precision != "fp32" or system.vmap):
+            continue  # int8: the same conversion; a vocabulary map restricts the output
         system.load()
         try:
             if system.precision == "fp32":

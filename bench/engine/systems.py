@@ -8,11 +8,19 @@ length, EOS never forced, none returned); with None, it decodes naturally up to
 the model's own length limit (the real-sentence runs), and a hypothesis the
 model ended keeps its EOS: it was generated, so it counts as a token, and two
 systems' outputs agree only if both ended (or both were cut) at the same place.
+
+`forced_bos` (a multilingual model's target language token, families.py) is every
+source's first new token, one of the `new_tokens` and returned with them, on every
+system: our engine's per-source forced_bos, generate()'s forced_bos_token_id,
+CTranslate2's target_prefix. A Hugging Face folder's suppressed tokens (its
+generation_config's suppress_tokens) are suppressed on every system too (our
+package takes them from the folder at export).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,11 +58,12 @@ class Seq2Serve(System):
     """This project's engine on an exported model package."""
 
     def __init__(self, package: Path, threads: int, name: str = "seq2serve",
-                 device: str = "cpu"):
+                 device: str = "cpu", forced_bos: int | None = None):
         self.package = Path(package)
         self.threads = threads
         self.name = name
         self.device = device
+        self.forced_bos = forced_bos
         self.engine: Any = None
 
     def load(self) -> None:
@@ -77,8 +86,10 @@ class Seq2Serve(System):
             options = DecodingOptions(beam_size=beam, num_hypotheses=1,
                                       max_length=new_tokens, min_length=new_tokens)
         eos = [self.engine.eos_id]
+        forced = None if self.forced_bos is None else [self.forced_bos] * len(prepared)
+        results = self.engine.generate(prepared, options, forced_bos=forced)
         return [list(best.token_ids) + (eos if best.finish_reason is FinishReason.EOS else [])
-                for best in (result[0] for result in self.engine.generate(prepared, options))]
+                for best in (result[0] for result in results)]
 
     def close(self) -> None:
         self.engine = None
@@ -91,10 +102,12 @@ class Transformers(System):
     name = "transformers"
     precision = "fp32"
 
-    def __init__(self, marian_dir: Path, threads: int, device: str = "cpu"):
+    def __init__(self, marian_dir: Path, threads: int, device: str = "cpu",
+                 forced_bos: int | None = None):
         self.marian_dir = Path(marian_dir)
         self.threads = threads
         self.device = device
+        self.forced_bos = forced_bos
         self.model: Any = None
 
     def load(self) -> None:
@@ -115,7 +128,9 @@ class Transformers(System):
         banned = [[self.pad_id]] if cfg.model_type == "marian" else None
         self.model.generation_config = transformers.GenerationConfig(
             decoder_start_token_id=cfg.decoder_start_token_id, eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id, bad_words_ids=banned, use_cache=True)
+            pad_token_id=self.pad_id, bad_words_ids=banned,
+            suppress_tokens=suppressed_tokens(self.marian_dir) or None,
+            forced_bos_token_id=self.forced_bos, use_cache=True)
 
     def prepare(self, sources: Sequence[Sequence[int]]) -> Any:
         import torch
@@ -151,12 +166,17 @@ class Transformers(System):
 
 class CTranslate2(System):
     """CTranslate2's Translator on the converted model; int8 is its load-time
-    quantization (compute_type) of the float32 conversion."""
+    quantization (compute_type) of the float32 conversion. With `vmap`, over the
+    model directory's vocabulary map (`use_vmap`), named CTRANSLATE2_VMAP."""
 
     name = "ctranslate2"
+    vmap = False
 
     def __init__(self, model_dir: Path, marian_dir: Path, precision: str, threads: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", forced_bos: int | None = None, vmap: bool = False):
+        self.vmap = vmap
+        if vmap:
+            self.name = CTRANSLATE2_VMAP
         self.model_dir = Path(model_dir)
         self.precision = precision
         self.device = device
@@ -164,6 +184,8 @@ class CTranslate2(System):
         # The converted vocabulary, by id (the Marian shape's drops only <pad>, its last).
         self.pieces = converted_vocabulary(self.model_dir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        self.prefix = None if forced_bos is None else [self.pieces[forced_bos]]
+        self.suppress = [[self.pieces[i]] for i in suppressed_tokens(marian_dir)]
         self.translator: Any = None
 
     def load(self) -> None:
@@ -180,12 +202,22 @@ class CTranslate2(System):
         if new_tokens is not None:
             lengths = {"max_decoding_length": new_tokens, "min_decoding_length": new_tokens}
         results = self.translator.translate_batch(
-            prepared, beam_size=beam, num_hypotheses=1, max_batch_size=0, **lengths)
+            prepared, beam_size=beam, num_hypotheses=1, max_batch_size=0,
+            target_prefix=None if self.prefix is None else [self.prefix] * len(prepared),
+            suppress_sequences=self.suppress or None, use_vmap=self.vmap, **lengths)
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
 
     def close(self) -> None:
         self.translator = None
         super().close()
+
+
+def suppressed_tokens(folder: Path) -> list[int]:
+    """A Hugging Face folder's generation_config suppress_tokens ([] without one)."""
+    file = Path(folder) / "generation_config.json"
+    if not file.is_file():
+        return []
+    return list(json.loads(file.read_text(encoding="utf-8")).get("suppress_tokens") or [])
 
 
 def cpu_session(path: Path, threads: int, profile_prefix: str | None = None) -> Any:

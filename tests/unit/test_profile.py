@@ -48,3 +48,44 @@ def test_package_and_data_go_together(marian_package: Path) -> None:
 def test_ctranslate2_needs_a_package() -> None:
     with pytest.raises(SystemExit):
         profile.main(["--ctranslate2", "/nonexistent"])
+
+
+def test_profile_of_a_family_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A multilingual family's shape (`--family`): its sources and forced target token
+    as `seq2serve bench` decodes them, and the decoder graph's operators over the
+    vocabulary (the output projection a shortlist would cut) apart."""
+    out = tmp_path / "profile.json"
+    assert profile.main(["--family", "tiny-nllb", "--work", str(tmp_path / "work"),
+                         "--precision", "int8", "--batch-size", "2", "--beam", "2",
+                         "--new-tokens", "5", "--source-length", "6", "--threads", "1",
+                         "--repeats", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["decoder_steps"] == 5  # exactly --new-tokens, the forced one included
+    decoder = report["profiles"]["decoder"]
+    assert decoder["vocab"] == 320
+    parts = decoder["by_vocabulary_part"]
+    assert set(parts) == {profile.PROJECTION, profile.OVER_VOCABULARY}
+    assert parts[profile.PROJECTION] > 0 and parts[profile.OVER_VOCABULARY] > 0
+    assert sum(parts.values()) < decoder["model_run_us"]
+    assert report["profiles"]["encoder"]["by_vocabulary_part"] == {}
+    printed = capsys.readouterr().out
+    assert "tiny-nllb shape, int8, batch 2, 5 new tokens" in printed
+    assert f"{profile.PROJECTION}: " in printed and "of the whole decoding" in printed
+
+
+def test_vocabulary_part_of_an_operator() -> None:
+    def node(op: str, *shape: int) -> dict[str, object]:
+        return {"args": {"op_name": op, "output_type_shape": [{"float": list(shape)}]}}
+
+    assert profile._vocabulary_part(node("MatMulIntegerToFloat", 4, 1, 300), 300) \
+        == profile.PROJECTION
+    assert profile._vocabulary_part(node("MatMul", 4, 300), 300) == profile.PROJECTION
+    assert profile._vocabulary_part(node("LogSoftmax", 4, 300), 300) == profile.OVER_VOCABULARY
+    assert profile._vocabulary_part(node("MatMul", 4, 1, 32), 300) is None
+    assert profile._vocabulary_part(node("MatMul", 4, 300), None) is None
+
+
+def test_family_and_package_are_two_workloads(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        profile.main(["--family", "tiny-nllb", "--package", str(tmp_path), "--data",
+                      str(tmp_path)])
