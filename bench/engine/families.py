@@ -40,15 +40,42 @@ from seq2serve.export.sources import SAMPLE_TEXTS
 
 
 @dataclass(frozen=True)
+class Draw:
+    """How the seeded random weights depart from transformers' initialisation.
+
+    noise: N(0, noise^2) added to every tensor (Pegasus's sinusoid positions kept).
+    relative: instead, N(0, (relative * s)^2) added to each tensor whose initial
+    values spread by s (its standard deviation as drawn); the tensors drawn constant
+    (norm weights) still get N(0, noise^2). T5 multiplies queries and keys without
+    1/sqrt(d_kv) and initialises the query projection at (d_model * d_kv)^-0.5, so
+    an absolute N(0, 0.1^2) makes every attention nearly hard and the 8+8 layer
+    gated-gelu shape ill-conditioned in fp32; noise relative to each tensor's own
+    scale keeps it exact.
+    head_std: the folder gets its own output matrix (lm_head.weight, drawn
+    N(0, head_std^2)) and `tie_word_embeddings: false` in config.json, as the hub's
+    T5 v1.1 / Flan-T5 / mT5 folders have them (transformers 5 ties T5's weights
+    unless a checkpoint holds a different lm_head.weight).
+    """
+
+    noise: float = 0.1
+    relative: float | None = None
+    head_std: float | None = None
+
+
+@dataclass(frozen=True)
 class FamilyShape:
     name: str
     family: str  # bart | pegasus | t5
     config: dict[str, Any] = field(hash=False)  # the transformers config's arguments
+    draw: Draw = Draw()
 
     @property
     def key(self) -> str:
         """A directory name that changes whenever the weights would."""
-        digest = json.dumps(self.config, sort_keys=True)
+        described: Any = self.config
+        if self.draw != Draw():
+            described = {"config": self.config, "draw": vars(self.draw)}
+        digest = json.dumps(described, sort_keys=True)
         import hashlib
 
         return f"{self.name}-{hashlib.sha256(digest.encode()).hexdigest()[:8]}"
@@ -81,14 +108,15 @@ FAMILY_SHAPES = {s.name: s for s in [
                                  num_layers=6, num_decoder_layers=6, num_heads=8,
                                  feed_forward_proj="relu", tie_word_embeddings=True,
                                  **_T5_IDS)),
-    # google/flan-t5-small. Its random weights (HF's initialisation + N(0, 0.1)) are
-    # ill-conditioned in fp32: PyTorch's own fp32 log-probs differ from float64 by
-    # ~0.2, so the exporter's verification refuses the package and CTranslate2's
-    # greedy tokens differ from generate()'s (docs/benchmarks.md).
+    # google/flan-t5-small, with its own output matrix. Drawn as the others
+    # (transformers' initialisation + N(0, 0.1)), its fp32 log-probs differ from
+    # float64 by ~0.2 and the exporter refuses it; relative noise and an output
+    # matrix of std 0.2 keep fp32 within 1e-4 of float64 (docs/benchmarks.md).
     FamilyShape("flan-t5", "t5", dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024,
                                       num_layers=8, num_decoder_layers=8, num_heads=6,
                                       feed_forward_proj="gated-gelu",
-                                      tie_word_embeddings=False, **_T5_IDS)),
+                                      tie_word_embeddings=False, **_T5_IDS),
+                Draw(relative=0.5, head_std=0.2)),
     # the test-sized ones
     FamilyShape("tiny-bart", "bart", {**_bart_like(600, 32, 2, 4, 64), **_BART_IDS, **_FREE,
                                       "max_position_embeddings": 128}),
@@ -110,7 +138,8 @@ FAMILY_SHAPES = {s.name: s for s in [
                                            relative_attention_num_buckets=8,
                                            relative_attention_max_distance=16,
                                            feed_forward_proj="gated-gelu",
-                                           tie_word_embeddings=False, **_T5_IDS)),
+                                           tie_word_embeddings=False, **_T5_IDS),
+                Draw(relative=0.5, head_std=0.2)),
 ]}
 FAMILIES = ("bart", "pegasus", "t5", "flan-t5")
 
@@ -193,14 +222,23 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
         config = getattr(transformers, config_name)(**shape.config, task_specific_params=task)
         torch.manual_seed(seed)
         model = getattr(transformers, model_name)(config).eval()
+        draw = shape.draw
         with torch.no_grad():
             # HF's initialisation (std 0.02, zero biases, identity norms) gives
             # near-uniform next-token distributions: spread them as a trained
             # model's are (Pegasus keeps its sinusoid position table).
             for name, p in model.named_parameters():
-                if "embed_positions" not in name:
-                    p.add_(0.1 * torch.randn_like(p))
+                if "embed_positions" in name:
+                    continue
+                scale = draw.noise
+                if draw.relative is not None and p.numel() > 1 and float(p.std()) > 0:
+                    scale = draw.relative * float(p.std())
+                p.add_(scale * torch.randn_like(p))
+            head = (None if draw.head_std is None else
+                    draw.head_std * torch.randn(model.get_output_embeddings().weight.shape))
         model.save_pretrained(tmp)
+        if head is not None:
+            _own_output_matrix(tmp, head)
         # The generation settings say only what starts and ends a sequence.
         c = shape.config
         generation = {k: c[k] for k in ("decoder_start_token_id", "eos_token_id",
@@ -208,6 +246,21 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
         (tmp / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
 
     return _atomic_dir(out, build)
+
+
+def _own_output_matrix(folder: Path, head: Any) -> None:
+    """lm_head.weight beside the shared embedding and `tie_word_embeddings: false`
+    (no scale_decoder_outputs key), as a Flan-T5 folder on the hub has them."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = head.contiguous()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    file = folder / "config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config.pop("scale_decoder_outputs", None)
+    config["tie_word_embeddings"] = False
+    file.write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
 @dataclass(frozen=True)
