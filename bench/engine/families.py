@@ -16,14 +16,21 @@ of the folder whose config.json carries them, with the values that describe the
 same model (`CT2_LEGACY_KEYS`); the folder the other systems load is untouched.
 Its T5 loader pads the vocabulary to the model's size with names the tokenizer
 already has (<extra_id_0>...): those rows are renamed in the converted vocabulary,
-so that every id has its own piece.
+so that every id has its own piece. That loader also scales the decoder's output by
+d_model**-0.5 whenever `config.tie_word_embeddings`, which transformers 5 sets for
+every T5 (it says `scale_decoder_outputs` instead): a Flan-T5 folder would convert
+to a model whose log-probs are those of logits * 0.044 (greedy tokens unchanged,
+beam search not generate()'s). The conversion here scales only where
+`scale_decoder_outputs` says so (`_t5_output_scale`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,10 +307,34 @@ def _pad_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.save_pretrained(str(folder))
 
 
+@contextlib.contextmanager
+def _t5_output_scale() -> Iterator[None]:
+    """CTranslate2's T5 loader, with the decoder output scaled only when the
+    transformers model scales it (`config.scale_decoder_outputs`; transformers 5
+    always sets tie_word_embeddings, which the loader goes by)."""
+    from ctranslate2.converters import transformers as loaders
+    from ctranslate2.specs import model_spec
+
+    original = loaders.T5Loader.get_model_spec
+
+    def get_model_spec(self: Any, model: Any) -> Any:
+        spec = original(self, model)
+        if not getattr(model.config, "scale_decoder_outputs", True):
+            spec.decoder.scale_outputs = model_spec.OPTIONAL
+        return spec
+
+    loaders.T5Loader.get_model_spec = get_model_spec  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        loaders.T5Loader.get_model_spec = original  # type: ignore[method-assign]
+
+
 def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
     """CTranslate2's TransformersConverter on the folder (float32; int8 is its
     load-time quantization); BART and Pegasus through a copy whose config.json
-    carries the keys its loader needs (CT2_LEGACY_KEYS)."""
+    carries the keys its loader needs (CT2_LEGACY_KEYS); T5 with its output scaled
+    as transformers scales it (_t5_output_scale)."""
 
     def build(tmp: Path) -> None:
         import ctranslate2
@@ -319,7 +350,7 @@ def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
             if family == "pegasus":
                 _pad_tokenizer(source, config["vocab_size"])
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _t5_output_scale():
                 warnings.simplefilter("ignore")
                 ctranslate2.converters.TransformersConverter(str(source)).convert(
                     str(tmp), force=True)

@@ -102,3 +102,24 @@ def test_a_mismatching_ctranslate2_is_reported_not_timed(
     assert [s.name for s in kept] == ["seq2serve", "transformers"]
     assert "MISMATCH: ctranslate2 fp32 greedy tokens differ from transformers's on 1 of 1 " \
         "sources; not timed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-flan-t5"])
+def test_ctranslate2_scales_t5_outputs_as_transformers(name: str, work: Path) -> None:
+    """CTranslate2's T5 conversion scales the decoder output where transformers does
+    (T5, tied) and only there (Flan-T5, its own output matrix): its beam-4 tokens are
+    generate()'s, which they would not be with every output scaled."""
+    shape = families.FAMILY_SHAPES[name]
+    models = families.prepare_family(work, shape, 0, {"fp32", "int8"}, True)
+    config = json.loads((models.marian / "config.json").read_text())
+    assert config["tie_word_embeddings"] == (name == "tiny-t5")
+    sources = families.random_sources(families.source_ids(models.marian, shape), 8, 8, seed=1)
+    beams = {}
+    for system in (systems.Transformers(models.marian, 1),
+                   systems.CTranslate2(models.ctranslate2, models.marian, "fp32", 1)):
+        system.load()
+        try:
+            beams[system.name] = system.generate(system.prepare(sources), 4, 7)
+        finally:
+            system.close()
+    assert beams["ctranslate2"] == beams["transformers"]
