@@ -84,9 +84,10 @@ def check_batch_equals_one_at_a_time(engine: Any, sources: list[list[int]], max_
 def check_package_batch_invariance(package: Path, texts: list[str], max_new: int,
                                    pairs: list[tuple[str, str]] | None = None) -> None:
     """An exported package (any precision) decodes each text in a batch exactly as
-    alone (check_batch_equals_one_at_a_time through its own engine). A multilingual
-    package's text i is translated along pairs[i % len(pairs)] (request codes), every
-    pair in one batch, bit for bit as alone."""
+    alone (check_batch_equals_one_at_a_time through its own engine), and joining a
+    running batch (check_joining, defined below). A multilingual package's text i is
+    translated along pairs[i % len(pairs)] (request codes), every pair in one batch,
+    bit for bit as alone."""
     from seq2serve.server.assembly import default_limits
     from seq2serve.server.engine.engine import Engine
     from seq2serve.server.engine.runner import RunnerConfig
@@ -97,7 +98,9 @@ def check_package_batch_invariance(package: Path, texts: list[str], max_new: int
     tokenizer = package_tokenizer(loaded)
     languages = loaded.manifest.languages
     if languages is None or not pairs:
-        check_batch_equals_one_at_a_time(engine, [tokenizer.encode(t) for t in texts], max_new)
+        sources = [tokenizer.encode(t) for t in texts]
+        check_batch_equals_one_at_a_time(engine, sources, max_new)
+        check_joining(engine, sources, max_new, at_steps=(3,))
         return
     chosen = [pairs[i % len(pairs)] for i in range(len(texts))]
     sources = [tokenizer.encode(t, languages.token(src))
@@ -146,3 +149,127 @@ def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path
     assert list(best.token_ids) == expected.token_ids
     assert best.text == tokenizer.decode(expected.token_ids)
     assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
+
+
+# -- the engine's properties, for every family ------------------------------------------
+
+
+def _greedy(max_new: int, **extra: Any) -> Any:
+    from seq2serve.server.core.options import DecodingOptions
+
+    return DecodingOptions(beam_size=1, max_length=max_new, max_length_ratio=0, **extra)
+
+
+def _beam(max_new: int, **extra: Any) -> Any:
+    from seq2serve.server.core.options import DecodingOptions
+
+    return DecodingOptions(beam_size=4, num_hypotheses=2, max_length=max_new,
+                           max_length_ratio=0, **extra)
+
+
+def check_streaming(engine: Any, sources: list[list[int]], max_new: int) -> None:
+    """Greedy, every source of one running batch streaming, half of them joining it
+    after two steps: each live source's on_token is called once per step, and what it
+    was called with is, in order, the source's final tokens (then its EOS when it
+    ended with one), the same tokens as decoding it alone."""
+    options = engine.resolve(_greedy(max_new))
+    streams: dict[int, list[int]] = {i: [] for i in range(len(sources))}
+    started: dict[int, int] = {}
+    results: dict[int, Any] = {}
+    batch = engine.start_batch(1)
+
+    def admit(indices: range) -> None:
+        batch.admit([engine.request(i, sources[i], options, on_token=streams[i].append)
+                     for i in indices])
+        started.update({i: batch.steps for i in indices})
+
+    half = len(sources) // 2
+    admit(range(half))
+    while batch.rows:
+        if batch.steps == 2:
+            admit(range(half, len(sources)))
+        live = [i for i in started if i not in results]
+        results.update(batch.step().finished)
+        for i in live:  # one token per step, as it is chosen
+            assert len(streams[i]) == batch.steps - started[i], (i, batch.steps)
+    assert sorted(results) == list(range(len(sources)))
+    for i, source in enumerate(sources):
+        best = results[i][0]
+        eos = [engine.eos_id] if best.finish_reason == "eos" else []
+        assert streams[i] == best.token_ids + eos, i
+        assert engine.generate([source], options)[0][0].token_ids == best.token_ids, i
+
+
+def run_joined(engine: Any, first: list[list[int]], joining: list[list[int]],
+               options: Any, at_step: int) -> dict[int, Any]:
+    """`first` start a running batch; `joining` join it after `at_step` steps.
+    Results by index into first + joining."""
+    resolved = engine.resolve(options)
+    batch = engine.start_batch(resolved.beam_size)
+    batch.admit([engine.request(i, s, resolved) for i, s in enumerate(first)])
+    results: dict[int, Any] = {}
+    for _ in range(at_step):
+        results.update(batch.step().finished)
+    batch.admit([engine.request(len(first) + i, s, resolved) for i, s in enumerate(joining)])
+    while batch.rows:
+        results.update(batch.step().finished)
+    return results
+
+
+def check_joining(engine: Any, sources: list[list[int]], max_new: int,
+                  at_steps: tuple[int, ...] = (1, 5)) -> None:
+    """Iteration-level joining: greedy and beam 4 (n-best 2), with alignments, each
+    half of the sources joining a batch the other half started `at_step` steps
+    earlier gives every source the tokens and alignments of decoding it alone, its
+    scores within 1e-5."""
+    half = len(sources) // 2
+    for options in (_greedy(max_new, return_alignment=True),
+                    _beam(max_new, return_alignment=True)):
+        alone = [engine.generate([s], options)[0] for s in sources]
+        for at_step in at_steps:
+            for first, joining in ((range(half), range(half, len(sources))),
+                                   (range(half, len(sources)), range(half))):
+                order = [*first, *joining]
+                got = run_joined(engine, [sources[i] for i in first],
+                                 [sources[i] for i in joining], options, at_step)
+                assert sorted(got) == list(range(len(sources)))
+                for k, result in got.items():
+                    expected = alone[order[k]]
+                    where = (options.beam_size, at_step, order[k])
+                    assert [(h.token_ids, h.alignment) for h in result] == \
+                        [(h.token_ids, h.alignment) for h in expected], where
+                    assert [h.score for h in result] == pytest.approx(
+                        [h.score for h in expected], abs=1e-5), where
+
+
+@torch.no_grad()
+def check_alignment(engine: Any, hf_model: Any, sources: list[list[int]],
+                    max_new: int) -> None:
+    """return_alignment (greedy; beam 4, n-best 2) gives every token of every
+    hypothesis one source position, inside the source, and it is the position that
+    transformers' last decoder layer's cross-attention, averaged over heads, weighs
+    most when the model is teacher-forced on that hypothesis (within 1e-5 of the
+    largest weight: rounding may break a tie either way). Without it: no alignment,
+    the same tokens."""
+    start = hf_model.config.decoder_start_token_id
+    for options in (_greedy, _beam):
+        results = engine.generate(sources, options(max_new, return_alignment=True))
+        checked = 0
+        for source, result in zip(sources, results, strict=True):
+            for hyp in result:
+                assert hyp.alignment is not None and len(hyp.alignment) == len(hyp.token_ids)
+                assert all(0 <= a < len(source) for a in hyp.alignment), hyp.alignment
+                out = hf_model(input_ids=torch.tensor([source]),
+                               decoder_input_ids=torch.tensor([[start, *hyp.token_ids]]),
+                               output_attentions=True, use_cache=False)
+                weights = out.cross_attentions[-1][0].mean(dim=0)[:-1]  # (T, S)
+                at = torch.tensor(hyp.alignment, dtype=torch.long)  # empty: EOS first
+                ours = weights[torch.arange(len(at)), at]
+                assert (ours >= weights.max(dim=-1).values - 1e-5).all(), (
+                    hyp.alignment, weights.argmax(dim=-1).tolist())
+                checked += len(hyp.token_ids)
+        assert checked >= len(sources)
+        plain = engine.generate(sources[:2], options(max_new))
+        assert [h.alignment for r in plain for h in r] == [None] * sum(map(len, plain))
+        assert [[h.token_ids for h in r] for r in plain] == \
+            [[h.token_ids for h in r] for r in results[:2]]

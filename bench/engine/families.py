@@ -33,15 +33,22 @@ of the folder whose config.json carries them, with the values that describe the
 same model (`CT2_LEGACY_KEYS`); the folder the other systems load is untouched.
 Its T5 loader pads the vocabulary to the model's size with names the tokenizer
 already has (<extra_id_0>...): those rows are renamed in the converted vocabulary,
-so that every id has its own piece.
+so that every id has its own piece. That loader also scales the decoder's output by
+d_model**-0.5 whenever `config.tie_word_embeddings`, which transformers 5 sets for
+every T5 (it says `scale_decoder_outputs` instead): a Flan-T5 folder would convert
+to a model whose log-probs are those of logits * 0.044 (greedy tokens unchanged,
+beam search not generate()'s). The conversion here scales only where
+`scale_decoder_outputs` says so (`_t5_output_scale`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,19 +66,42 @@ from seq2serve.export.sources import SAMPLE_TEXTS
 
 
 @dataclass(frozen=True)
+class Draw:
+    """How the seeded random weights depart from transformers' initialisation.
+
+    noise: N(0, noise^2) added to every tensor (Pegasus's sinusoid positions kept).
+    relative: instead, N(0, (relative * s)^2) added to each tensor whose initial
+    values spread by s (its standard deviation as drawn); the tensors drawn constant
+    (norm weights) still get N(0, noise^2). T5 multiplies queries and keys without
+    1/sqrt(d_kv) and initialises the query projection at (d_model * d_kv)^-0.5, so
+    an absolute N(0, 0.1^2) makes every attention nearly hard and the 8+8 layer
+    gated-gelu shape ill-conditioned in fp32; noise relative to each tensor's own
+    scale keeps it exact.
+    head_std: the folder gets its own output matrix (lm_head.weight, drawn
+    N(0, head_std^2)) and `tie_word_embeddings: false` in config.json, as the hub's
+    T5 v1.1 / Flan-T5 / mT5 folders have them (transformers 5 ties T5's weights
+    unless a checkpoint holds a different lm_head.weight).
+    """
+
+    noise: float = 0.1
+    relative: float | None = None
+    head_std: float | None = None
+
+
+@dataclass(frozen=True)
 class FamilyShape:
     name: str
     family: str  # bart | pegasus | t5 | m2m100 | nllb
     config: dict[str, Any] = field(hash=False)  # the transformers config's arguments
-    # the std of the N(0, spread) added to every initialised weight (build_folder)
-    spread: float = 0.1
+    draw: Draw = Draw()
 
     @property
     def key(self) -> str:
         """A directory name that changes whenever the weights would."""
-        digest = json.dumps(self.config, sort_keys=True)
-        if self.spread != 0.1:
-            digest += f" spread {self.spread}"
+        described: Any = self.config
+        if self.draw != Draw():
+            described = {"config": self.config, "draw": vars(self.draw)}
+        digest = json.dumps(described, sort_keys=True)
         if self.family in MULTILINGUAL:  # SentencePiece numbered as the hub's
             digest += " hub spm"
         import hashlib
@@ -113,14 +143,15 @@ FAMILY_SHAPES = {s.name: s for s in [
                                  num_layers=6, num_decoder_layers=6, num_heads=8,
                                  feed_forward_proj="relu", tie_word_embeddings=True,
                                  **_T5_IDS)),
-    # google/flan-t5-small. Its random weights (HF's initialisation + N(0, 0.1)) are
-    # ill-conditioned in fp32: PyTorch's own fp32 log-probs differ from float64 by
-    # ~0.2, so the exporter's verification refuses the package and CTranslate2's
-    # greedy tokens differ from generate()'s (docs/benchmarks.md).
+    # google/flan-t5-small, with its own output matrix. Drawn as the others
+    # (transformers' initialisation + N(0, 0.1)), its fp32 log-probs differ from
+    # float64 by ~0.2 and the exporter refuses it; relative noise and an output
+    # matrix of std 0.2 keep fp32 within 1e-4 of float64 (docs/benchmarks.md).
     FamilyShape("flan-t5", "t5", dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024,
                                       num_layers=8, num_decoder_layers=8, num_heads=6,
                                       feed_forward_proj="gated-gelu",
-                                      tie_word_embeddings=False, **_T5_IDS)),
+                                      tie_word_embeddings=False, **_T5_IDS),
+                Draw(relative=0.5, head_std=0.2)),
     # facebook/m2m100_418M
     FamilyShape("m2m100", "m2m100", {**_bart_like(128112, 1024, 12, 16, 4096), **_M2M100,
                                      "max_position_embeddings": 1024}),
@@ -148,15 +179,16 @@ FAMILY_SHAPES = {s.name: s for s in [
                                            relative_attention_num_buckets=8,
                                            relative_attention_max_distance=16,
                                            feed_forward_proj="gated-gelu",
-                                           tie_word_embeddings=False, **_T5_IDS)),
+                                           tie_word_embeddings=False, **_T5_IDS),
+                Draw(relative=0.5, head_std=0.2)),
     # vocab.json of 100 entries (the 90 pieces, filler words) and the 108 rows after it
-    # (spread wider: at width 32 the scaled embedding of the last token outweighs the
+    # (drawn wider: at width 32 the scaled embedding of the last token outweighs the
     # layers below 1, and every system would repeat one token from the first step)
     FamilyShape("tiny-m2m100", "m2m100", {**_bart_like(208, 32, 2, 4, 64), **_M2M100,
-                                          "max_position_embeddings": 128}, spread=1.0),
+                                          "max_position_embeddings": 128}, Draw(noise=1.0)),
     # the tokenizer's ~290 entries and a few rows past them
     FamilyShape("tiny-nllb", "nllb", {**_bart_like(320, 32, 2, 4, 64), **_M2M100,
-                                      "max_position_embeddings": 128}, spread=1.0),
+                                      "max_position_embeddings": 128}, Draw(noise=1.0)),
 ]}
 FAMILIES = ("bart", "pegasus", "t5", "flan-t5", "m2m100", "nllb")
 # The languages of a multilingual family's sources (in turn) and their one target, in
@@ -296,14 +328,23 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
             **shape.config, **({"task_specific_params": task} if task else {}))
         torch.manual_seed(seed)
         model = getattr(transformers, model_name)(config).eval()
+        draw = shape.draw
         with torch.no_grad():
             # HF's initialisation (std 0.02, zero biases, identity norms) gives
             # near-uniform next-token distributions: spread them as a trained
             # model's are (Pegasus keeps its sinusoid position table).
             for name, p in model.named_parameters():
-                if "embed_positions" not in name:
-                    p.add_(shape.spread * torch.randn_like(p))
+                if "embed_positions" in name:
+                    continue
+                scale = draw.noise
+                if draw.relative is not None and p.numel() > 1 and float(p.std()) > 0:
+                    scale = draw.relative * float(p.std())
+                p.add_(scale * torch.randn_like(p))
+            head = (None if draw.head_std is None else
+                    draw.head_std * torch.randn(model.get_output_embeddings().weight.shape))
         model.save_pretrained(tmp)
+        if head is not None:
+            _own_output_matrix(tmp, head)
         # The generation settings say only what starts and ends a sequence.
         c = shape.config
         generation: dict[str, Any] = {
@@ -314,6 +355,21 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
         (tmp / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
 
     return _atomic_dir(out, build)
+
+
+def _own_output_matrix(folder: Path, head: Any) -> None:
+    """lm_head.weight beside the shared embedding and `tie_word_embeddings: false`
+    (no scale_decoder_outputs key), as a Flan-T5 folder on the hub has them."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = head.contiguous()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    file = folder / "config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config.pop("scale_decoder_outputs", None)
+    config["tie_word_embeddings"] = False
+    file.write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -378,10 +434,34 @@ def _pad_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.save_pretrained(str(folder))
 
 
+@contextlib.contextmanager
+def _t5_output_scale() -> Iterator[None]:
+    """CTranslate2's T5 loader, with the decoder output scaled only when the
+    transformers model scales it (`config.scale_decoder_outputs`; transformers 5
+    always sets tie_word_embeddings, which the loader goes by)."""
+    from ctranslate2.converters import transformers as loaders
+    from ctranslate2.specs import model_spec
+
+    original = loaders.T5Loader.get_model_spec
+
+    def get_model_spec(self: Any, model: Any) -> Any:
+        spec = original(self, model)
+        if not getattr(model.config, "scale_decoder_outputs", True):
+            spec.decoder.scale_outputs = model_spec.OPTIONAL
+        return spec
+
+    loaders.T5Loader.get_model_spec = get_model_spec  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        loaders.T5Loader.get_model_spec = original  # type: ignore[method-assign]
+
+
 def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
     """CTranslate2's TransformersConverter on the folder (float32; int8 is its
     load-time quantization); BART and Pegasus through a copy whose config.json
-    carries the keys its loader needs (CT2_LEGACY_KEYS)."""
+    carries the keys its loader needs (CT2_LEGACY_KEYS); T5 with its output scaled
+    as transformers scales it (_t5_output_scale)."""
 
     def build(tmp: Path) -> None:
         import ctranslate2
@@ -397,7 +477,7 @@ def convert_ctranslate2(folder: Path, out: Path, family: str) -> Path:
             if family == "pegasus":
                 _pad_tokenizer(source, config["vocab_size"])
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _t5_output_scale():
                 warnings.simplefilter("ignore")
                 ctranslate2.converters.TransformersConverter(str(source)).convert(
                     str(tmp), force=True)

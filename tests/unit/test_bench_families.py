@@ -196,3 +196,22 @@ def test_ctranslate2_over_a_vocabulary_map(work: Path) -> None:
 
 def test_vmap_rows_are_for_families() -> None:
     assert harness.main(["--systems", "ctranslate2-vmap-int8", "--threads", "1"]) == 2
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-flan-t5"])
+def test_ctranslate2_scales_t5_outputs_as_transformers(name: str, work: Path) -> None:
+    """CTranslate2's T5 conversion scales the decoder output where transformers does
+    (T5, tied) and only there (Flan-T5, its own output matrix): its beam-4 tokens are
+    generate()'s, which they would not be with every output scaled."""
+    shape = families.FAMILY_SHAPES[name]
+    models = families.prepare_family(work, shape, 0, {"fp32", "int8"}, True)
+    config = json.loads((models.marian / "config.json").read_text())
+    assert config["tie_word_embeddings"] == (name == "tiny-t5")
+    sources = families.random_sources(families.source_ids(models.marian, shape), 8, 8, seed=1)
+    beams = {}
+    for system in (systems.Transformers(models.marian, 1),
+                   systems.CTranslate2(models.ctranslate2, models.marian, "fp32", 1)):
+        system.load()
+        try:
+            beams[system.name] = system.generate(system.prepare(sources), 4, 7)
+        finally:
+            system.close()
+    assert beams["ctranslate2"] == beams["transformers"]

@@ -21,9 +21,12 @@ import transformers
 from conftest import CORPUS
 from family_checks import (
     assert_same_nbest,
+    check_alignment,
     check_batch_equals_one_at_a_time,
+    check_joining,
     check_package_batch_invariance,
     check_served_summarize,
+    check_streaming,
 )
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
@@ -336,6 +339,14 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
 def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
     sources = sources_of(hf[0])[1]
     check_batch_equals_one_at_a_time(engine, sources, MAX_NEW)
+
+
+def test_streaming_joining_alignment(engine: Any, hf: tuple[Any, Any]) -> None:
+    """Streaming, iteration-level joining and alignments (family_checks.py)."""
+    sources = sources_of(hf[0])[1]
+    check_streaming(engine, sources, MAX_NEW)
+    check_joining(engine, sources, MAX_NEW)
+    check_alignment(engine, hf[1], sources, MAX_NEW)
 
 
 def test_engine_defaults_are_the_folders_generation(engine: Any, hf: tuple[Any, Any]) -> None:

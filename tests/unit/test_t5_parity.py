@@ -22,9 +22,12 @@ import transformers
 from conftest import CORPUS
 from family_checks import (
     assert_same_nbest,
+    check_alignment,
     check_batch_equals_one_at_a_time,
+    check_joining,
     check_package_batch_invariance,
     check_served_summarize,
+    check_streaming,
 )
 from hf_reference import reference_nbest
 from safetensors.torch import load_file, save_file
@@ -418,6 +421,15 @@ def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
     tokenizer = hf[0]
     sources = [tokenizer(t)["input_ids"] for t in TEXTS]
     check_batch_equals_one_at_a_time(engine, sources, MAX_NEW)
+
+
+def test_streaming_joining_alignment(engine: Any, hf: tuple[Any, Any]) -> None:
+    """Streaming, iteration-level joining and alignments (family_checks.py)."""
+    tokenizer, model = hf
+    sources = [tokenizer(t)["input_ids"] for t in TEXTS]
+    check_streaming(engine, sources, MAX_NEW)
+    check_joining(engine, sources, MAX_NEW)
+    check_alignment(engine, model, sources, MAX_NEW)
 
 
 # -- served ----------------------------------------------------------------------------
