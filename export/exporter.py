@@ -454,10 +454,12 @@ def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path,
                         help="a seq2serve checkpoint directory, or a Hugging Face model "
-                        "directory: Marian (OPUS-MT: config.json, model.safetensors or "
-                        "pytorch_model.bin, source.spm, target.spm, vocab.json), BART "
-                        "(config.json, the weights, tokenizer.json or vocab.json + merges.txt) "
-                        "or Pegasus (config.json, the weights, tokenizer.json or spiece.model)")
+                        "directory (config.json, model.safetensors or pytorch_model.bin, the "
+                        "tokenizer's files): Marian (OPUS-MT: source.spm, target.spm, "
+                        "vocab.json), BART (tokenizer.json or vocab.json + merges.txt), "
+                        "Pegasus, T5, Flan-T5, mT5 (tokenizer.json or spiece.model), M2M100 "
+                        "(sentencepiece.bpe.model + vocab.json), NLLB-200 (tokenizer.json) "
+                        "or mBART-50 (tokenizer.json or sentencepiece.bpe.model)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -466,8 +468,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="model name in the manifest (default: the source "
                         "directory's name)")
     parser.add_argument("--task", choices=TASKS, help="the package's task, overriding the "
-                        "one the folder says (task_specific_params); a BART or Pegasus folder "
-                        "that says none needs it")
+                        "one the folder says (task_specific_params); a BART, Pegasus or T5 "
+                        "folder that says none needs it")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "

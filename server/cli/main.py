@@ -19,7 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("seq2serve.model.train.trainer", "train a tokenizer and a transformer on a corpus "
               "(resumable)"),
     "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
-               "Marian model to a verified ONNX model package"),
+               "folder (Marian, BART, Pegasus, T5, mT5, M2M100, NLLB-200, mBART-50) to a "
+               "verified ONNX model package"),
     "shortlist-gate": ("seq2serve.bench.quality.shortlist_gate", "decode test splits with a "
                        "package over its vocabulary shortlist and over the whole vocabulary: "
                        "BLEU, chrF and identical outputs, and whether the shortlist may be "
