@@ -29,22 +29,33 @@ CORPUS = [
 ]
 
 
+def train_sentencepiece(out: Path, prefix: str, vocab_size: int, model_type: str,
+                        **ids: int) -> Path:
+    """out/PREFIX.model: a SentencePiece model trained here on the corpus, with the
+    special ids `ids` (unk_id, bos_id, eos_id, pad_id; -1 for none) a family's
+    tokenizer expects; no .vocab file is left."""
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / f"{prefix}-train.txt"
+    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / prefix), vocab_size=vocab_size,
+        model_type=model_type, hard_vocab_limit=False, minloglevel=2, num_threads=1, **ids)
+    text.unlink()
+    (out / f"{prefix}.vocab").unlink()
+    return out / f"{prefix}.model"
+
+
 def write_marian_tokenizer(out: Path, vocab_size: int = 120) -> dict[str, int]:
     """source.spm/target.spm and a Marian-style vocab.json (ids not the spm ids:
     </s> 0, <unk> 1, pieces, <pad> last), as OPUS-MT directories have them."""
     import sentencepiece as spm
 
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "spm-train.txt"
-    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(out / "spm"), vocab_size=vocab_size,
-        model_type="unigram", unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
-        hard_vocab_limit=False, minloglevel=2, num_threads=1)
-    text.unlink()
-    shutil.move(out / "spm.model", out / "source.spm")
+    model = train_sentencepiece(out, "spm", vocab_size, "unigram", unk_id=0, bos_id=-1,
+                                eos_id=1, pad_id=-1)
+    shutil.move(model, out / "source.spm")
     shutil.copyfile(out / "source.spm", out / "target.spm")
-    (out / "spm.vocab").unlink()
     sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
     vocab = {"</s>": 0, "<unk>": 1}
     for i in range(sp.get_piece_size()):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import transformers
-from conftest import CORPUS
+from conftest import train_sentencepiece
 
 from seq2serve.model.families import m2m100, mbart
 
@@ -34,17 +34,8 @@ def write_spm(out: Path) -> None:
     """sentencepiece.bpe.model: a BPE trained on the corpus with the ids of the hub's
     (<unk> 0, <s> 1, </s> 2, no pad), which the families' tokenizers renumber
     fairseq's way (<s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces)."""
-    import sentencepiece as spm
-
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "corpus.txt"
-    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sentencepiece.bpe"),
-                                   vocab_size=120, model_type="bpe", unk_id=0, bos_id=1,
-                                   eos_id=2, pad_id=-1, hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1)
-    text.unlink()
-    (out / "sentencepiece.bpe.vocab").unlink()
+    train_sentencepiece(out, "sentencepiece.bpe", 120, "bpe", unk_id=0, bos_id=1, eos_id=2,
+                        pad_id=-1)
 
 
 def write_tokenizer(family: str, out: Path) -> Any:

@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from family_checks import run_joined
 from hf_reference import reference_nbest
 
 from seq2serve.server.assembly import default_limits
@@ -304,22 +305,6 @@ def test_cuda_matches_cpu(marian_package: Path, engine: Engine,
 
 
 # -- iteration-level batching: joining a running batch -----------------------------------
-
-def run_joined(engine: Engine, first: list[list[int]], joining: list[list[int]],
-               options: DecodingOptions, at_step: int) -> dict[int, Result]:
-    """`first` start a running batch; `joining` join it after `at_step` steps.
-    Results by index into first + joining."""
-    resolved = engine.resolve(options)
-    batch = engine.start_batch(resolved.beam_size)
-    batch.admit([engine.request(i, s, resolved) for i, s in enumerate(first)])
-    results: dict[int, Result] = {}
-    for _ in range(at_step):
-        results.update(batch.step().finished)  # type: ignore[arg-type]
-    batch.admit([engine.request(len(first) + i, s, resolved) for i, s in enumerate(joining)])
-    while batch.rows:
-        results.update(batch.step().finished)  # type: ignore[arg-type]
-    return results
-
 
 def key(result: Result) -> list[tuple[list[int], float | None, list[int] | None]]:
     return [(h.token_ids, h.score, h.alignment) for h in result]

@@ -18,7 +18,7 @@ import family_checks
 import pytest
 import torch
 import transformers
-from conftest import CORPUS
+from conftest import CORPUS, train_sentencepiece
 from family_checks import (
     assert_same_nbest,
     check_alignment,
@@ -51,16 +51,7 @@ def write_pegasus_tokenizer(out: Path) -> int:
     """A SentencePiece unigram model trained on the corpus with Pegasus's ids (pad 0,
     eos 1, unk 2, no bos) as spiece.model, loaded by PegasusTokenizer (offset 103)
     and saved, so that the folder has tokenizer.json too. Returns its size."""
-    import sentencepiece as spm
-
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "corpus.txt"
-    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "spiece"),
-                                   vocab_size=90, model_type="unigram", pad_id=0, eos_id=1,
-                                   unk_id=2, bos_id=-1, hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1)
-    text.unlink()
+    train_sentencepiece(out, "spiece", 90, "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     tok = transformers.PegasusTokenizer.from_pretrained(str(out))
     tok.save_pretrained(str(out))
     assert (out / "tokenizer.json").is_file() and tok.unk_token_id == UNK

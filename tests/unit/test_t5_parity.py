@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import CORPUS
+from conftest import CORPUS, train_sentencepiece
 from family_checks import (
     assert_same_nbest,
     check_alignment,
@@ -111,16 +111,7 @@ def write_t5_tokenizer(out: Path) -> int:
     """A SentencePiece unigram model trained on the corpus (pad 0, eos 1, unk 2, no
     bos, as T5's), loaded by T5Tokenizer (100 extra ids) and saved: spiece.model
     and tokenizer.json. Returns the tokenizer's size."""
-    import sentencepiece as spm
-
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "train.txt"
-    text.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(out / "spiece"), vocab_size=90, model_type="unigram",
-        hard_vocab_limit=False, minloglevel=2, num_threads=1, pad_id=0, eos_id=1, unk_id=2,
-        bos_id=-1)
-    text.unlink()
+    train_sentencepiece(out, "spiece", 90, "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     tok = transformers.T5Tokenizer.from_pretrained(str(out))
     tok.save_pretrained(str(out))
     assert (out / "tokenizer.json").is_file()
