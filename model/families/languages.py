@@ -118,6 +118,21 @@ def family_languages(tokens: Mapping[str, int], tag_of: Callable[[str], str],
                      preferred: Mapping[str, str] | None = None,
                      source_token: str = "prefix") -> Languages:
     """A package's `Languages`: the model's codes with their token ids (`tokens`, in
-    the model's order) and the request codes mapped to them."""
-    return Languages(tokens=dict(tokens), codes=request_codes(tokens, tag_of, preferred),
+    the model's order), the request codes mapped to them, and each language's English
+    name (CLDR's, through langcodes: "Chinese (Traditional)", "Achinese (Arabic)")."""
+    bare = Languages(tokens=dict(tokens), codes=request_codes(tokens, tag_of, preferred),
                      source_token=source_token)
+    listed = bare.listed()  # each language's first request code, strongest first
+    return Languages(tokens=bare.tokens, codes=bare.codes, source_token=source_token,
+                     listing={own: code for code, own in listed.items()},
+                     names={code: english_name(tag_of(own)) for code, own in listed.items()})
+
+
+def english_name(tag: str) -> str:
+    """A BCP 47 tag's English name (CLDR's; the tag itself where it has none)."""
+    lc = _langcodes()
+    try:
+        name = lc.Language.get(tag).display_name()
+    except (ValueError, LookupError, lc.tag_parser.LanguageTagError):
+        return tag
+    return str(name) if name and not name.lower().startswith("unknown") else tag

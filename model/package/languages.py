@@ -11,7 +11,7 @@ codes are accepted too. No torch, no transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 # Where a source's language token goes.
@@ -25,11 +25,18 @@ MULTILINGUAL = "mul"  # ISO 639's code for many languages: a multilingual packag
 class Languages:
     """tokens: the model's own code -> its language token's id. codes: a request's
     code -> the model's own code; the first code of each model code is the one
-    listed (`/languages`). source_token: one of SOURCE_TOKEN_PLACES."""
+    listed (`/languages`) unless `listing` says. source_token: one of
+    SOURCE_TOKEN_PLACES. names: each listed code's English name."""
 
     tokens: dict[str, int]
     codes: dict[str, str]
     source_token: str = "prefix"
+    # The code each language is listed by (/languages), by the model's own code:
+    # one of its request codes. Where absent, the first request code of the language
+    # in `codes` (a manifest's JSON keeps no order: export writes this).
+    listing: dict[str, str] = field(default_factory=dict)
+    # Each listed code's English name, for people (/languages).
+    names: dict[str, str] = field(default_factory=dict)
 
     @cached_property
     def _folded(self) -> dict[str, str]:
@@ -72,7 +79,7 @@ class Languages:
 
     @cached_property
     def _listed(self) -> dict[str, str]:
-        first: dict[str, str] = {}
+        first: dict[str, str] = dict(self.listing)
         for code, own in self.codes.items():
             first.setdefault(own, code)
         return {first.get(own, own): own for own in self.tokens}
@@ -101,4 +108,7 @@ class Languages:
                   for own, i in self.tokens.items() if not 0 <= i < vocab_size]
         found += [f"languages.codes.{code}: {own!r} is not in languages.tokens"
                   for code, own in self.codes.items() if own not in self.tokens]
+        found += [f"languages.listing.{own}: {code!r} is not a code of {own!r} in "
+                  "languages.codes" for own, code in self.listing.items()
+                  if code != own and self.codes.get(code) != own]
         return found

@@ -275,6 +275,15 @@ class ModelRegistry:
                 return listed
         return code
 
+    def language_name(self, code: str) -> str | None:
+        """The English name a multilingual package gives the language, or None."""
+        for handle in self._handles.values():
+            languages = handle.languages
+            if languages is not None and (listed := languages.listed_code(code)):
+                if name := languages.names.get(listed):
+                    return name
+        return None
+
     def languages(self) -> set[str]:
         """Every language a translation model reads or writes."""
         return {code for h in self._handles.values() if h.manifest.task == "translate"

@@ -245,6 +245,10 @@ class Translator:
         self.registry.require_ready()
         return self.registry.listed_code(code)
 
+    def language_name(self, code: str) -> str | None:
+        """The English name a served multilingual package gives a language, or None."""
+        return self.registry.language_name(code)
+
     def generation(self) -> int:
         """Changes whenever what is served changes: what a door derives from
         list_models and list_routes stays valid while it is the same. Unavailable

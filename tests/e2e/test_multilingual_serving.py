@@ -28,6 +28,7 @@ from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.assembly import default_limits
+from seq2serve.server.core.detect import Detector
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.runner import RunnerConfig
@@ -100,6 +101,11 @@ def test_every_pair_is_listed(server: RunningServer, engine: Engine) -> None:
     listed = httpx.get(f"{server.http_url}/languages", timeout=30).json()
     assert {entry["code"]: sorted(entry["targets"]) for entry in listed} == \
         {a: sorted(b for b in codes if b != a) for a in codes}
+    # each language by the English name the package carries (CLDR's, written at
+    # export), also those the language identifier does not know (Asturian)
+    names = {entry["code"]: entry["name"] for entry in listed}
+    assert names == languages.names and names["en"] == "English"
+    assert names["ast"] == "Asturian" and not Detector.can_identify("ast")
 
 
 def test_pairs_batched_together_each_as_alone(server: RunningServer, engine: Engine) -> None:

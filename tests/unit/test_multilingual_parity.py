@@ -182,6 +182,9 @@ def test_languages_are_the_family_classes(family: str, folder: Path, package: Pa
         assert languages.model_code(unknown) is None, unknown
     listed = languages.listed()
     assert sorted(listed.values()) == sorted(codes)
+    # every language named (CLDR's English names), and listed as export chose
+    assert set(languages.names) == set(listed) and all(languages.names.values())
+    assert {languages.listing[own] for own in codes} == set(listed)
     assert listed.get({"m2m100": "en", "nllb": "en", "mbart50": "en"}[family]) is not None
 
 

@@ -41,3 +41,16 @@ def test_listed_codes_and_problems() -> None:
     assert LANGUAGES.model_code("pt-PT") == "por_Latn"
     broken = Languages({"a": 3, "b": 99}, {"x": "c"}, source_token="middle")
     assert len(broken.problems(vocab_size=50)) == 3
+
+
+def test_the_listed_code_does_not_depend_on_the_order_of_codes() -> None:
+    """A manifest's JSON sorts its keys: the listed code comes from `listing`."""
+    codes = {"zh-Hant": "zho_Hant", "zh-TW": "zho_Hant", "zh-HK": "zho_Hant"}
+    listing = {"zho_Hant": "zh-Hant"}
+    for order in (codes, dict(sorted(codes.items())), dict(reversed(codes.items()))):
+        languages = Languages({"zho_Hant": 3}, order, listing=listing)
+        assert languages.listed() == {"zh-Hant": "zho_Hant"}
+        assert languages.listed_code("zh-HK") == "zh-Hant"
+    wrong = Languages({"zho_Hant": 3}, codes, listing={"zho_Hant": "pt"})
+    assert wrong.problems(vocab_size=10) == [
+        "languages.listing.zho_Hant: 'pt' is not a code of 'zho_Hant' in languages.codes"]

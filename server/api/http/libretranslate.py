@@ -136,6 +136,11 @@ class LibreTranslateApi:
     def pairs(self) -> dict[tuple[str, str], Pair]:
         return self.catalog().pairs
 
+    def _name(self, code: str) -> str:
+        """A served language's English name: a multilingual package's own (CLDR's,
+        written at export), else the identifier's, else the code."""
+        return self.translator.language_name(code) or language_name(code)
+
     def detector(self) -> Detector:
         catalog = self.catalog()
         if catalog.detector is None:
@@ -151,7 +156,7 @@ class LibreTranslateApi:
         # LibreTranslate lists its pivoted pairs); a language is not its own target.
         catalog = self.catalog()
         return JSONResponse([
-            {"code": code, "name": language_name(code),
+            {"code": code, "name": self._name(code),
              "targets": sorted(t for s, t in catalog.pairs if s == code)}
             for code in catalog.languages])
 
@@ -167,7 +172,7 @@ class LibreTranslateApi:
             "filesTranslation": True,
             "supportedFilesFormat": list(SUFFIXES),
             "language": {"source": {"code": "auto", "name": "Auto Detect"},
-                         "target": {"code": target, "name": language_name(target)}},
+                         "target": {"code": target, "name": self._name(target)}},
         })
 
     # -- translate -------------------------------------------------------------------
@@ -242,8 +247,8 @@ class LibreTranslateApi:
             return Pair(source, target, ())  # the text back unchanged, as LibreTranslate
         if target not in {t for _, t in pairs}:
             raise invalid(f"{target[:16]} is not supported")
-        raise invalid(f"{language_name(target)} ({target}) is not available as a target "
-                      f"language from {language_name(source)} ({source[:16]})")
+        raise invalid(f"{self._name(target)} ({target}) is not available as a target "
+                      f"language from {self._name(source)} ({source[:16]})")
 
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
