@@ -53,6 +53,7 @@ from seq2serve.model.families.hf import (
     TOKENIZER_JSON,
     ConversionError,
     Weights,
+    build_model,
     check_architectures,
     check_state,
     check_tokenizer_ids,
@@ -348,9 +349,7 @@ def load_bart(path: str | Path, dtype: torch.dtype = torch.float32,
     """A `Seq2SeqTransformer` in eval mode with the BART checkpoint's weights (or
     those of `layout`'s family)."""
     cfg, state = convert_bart(path, layout, tokenizer_json)
-    model = Seq2SeqTransformer(cfg)
-    model.load_state_dict(state, strict=True)
-    return model.to(dtype).eval()
+    return build_model(cfg, state, dtype)
 
 
 # -- the exporter's source ----------------------------------------------------------

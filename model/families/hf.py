@@ -12,12 +12,15 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from seq2serve.model.transformer import Seq2SeqTransformer
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -117,6 +120,16 @@ def read_weights(path: Path, problems: list[str]) -> dict[str, Tensor] | None:
             return weights if ok else None
     problems.append(f"no weights in {path}: expected {SAFETENSORS_FILE} or {TORCH_FILE}")
     return None
+
+
+def build_model(cfg: ModelConfig, state: Mapping[str, Tensor],
+                dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
+    """A `Seq2SeqTransformer` in eval mode with a converted checkpoint's weights."""
+    from seq2serve.model.transformer import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(cfg)
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype).eval()
 
 
 def is_int(value: Any) -> bool:

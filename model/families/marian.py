@@ -42,6 +42,7 @@ from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
     Weights,
+    build_model,
     check_architectures,
     check_sinusoid_positions,
     check_state,
@@ -254,9 +255,7 @@ def convert_marian(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
 def load_marian(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
     """A `Seq2SeqTransformer` in eval mode with the Marian checkpoint's weights."""
     cfg, state = convert_marian(path)
-    model = Seq2SeqTransformer(cfg)
-    model.load_state_dict(state, strict=True)
-    return model.to(dtype).eval()
+    return build_model(cfg, state, dtype)
 
 
 # -- the exporter's source ----------------------------------------------------------

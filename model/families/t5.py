@@ -48,6 +48,7 @@ from seq2serve.model.families.hf import (
     ACTIVATION_MAP,
     ConversionError,
     Weights,
+    build_model,
     check_architectures,
     check_state,
     check_tokenizer_ids,
@@ -255,9 +256,7 @@ def convert_t5(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
 def load_t5(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
     """A `Seq2SeqTransformer` in eval mode with the T5 / mT5 checkpoint's weights."""
     cfg, state = convert_t5(path)
-    model = Seq2SeqTransformer(cfg)
-    model.load_state_dict(state, strict=True)
-    return model.to(dtype).eval()
+    return build_model(cfg, state, dtype)
 
 
 # -- the exporter's source ----------------------------------------------------------
