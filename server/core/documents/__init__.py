@@ -60,7 +60,7 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
     suffix = PurePath(base).suffix.lower()
     document: Document
     if suffix in _PACKAGES:
-        document = _PACKAGES[suffix][0](base, data, limits)
+        document = _PACKAGES[suffix][0](base, data, target, limits)
     else:
         document = _read(base, data, target, overwrite)
         # A package counts as it reads (package.py); the others once read, within the
@@ -90,7 +90,7 @@ def _read(base: str, data: bytes, target: str, overwrite: bool) -> Document:
     if suffix == ".srt":
         return SubtitleDocument(base, data)
     if suffix in (".html", ".htm"):
-        return HtmlDocument(base, data)
+        return HtmlDocument(base, data, target)
     if suffix == ".txt":
         return TextDocument(base, data)
     raise DocumentError(f"file format not supported: {suffix[:16] or base[:64]!r}; "
