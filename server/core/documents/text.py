@@ -52,7 +52,7 @@ class HtmlDocument(Document):
         self.values = html_attributes(self.page)
         self.attributes = [v for v in self.values
                            if not v.language and any(c.isalpha() for c in v.text)]
-        self._texts = [*self.document.texts, *(v.text for v in self.attributes)]
+        self._texts = (*self.document.texts, *(v.text for v in self.attributes))
         self.tally.entries = len(self._texts)
 
     @property

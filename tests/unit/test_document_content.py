@@ -1,0 +1,153 @@
+"""What a reader reads in a document is translated, and the document says it is in the
+target language (issue 53, items 4-7 and 9; server/core/documents/): Word's tracked
+changes and content controls, charts, language marks and titles, the attributes meant
+for people, EPUB 2's named entities, and spreadsheets. Files are made with the
+libraries people make them with (python-docx, python-pptx, openpyxl, odfpy, ebooklib)
+and edited with lxml where those have no call for it; read back with the same
+libraries, and opened by LibreOffice where it is installed."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+from pathlib import Path
+
+import docx
+import pytest
+from lxml import etree
+from office_files import W, saved
+from test_office_documents import members, translate
+
+from seq2serve.server.core.documents import read_document
+
+SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
+needs_soffice = pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
+DATE = "2026-01-01T00:00:00Z"
+
+
+def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):UTF8",
+                     suffix: str = ".txt") -> str:
+    """What LibreOffice reads in `path` (it opens it, or the test fails)."""
+    assert SOFFICE is not None
+    result = subprocess.run(
+        [SOFFICE, f"-env:UserInstallation=file://{tmp_path}/profile", "--headless",
+         "--convert-to", to, "--outdir", str(path.parent), str(path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return path.with_suffix(suffix).read_text(encoding="utf-8-sig")
+
+
+# -- Word: tracked changes, content controls, fields ----------------------------------
+
+
+def _el(parent: etree._Element, tag: str, text: str | None = None,
+        **attributes: str) -> etree._Element:
+    element = etree.SubElement(parent, W + tag, {W + k: v for k, v in attributes.items()})
+    if text is not None:
+        element.text = text
+    return element
+
+
+def _run(parent: etree._Element, words: str, tag: str = "t") -> etree._Element:
+    run = _el(parent, "r")
+    _el(run, tag, words)
+    return run
+
+
+def reviewed_word_file() -> bytes:
+    """A reviewed document: an insertion and a deletion mid-sentence, a whole inserted
+    paragraph, a moved paragraph, a content-control paragraph, an inline content
+    control, a link field, and a paragraph deleted whole."""
+    d = docx.Document()
+    p = d.add_paragraph("The meeting starts ")
+    _run(_el(p._p, "del", id="1", author="A", date=DATE), "at noon", "delText")
+    _run(_el(p._p, "ins", id="2", author="A", date=DATE), "early in the morning")
+    _run(p._p, " on Monday.")
+    inserted = d.add_paragraph()
+    _el(_el(_el(inserted._p, "pPr"), "rPr"), "ins", id="3", author="A", date=DATE)
+    _run(_el(inserted._p, "ins", id="4", author="A", date=DATE), "A whole new paragraph.")
+    moved_from = d.add_paragraph()
+    _el(moved_from._p, "moveFromRangeStart", id="5", author="A", date=DATE, name="move1")
+    _run(_el(moved_from._p, "moveFrom", id="6", author="A", date=DATE), "This part moved.")
+    _el(moved_from._p, "moveFromRangeEnd", id="5")
+    control = _el(d.element.body, "sdt")
+    _el(_el(control, "sdtPr"), "alias", val="Summary")
+    block = _el(_el(control, "sdtContent"), "p")
+    _run(block, "Write the summary here.")
+    d.element.body.remove(control)
+    d.element.body.insert(0, control)
+    inline = d.add_paragraph("Please sign ")
+    sdt = _el(inline._p, "sdt")
+    _el(_el(sdt, "sdtPr"), "tag", val="signer")
+    _run(_el(sdt, "sdtContent"), "the form")
+    inline.add_run(" before Friday.")
+    linked = d.add_paragraph("Read ")
+    for kind, code in (("begin", None), (None, ' HYPERLINK "https://example.org/" '),
+                       ("separate", None), (None, None), ("end", None)):
+        run = _el(linked._p, "r")
+        if kind is not None:
+            _el(run, "fldChar", fldCharType=kind)
+        elif code is not None:
+            _el(run, "instrText", code)
+        else:
+            _el(run, "t", "the guide")
+    linked.add_run(" first.")
+    moved_to = d.add_paragraph()
+    _el(moved_to._p, "moveToRangeStart", id="7", author="A", date=DATE, name="move1")
+    _run(_el(moved_to._p, "moveTo", id="8", author="A", date=DATE), "This part moved.")
+    _el(moved_to._p, "moveToRangeEnd", id="7")
+    deleted = d.add_paragraph()
+    _run(_el(deleted._p, "del", id="9", author="A", date=DATE), "Gone for good.", "delText")
+    return saved(d)
+
+
+def test_a_reviewed_word_file_is_translated_as_a_reader_reads_it() -> None:
+    raw = reviewed_word_file()
+    texts = read_document("review.docx", raw, "de").texts
+    assert texts == ["Write the summary here.",
+                     "The meeting starts <x1/><g2>early in the morning</g2> on Monday.",
+                     "A whole new paragraph.", "Please sign <g1>the form</g1> before Friday.",
+                     "Read <g1>the guide</g1> first.", "This part moved."]
+    out, tally = translate("review.docx", raw)
+    assert "6 of 6 entries translated" in tally  # every paragraph with text a reader reads
+    root = etree.fromstring(members(out)["word/document.xml"])
+    shown = ["".join(t.text or "" for t in p.iter(W + "t", W + "delText"))
+             for p in root.iter(W + "p")]
+    assert shown == ["WRITE THE SUMMARY HERE.", "THE MEETING STARTS at noonEARLY IN THE MORNING "
+                     "ON MONDAY.", "A WHOLE NEW PARAGRAPH.", "This part moved.",
+                     "PLEASE SIGN THE FORM BEFORE FRIDAY.", "READ THE GUIDE FIRST.",
+                     "THIS PART MOVED.", "Gone for good."]
+    body = root.find(W + "body")
+    assert body is not None
+    paragraphs = list(root.iter(W + "p"))
+    # Each change, control and field is where it was, around its translated words.
+    [deletion] = paragraphs[1].findall(W + "del")
+    [insertion] = paragraphs[1].findall(W + "ins")
+    assert "".join(insertion.itertext()) == "EARLY IN THE MORNING"
+    assert insertion.get(W + "id") == "2" and "".join(deletion.itertext()) == "at noon"
+    assert paragraphs[2].find(f"{W}pPr/{W}rPr/{W}ins") is not None
+    assert "".join(paragraphs[2].find(W + "ins").itertext()) == "A WHOLE NEW PARAGRAPH."
+    assert "".join(paragraphs[3].find(W + "moveFrom").itertext()) == "This part moved."
+    assert "".join(paragraphs[6].find(W + "moveTo").itertext()) == "THIS PART MOVED."
+    assert [e.tag for e in paragraphs[6]] == [W + "moveToRangeStart", W + "moveTo",
+                                              W + "moveToRangeEnd"]
+    [control] = paragraphs[4].findall(W + "sdt")
+    assert control.find(f"{W}sdtPr/{W}tag").get(W + "val") == "signer"
+    assert "".join(control.find(W + "sdtContent").itertext()) == "THE FORM"
+    fields = [e.get(W + "fldCharType") or e.text for e in paragraphs[5].iter(
+        W + "fldChar", W + "instrText", W + "t")]
+    assert fields == ["READ ", "begin", ' HYPERLINK "https://example.org/" ', "separate",
+                      "THE GUIDE", "end", " FIRST."]
+    assert docx.Document(io.BytesIO(out)).paragraphs  # python-docx reads it
+
+
+@needs_soffice
+def test_libreoffice_reads_the_translated_review(tmp_path: Path) -> None:
+    path = tmp_path / "review.docx"
+    path.write_bytes(translate("review.docx", reviewed_word_file())[0])
+    shown = libreoffice_text(path, tmp_path)
+    for words in ("EARLY IN THE MORNING", "A WHOLE NEW PARAGRAPH.", "WRITE THE SUMMARY HERE.",
+                  "PLEASE SIGN THE FORM BEFORE FRIDAY.", "READ THE GUIDE FIRST."):
+        assert words in shown, shown
+    assert "early in" not in shown and "Write the" not in shown
