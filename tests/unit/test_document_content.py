@@ -9,21 +9,30 @@ libraries, and opened by LibreOffice where it is installed."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import docx
+import pptx
 import pytest
 from lxml import etree
-from office_files import W, saved
-from test_office_documents import members, translate
+from odf import chart, draw, style, table, text
+from odf.opendocument import OpenDocumentChart, OpenDocumentPresentation, OpenDocumentText
+from office_files import W, saved, word_file
+from pptx.chart.data import CategoryChartData
+from pptx.enum.chart import XL_CHART_TYPE
+from test_office_documents import members, rezip, translate
 
 from seq2serve.server.core.documents import read_document
 
 SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
 needs_soffice = pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
 DATE = "2026-01-01T00:00:00Z"
+TEXT_NS = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+CHART_NS = "urn:oasis:names:tc:opendocument:xmlns:chart:1.0"
 
 
 def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):UTF8",
@@ -35,7 +44,9 @@ def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):U
          "--convert-to", to, "--outdir", str(path.parent), str(path)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    return path.with_suffix(suffix).read_text(encoding="utf-8-sig")
+    written = path.with_suffix(suffix)
+    assert written.exists(), f"LibreOffice did not open {path.name}: {result.stderr}"
+    return written.read_text(encoding="utf-8-sig", errors="replace")
 
 
 # -- Word: tracked changes, content controls, fields ----------------------------------
@@ -151,3 +162,151 @@ def test_libreoffice_reads_the_translated_review(tmp_path: Path) -> None:
                   "PLEASE SIGN THE FORM BEFORE FRIDAY.", "READ THE GUIDE FIRST."):
         assert words in shown, shown
     assert "early in" not in shown and "Write the" not in shown
+
+
+# -- charts ----------------------------------------------------------------------------
+
+
+def slides_with_chart() -> bytes:
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])
+    slide.shapes.title.text = "Results"
+    data = CategoryChartData()
+    data.categories = ["North region", "South region"]
+    data.add_series("Revenue", (1500, 2500.5))
+    chart = slide.shapes.add_chart(XL_CHART_TYPE.COLUMN_CLUSTERED, 0, 0, 6000000, 4000000,
+                                   data).chart
+    chart.has_title = True
+    chart.chart_title.text_frame.text = "Revenue by region"
+    chart.value_axis.has_title = True
+    chart.value_axis.axis_title.text_frame.text = "Euros"
+    return saved(deck)
+
+
+def test_a_presentation_chart_is_translated_titles_series_and_categories() -> None:
+    raw = slides_with_chart()
+    out, tally = translate("chart.pptx", raw)
+    chart = next(s for s in pptx.Presentation(io.BytesIO(out)).slides[0].shapes
+                 if s.has_chart).chart
+    assert chart.chart_title.text_frame.text == "REVENUE BY REGION"
+    assert chart.value_axis.axis_title.text_frame.text == "EUROS"
+    assert list(chart.plots[0].categories) == ["NORTH REGION", "SOUTH REGION"]
+    [series] = chart.plots[0].series
+    assert series.name == "REVENUE" and list(series.values) == [1500, 2500.5]
+    old, new = members(raw), members(out)
+    formulas = [re.findall(rb"<c:f>[^<]*</c:f>", m["ppt/charts/chart1.xml"]) for m in (old, new)]
+    assert formulas[0] and formulas[0] == formulas[1]  # where the data is, as it was
+    embedded = [n for n in old if n.startswith("ppt/embeddings/")]
+    assert embedded and all(new[n] == old[n] for n in embedded)
+    assert "6 of 6 entries translated" in tally  # slide title, 2 chart titles, 3 strings
+
+
+def chart_object() -> OpenDocumentChart:
+    """An OpenDocument chart: its title, an axis title, and its own data table whose
+    header holds the series name and whose first column the category labels."""
+    document = OpenDocumentChart()
+    diagram = chart.Chart(attributes={"class": "chart:bar"}, width="16cm", height="9cm")
+    title = chart.Title()
+    title.addElement(text.P(text="Revenue by region"))
+    diagram.addElement(title)
+    plot = chart.PlotArea()
+    axis = chart.Axis(dimension="x", name="primary-x")
+    axis_title = chart.Title()
+    axis_title.addElement(text.P(text="Region"))
+    axis.addElement(axis_title)
+    axis.addElement(chart.Categories(cellrangeaddress="local-table.A2:.A3"))
+    plot.addElement(axis)
+    plot.addElement(chart.Axis(dimension="y", name="primary-y"))
+    plot.addElement(chart.Series(valuescellrangeaddress="local-table.B2:.B3",
+                                 labelcelladdress="local-table.B1",
+                                 attributes={"class": "chart:bar"}))
+    diagram.addElement(plot)
+    data = table.Table(name="local-table")
+    header = table.TableHeaderRows()
+    rows = table.TableRows()
+    data.addElement(table.TableColumns())
+    for holder, cells in ((header, [("", None), ("Revenue", None)]),
+                          (rows, [("North region", None), ("1500", "1500")]),
+                          (rows, [("South region", None), ("2500.5", "2500.5")])):
+        row = table.TableRow()
+        for words, value in cells:
+            cell = (table.TableCell(valuetype="float", value=value) if value
+                    else table.TableCell(valuetype="string"))
+            cell.addElement(text.P(text=words))
+            row.addElement(cell)
+        holder.addElement(row)
+    data.addElement(header)
+    data.addElement(rows)
+    diagram.addElement(data)
+    document.chart.addElement(diagram)
+    return document
+
+
+def with_chart(document: OpenDocumentText | OpenDocumentPresentation,
+               holder: object) -> bytes:
+    frame = draw.Frame(width="16cm", height="9cm", x="1cm", y="1cm", anchortype="paragraph")
+    frame.addElement(draw.Object(href=document.addObject(chart_object())))
+    holder.addElement(frame)  # type: ignore[attr-defined]
+    return saved(document)
+
+
+def odt_with_chart() -> bytes:
+    document = OpenDocumentText()
+    p = text.P(text="The chart below")
+    document.text.addElement(p)
+    return with_chart(document, p)
+
+
+def odp_with_chart() -> bytes:
+    document = OpenDocumentPresentation()
+    layout = style.PageLayout(name="Layout")
+    document.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Master", pagelayoutname=layout)
+    document.masterstyles.addElement(master)
+    page = draw.Page(masterpagename=master)
+    document.presentation.addElement(page)
+    return with_chart(document, page)
+
+
+@pytest.mark.parametrize(("name", "make"), [("chart.odt", odt_with_chart),
+                                            ("chart.odp", odp_with_chart)])
+def test_an_opendocument_chart_is_translated_titles_series_and_categories(
+        name: str, make: Callable[[], bytes]) -> None:
+    raw = make()
+    out, _ = translate(name, raw)
+    [member] = [m for m in members(out) if m.endswith("/content.xml")]
+    root = etree.fromstring(members(out)[member])
+    paragraphs = ["".join(p.itertext()) for p in root.iter(f"{{{TEXT_NS}}}p")]
+    assert paragraphs == ["REVENUE BY REGION", "REGION", "", "REVENUE", "NORTH REGION", "1500",
+                          "SOUTH REGION", "2500.5"]
+    old = etree.fromstring(members(raw)[member])
+    for attribute in ("values-cell-range-address", "label-cell-address"):
+        key = f"{{{CHART_NS}}}{attribute}"
+        assert [e.get(key) for e in root.iter(f"{{{CHART_NS}}}series")] == [
+            e.get(key) for e in old.iter(f"{{{CHART_NS}}}series")]
+
+
+def word_with_chart() -> bytes:
+    """A Word file holding the chart of `slides_with_chart` as its own part (what the
+    reader looks at: the part, whoever refers to it)."""
+    chart_xml = members(slides_with_chart())["ppt/charts/chart1.xml"]
+    return rezip(word_file(), {"word/charts/chart1.xml": chart_xml})
+
+
+def test_a_word_chart_is_translated() -> None:
+    out, _ = translate("chart.docx", word_with_chart())
+    chart_xml = members(out)["word/charts/chart1.xml"]
+    for words in (b"REVENUE BY REGION", b"<c:v>NORTH REGION</c:v>", b"<c:v>REVENUE</c:v>",
+                  b"<c:v>2500.5</c:v>"):
+        assert words in chart_xml
+
+
+@needs_soffice
+def test_libreoffice_opens_the_translated_charts(tmp_path: Path) -> None:
+    for name, make in (("chart.pptx", slides_with_chart), ("chart.odp", odp_with_chart),
+                       ("chart.odt", odt_with_chart)):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        path = folder / name
+        path.write_bytes(translate(name, make())[0])
+        assert libreoffice_text(path, tmp_path, to="pdf", suffix=".pdf").startswith("%PDF")

@@ -7,7 +7,8 @@ and e-books.
 translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
-`opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
+`opendocument.py` (.odt, .odp), `epub.py` (.epub), `spreadsheet.py` (.xlsx, .ods);
+the zipped ones share
 `package.py` (the archive read as untrusted input, its `Limits`), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from seq2serve.server.core.documents import epub, office, opendocument
+from seq2serve.server.core.documents import epub, office, opendocument, spreadsheet
 from seq2serve.server.core.documents.base import (
     Document,
     DocumentError,
@@ -31,6 +32,7 @@ from seq2serve.server.core.documents.gettext import GettextDocument
 from seq2serve.server.core.documents.office import read_docx, read_pptx
 from seq2serve.server.core.documents.opendocument import read_odp, read_odt
 from seq2serve.server.core.documents.package import DEFAULT_LIMITS, Limits
+from seq2serve.server.core.documents.spreadsheet import read_ods, read_xlsx
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
@@ -41,13 +43,15 @@ __all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "DocumentT
 
 # LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
 SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt", ".docx", ".pptx",
-            ".odt", ".odp", ".epub")
+            ".odt", ".odp", ".epub", ".xlsx", ".ods")
 # The zipped formats: their reader and the media type of the file written.
 _PACKAGES = {".docx": (read_docx, office.DOCX_MEDIA_TYPE),
              ".pptx": (read_pptx, office.PPTX_MEDIA_TYPE),
              ".odt": (read_odt, opendocument.ODT_MEDIA_TYPE),
              ".odp": (read_odp, opendocument.ODP_MEDIA_TYPE),
-             ".epub": (read_epub, epub.MEDIA_TYPE)}
+             ".epub": (read_epub, epub.MEDIA_TYPE),
+             ".xlsx": (read_xlsx, spreadsheet.XLSX_MEDIA_TYPE),
+             ".ods": (read_ods, spreadsheet.ODS_MEDIA_TYPE)}
 
 
 def read_document(name: str, data: bytes, target: str, overwrite: bool = False,

@@ -73,7 +73,7 @@ def tree_attributes(root: etree._Element, local: Callable[[etree._Element], str 
         if _meta_role(name, attributes) == "text":
             wanted.append("content")
         for attribute in wanted:
-            paragraph = _paragraph(attributes[attribute], _setter(element, attribute))
+            paragraph = value_paragraph(attributes[attribute], _setter(element, attribute))
             if paragraph is not None:
                 found.append(paragraph)
         stack.extend(reversed(element))
@@ -108,7 +108,7 @@ def _setter(element: etree._Element, attribute: str) -> Callable[[str], None]:
     return lambda text: element.set(attribute, text)
 
 
-def _paragraph(value: str, write: Callable[[str], None]) -> Paragraph | None:
+def value_paragraph(value: str, write: Callable[[str], None]) -> Paragraph | None:
     if not any(c.isalpha() for c in value):
         return None
     return Paragraph([Piece(value, _PLAIN)],

@@ -47,7 +47,7 @@ Mark = Callable[[etree._Element, Target], bool]
 
 def read_docx(name: str, data: bytes, target: str,
               limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
-    package = _package(name, data, "a Word document (.docx)", "word/document.xml", limits)
+    package = open_package(name, data, "a Word document (.docx)", "word/document.xml", limits)
     language = target_language(target)
     parts = [_part(package, m.filename, language, _word, charts.mark_word)
              for m in package.infos if _WORD_PARTS.fullmatch(m.filename)]
@@ -60,7 +60,7 @@ def read_docx(name: str, data: bytes, target: str,
 
 def read_pptx(name: str, data: bytes, target: str,
               limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
-    package = _package(name, data, "a PowerPoint presentation (.pptx)",
+    package = open_package(name, data, "a PowerPoint presentation (.pptx)",
                        "ppt/presentation.xml", limits)
     language = target_language(target)
     parts = [_part(package, m.filename, language, _drawing, charts.mark_drawing)
@@ -90,7 +90,8 @@ def _drawing(root: etree._Element) -> list[Paragraph]:
     return runs.find(root, runs.DRAWING)
 
 
-def _package(name: str, data: bytes, kind: str, main: str, limits: Limits) -> Package:
+def open_package(name: str, data: bytes, kind: str, main: str, limits: Limits) -> Package:
+    """An Office Open XML package with `main`, checked: no macros."""
     package = Package(name, data, kind, limits)
     package.require("[Content_Types].xml")
     package.require(main)

@@ -65,10 +65,12 @@ def _spaces(element: etree._Element) -> str | None:
 
 
 def holds_value(element: etree._Element) -> bool:
-    """A table cell whose shown text is a value's (a number, a date) or a formula's."""
-    return element.tag == TABLE + "table-cell" and (
-        element.get(OFFICE + "value-type", "string") != "string"
-        or element.get(TABLE + "formula") is not None)
+    """A paragraph of a table cell whose shown text is a value's (a number, a date, a
+    truth value) or a formula's: not text to translate (a note in the cell is)."""
+    cell = element.getparent() if element.tag in _BLOCKS else None
+    return cell is not None and cell.tag == TABLE + "table-cell" and (
+        cell.get(OFFICE + "value-type", "string") != "string"
+        or cell.get(TABLE + "formula") is not None)
 
 
 RULES = Rules(block=lambda e: e.tag in _BLOCKS, inline=lambda e: e.tag in _INLINE,

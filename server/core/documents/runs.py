@@ -1,4 +1,5 @@
-"""Office Open XML paragraphs (Word's `w:p`, DrawingML's `a:p`) as one text each.
+"""Office Open XML paragraphs (Word's `w:p`, DrawingML's `a:p`, a spreadsheet's rich
+text string) as one text each.
 
 A paragraph's runs (`w:r`, `a:r`) are styled by their run properties (bold,
 italic, font, a DrawingML link) and, in Word, by the wrappers they sit in: a
@@ -56,10 +57,10 @@ _TEXT_FIELDS = frozenset({"HYPERLINK", "REF"})
 
 @dataclass(frozen=True)
 class _Dialect:
-    """What differs between WordprocessingML and DrawingML paragraphs."""
+    """What differs between WordprocessingML, DrawingML and SpreadsheetML's rich text."""
 
     ns: str
-    kind: Literal["word", "drawing"]
+    kind: Literal["word", "drawing", "sheet"]
 
     @property
     def run(self) -> str:
@@ -76,6 +77,7 @@ class _Dialect:
 
 WORD = _Dialect(W, "word")
 DRAWING = _Dialect(A, "drawing")
+SHEET = _Dialect("{http://schemas.openxmlformats.org/spreadsheetml/2006/main}", "sheet")
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,7 @@ class _Writer:
         run = self._new_run(style.run, style.properties)
         text = etree.SubElement(run, self.dialect.text)
         text.text = words
-        if self.dialect is WORD:
+        if self.dialect is not DRAWING:
             text.set(XML_SPACE, "preserve")
 
     def atom(self, atom: _Atom) -> None:
