@@ -7,7 +7,7 @@ document made with python-docx comes back a Word document, translated, its bold
 words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
 .odp and .epub come back translated and open in their libraries; HTML (format=html and
 .html files) is translated a sentence at a time, its bold and links on the translated
-words."""
+words; .xlsx and .ods come back translated, their numbers and formulas kept."""
 
 from __future__ import annotations
 
@@ -20,12 +20,20 @@ from pathlib import Path
 
 import docx
 import httpx
+import openpyxl
 import pptx
 import pytest
 from conftest import msgfmt_check
 from ebooklib import epub
 from odf.opendocument import load
-from office_files import book_file, odp_file, odt_file, slides_file
+from office_files import (
+    book_file,
+    odp_file,
+    odt_file,
+    slides_file,
+    spreadsheet_file,
+    workbook_file,
+)
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
@@ -171,7 +179,8 @@ def test_a_word_document_through_http(http: httpx.Client) -> None:
                     files={"file": ("guide.docx", b"not a zip at all")})
     assert bad.status_code == 400 and "guide.docx is not a Word document" in bad.text
     settings = http.get("/frontend/settings").json()
-    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(settings["supportedFilesFormat"])
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub", ".xlsx", ".ods"} <= set(
+        settings["supportedFilesFormat"])
 
 
 def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Path) -> None:
@@ -199,7 +208,9 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
 
 
 @pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
-                                            ("talk.odp", odp_file), ("book.epub", book_file)])
+                                            ("talk.odp", odp_file), ("book.epub", book_file),
+                                            ("figures.xlsx", workbook_file),
+                                            ("figures.ods", spreadsheet_file)])
 def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, name: str,
                                          make: Callable[[], bytes]) -> None:
     raw = make()
@@ -215,7 +226,9 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     opened = {".pptx": lambda p: len(pptx.Presentation(str(p)).slides),
               ".odt": lambda p: len(load(str(p)).text.childNodes),
               ".odp": lambda p: len(load(str(p)).presentation.childNodes),
-              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items()))}
+              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items())),
+              ".xlsx": lambda p: len(openpyxl.load_workbook(p).worksheets),
+              ".ods": lambda p: len(load(str(p)).spreadsheet.childNodes)}
     suffix = Path(name).suffix
     (tmp_path / f"source{suffix}").write_bytes(raw)
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")

@@ -19,20 +19,23 @@ import docx
 import pptx
 import pytest
 from lxml import etree
-from odf import chart, draw, style, table, text
+from odf import chart, dc, draw, style, table, text
 from odf.opendocument import OpenDocumentChart, OpenDocumentPresentation, OpenDocumentText
 from office_files import W, saved, word_file
 from pptx.chart.data import CategoryChartData
 from pptx.enum.chart import XL_CHART_TYPE
-from test_office_documents import members, rezip, translate
+from test_office_documents import epub2_file, members, rezip, translate
 
-from seq2serve.server.core.documents import read_document
+from seq2serve.server.core.documents import DocumentError, read_document
 
 SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
 needs_soffice = pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
 DATE = "2026-01-01T00:00:00Z"
 TEXT_NS = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 CHART_NS = "urn:oasis:names:tc:opendocument:xmlns:chart:1.0"
+STYLE_NS = "urn:oasis:names:tc:opendocument:xmlns:style:1.0"
+FO_NS = "urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0"
+DC_NS = "http://purl.org/dc/elements/1.1/"
 
 
 def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):UTF8",
@@ -310,3 +313,120 @@ def test_libreoffice_opens_the_translated_charts(tmp_path: Path) -> None:
         path = folder / name
         path.write_bytes(translate(name, make())[0])
         assert libreoffice_text(path, tmp_path, to="pdf", suffix=".pdf").startswith("%PDF")
+
+
+# -- the target language marked; titles and attributes for people ----------------------
+
+
+def test_a_word_file_says_it_is_in_the_target_language() -> None:
+    d = docx.Document()
+    d.core_properties.title = "The user guide"
+    d.core_properties.language = "en-US"
+    p = d.add_paragraph("Open the file")
+    lang = etree.SubElement(p.runs[0]._r.get_or_add_rPr(), W + "lang")
+    lang.set(W + "val", "en-GB")
+    out, _ = translate("guide.docx", saved(d))
+    after = docx.Document(io.BytesIO(out))
+    assert after.core_properties.title == "THE USER GUIDE"
+    assert after.core_properties.language == "de-DE"
+    assert [e.get(W + "val") for e in after.paragraphs[0]._p.iter(W + "lang")] == ["de-DE"]
+    styles = members(out)["word/styles.xml"]
+    assert b'w:val="de-DE"' in styles and b'w:val="en-US"' not in styles
+
+
+def test_an_opendocument_says_it_is_in_the_target_language() -> None:
+    document = OpenDocumentText()
+    document.meta.addElement(dc.Title(text="The user guide"))
+    document.meta.addElement(dc.Language(text="en-US"))
+    default = style.DefaultStyle(family="paragraph")
+    default.addElement(style.TextProperties(language="en", country="US", languageasian="zh",
+                                            countryasian="CN"))
+    document.styles.addElement(default)
+    code = style.Style(name="Code", family="text")
+    code.addElement(style.TextProperties(language="zxx", country="none"))
+    document.automaticstyles.addElement(code)
+    p = text.P(text="Open the file and run ")
+    p.addElement(text.Span(stylename=code, text="make"))
+    document.text.addElement(p)
+    out, _ = translate("guide.odt", saved(document))
+    styles, content = (etree.fromstring(members(out)[m]) for m in ("styles.xml", "content.xml"))
+    marks = [(e.get(f"{{{FO_NS}}}language"), e.get(f"{{{FO_NS}}}country"),
+              e.get(f"{{{STYLE_NS}}}language-asian"))
+             for root in (styles, content) for e in root.iter(f"{{{STYLE_NS}}}text-properties")
+             if e.get(f"{{{FO_NS}}}language")]
+    assert marks == [("de", "DE", "zh"), ("zxx", "none", None)]  # "no language" stays
+    meta = etree.fromstring(members(out)["meta.xml"])
+    assert [e.text for e in meta.iter(f"{{{DC_NS}}}title", f"{{{DC_NS}}}language")] == [
+        "THE USER GUIDE", "de-DE"]
+
+
+def test_a_presentation_says_it_is_in_the_target_language() -> None:
+    out, _ = translate("chart.pptx", slides_with_chart())
+    # The slide's text takes its language from the master's text styles and the
+    # presentation's default style (python-pptx's slide runs say none themselves).
+    marked = {m: set(re.findall(rb' lang="([^"]*)"', data))
+              for m, data in members(out).items() if m.endswith(".xml")}
+    assert {m for m, found in marked.items() if found} >= {
+        "ppt/presentation.xml", "ppt/slideMasters/slideMaster1.xml", "ppt/charts/chart1.xml"}
+    assert set().union(*marked.values()) == {b"de-DE"}
+
+
+def test_an_html_file_marks_its_language_and_translates_attributes_for_people() -> None:
+    page = ('<html lang="en"><head><title>The guide</title><meta name="description" '
+            'content="A short guide &amp; more"><meta charset="utf-8"></head><body>'
+            '<p title="Hover text">Open <img alt="A cat" src="c.png"> now</p>'
+            '<input placeholder="Your name" type="text"><button aria-label=\'Close it\'>&times;'
+            '</button><code title="kept title">x</code><p translate="no" alt="Kept alt">'
+            'Kept</p><span lang="zxx">Code words</span></body></html>')
+    document = read_document("page.html", page.encode(), "de")
+    assert document.texts == ("The guide", "Open <x1/> now", "Code words",
+                              "A short guide & more", "Hover text", "A cat", "Your name",
+                              "Close it")
+    out, tally = translate("page.html", page.encode())
+    assert out.decode() == page.replace('lang="en"', 'lang="de"').replace(
+        "The guide", "THE GUIDE").replace('"A short guide &amp; more"',
+                                          '"A SHORT GUIDE &amp; MORE"').replace(
+        '"Hover text"', '"HOVER TEXT"').replace("Open", "OPEN").replace(
+        '"A cat"', '"A CAT"').replace("now", "NOW").replace(
+        '"Your name"', '"YOUR NAME"').replace("'Close it'", '"CLOSE IT"').replace(
+        "Code words", "CODE WORDS")
+    assert "8 of 8 entries translated" in tally
+
+
+def test_an_ebook_marks_its_language_in_every_chapter_and_the_table_of_contents() -> None:
+    chapter = (b'<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/'
+               b'xhtml" xml:lang="en" lang="en"><head><title>A title</title></head><body>'
+               b'<p>See <img src="a.png" alt="A map of the town"/> here.</p>'
+               b'<pre lang="en">keep</pre></body></html>')
+    out, _ = translate("book.epub", epub2_file(chapter))
+    written = members(out)["OEBPS/Text/chapter 1.xhtml"]
+    assert b'xml:lang="de" lang="de"' in written and b'alt="A MAP OF THE TOWN"' in written
+    assert b'<pre lang="en">keep</pre>' in written  # not translated: not marked
+
+
+# -- EPUB 2's named entities ---------------------------------------------------------
+
+
+XHTML11 = (b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML '
+           b'1.1//EN" "http://www.w3.org/TR/xhtml11/DTD/xhtml11.dtd">\n<html xmlns="http://'
+           b'www.w3.org/1999/xhtml"><head><title>Notes</title></head><body>%s</body></html>')
+
+
+def test_xhtml_named_entities_are_the_characters_they_stand_for() -> None:
+    chapter = XHTML11 % (b"<p>It&rsquo;s important&nbsp;&mdash; really&hellip;</p>"
+                         b"<p>An &unknown; entity stays</p>")
+    document = read_document("old.epub", epub2_file(chapter), "de")
+    assert document.texts[1:3] == ["It\u2019s important\u00a0\u2014 really\u2026",
+                                  "An <x1/> entity stays"]
+    out, _ = translate("old.epub", epub2_file(chapter))
+    written = members(out)["OEBPS/Text/chapter 1.xhtml"]
+    assert "<p>IT\u2019S IMPORTANT\u00a0\u2014 REALLY\u2026</p>".encode() in written
+    assert b"AN &unknown; ENTITY STAYS" in written
+
+
+def test_entities_declared_in_a_chapter_are_still_refused() -> None:
+    chapter = (b'<?xml version="1.0"?><!DOCTYPE html [<!ENTITY a "aaaaaaaaaa">'
+               b'<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]><html xmlns="http://www.w3.org/'
+               b'1999/xhtml"><body><p>&b;</p></body></html>')
+    with pytest.raises(DocumentError, match="declares a DTD subset or entities"):
+        read_document("old.epub", epub2_file(chapter), "de")

@@ -230,7 +230,10 @@ def test_a_presentation_is_translated_slide_text_tables_and_notes() -> None:
                                                                   for i in range(4)]
     old, new = members(raw), members(out)
     assert list(new) == list(old)
-    assert new["ppt/slideLayouts/slideLayout1.xml"] == old["ppt/slideLayouts/slideLayout1.xml"]
+    # A layout is copied but for the language its text styles mark (the target's now).
+    assert new["ppt/slideLayouts/slideLayout1.xml"] == old[
+        "ppt/slideLayouts/slideLayout1.xml"].replace(b'lang="en-US"', b'lang="de-DE"')
+    assert new["ppt/slideLayouts/slideLayout1.xml"] != old["ppt/slideLayouts/slideLayout1.xml"]
     assert "12 of 12 entries translated" in tally  # 2 x (title, 2 points, notes), 4 cells
 
 
@@ -389,9 +392,9 @@ def test_an_image_in_a_link_stays_in_the_link_with_its_words() -> None:
                b'</body></html>')
     out, _ = translate("old.epub", epub2_file(chapter))
     assert members(out)["OEBPS/Text/chapter 1.xhtml"] == chapter.replace(
-        b'alt="i"', b'alt="I"').replace(b"See", b"SEE").replace(b"the picture", b"THE PICTURE").replace(
-        b"here", b"HERE").replace(b"Part one", b"PART ONE").replace(
-        b"Section one", b"SECTION ONE")
+        b'alt="i"', b'alt="I"').replace(b"See", b"SEE").replace(
+        b"the picture", b"THE PICTURE").replace(b"here", b"HERE").replace(
+        b"Part one", b"PART ONE").replace(b"Section one", b"SECTION ONE")
 
 
 # -- what the door serves --------------------------------------------------------------

@@ -38,6 +38,10 @@ PPTX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.presentationml.
 _WORD_PARTS = re.compile(r"word/(document|header\d*|footer\d*|footnotes|endnotes|comments)"
                          r"\.xml")
 _SLIDE_PARTS = re.compile(r"ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml")
+# Where a slide's text gets its language from, when its runs do not say it: the text
+# styles of the masters and layouts, and the presentation's default text style.
+_STYLE_PARTS = re.compile(r"ppt/(presentation|slideMasters/slideMaster\d+|"
+                          r"slideLayouts/slideLayout\d+|notesMasters/notesMaster\d+)\.xml")
 _MACROS = re.compile(rb"macroEnabled|vbaProject", re.IGNORECASE)
 _CHART_PARTS = re.compile(r"(word|ppt|xl)/charts/chart\d+\.xml")
 CORE = "docProps/core.xml"
@@ -65,8 +69,8 @@ def read_pptx(name: str, data: bytes, target: str,
     language = target_language(target)
     parts = [_part(package, m.filename, language, _drawing, charts.mark_drawing)
              for m in package.infos if _SLIDE_PARTS.fullmatch(m.filename)]
-    parts.append(_part(package, "ppt/presentation.xml", language, lambda root: [],
-                       charts.mark_drawing))
+    parts += [_part(package, m.filename, language, lambda root: [], charts.mark_drawing)
+              for m in package.infos if _STYLE_PARTS.fullmatch(m.filename)]
     return PackageDocument(name, PPTX_MEDIA_TYPE, package,
                            parts + shared_parts(package, language))
 
