@@ -156,6 +156,23 @@ def test_a_reviewed_word_file_is_translated_as_a_reader_reads_it() -> None:
     assert docx.Document(io.BytesIO(out)).paragraphs  # python-docx reads it
 
 
+def test_a_simple_field_is_translated_when_it_shows_words() -> None:
+    d = docx.Document()
+    p = d.add_paragraph("Visit ")
+    _run(_el(p._p, "fldSimple", instr=' HYPERLINK "https://example.org/" '), "the site")
+    _run(p._p, " from page ")
+    _run(_el(p._p, "fldSimple", instr=" PAGE "), "3")
+    _run(p._p, " or ask ")
+    _run(_el(p._p, "fldSimple", instr=" MERGEFIELD Name "), "«Name»")
+    assert read_document("a.docx", saved(d), "de").texts == [
+        "Visit <g1>the site</g1> from page <x2/> or ask"]  # the last field: at the edge
+    out, _ = translate("a.docx", saved(d))
+    [p] = etree.fromstring(members(out)["word/document.xml"]).iter(W + "p")
+    assert [("".join(f.itertext()), f.get(W + "instr")) for f in p.iter(W + "fldSimple")] == [
+        ("THE SITE", ' HYPERLINK "https://example.org/" '), ("3", " PAGE "),
+        ("«Name»", " MERGEFIELD Name ")]
+
+
 @needs_soffice
 def test_libreoffice_reads_the_translated_review(tmp_path: Path) -> None:
     path = tmp_path / "review.docx"

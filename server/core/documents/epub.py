@@ -119,8 +119,7 @@ def _chapter(root: etree._Element) -> list[Paragraph]:
 
 
 def _xhtml(element: etree._Element) -> str | None:
-    return None if _skipped(element) and _local(element, XHTML) in (None, *_SKIPPED) else (
-        _local(element, XHTML))
+    return _local(element, XHTML)
 
 
 def _any(element: etree._Element) -> str | None:

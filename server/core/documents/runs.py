@@ -5,9 +5,9 @@ A paragraph's runs (`w:r`, `a:r`) are styled by their run properties (bold,
 italic, font, a DrawingML link) and, in Word, by the wrappers they sit in: a
 hyperlink, a tracked insertion or move (`w:ins`, `w:moveTo`), an inline content
 control (`w:sdt`, its runs in `w:sdtContent`), a smart tag, a custom XML element,
-a simple field (`w:fldSimple`), a bidirectional embedding, and a complex field
-whose shown result is text (a `HYPERLINK` or `REF` field: its code, from `begin`
-to `separate`, and its `end` are kept around the translated result). What a reader
+a bidirectional embedding, and a field whose shown result is text (a `HYPERLINK`
+or `REF` field: a `w:fldSimple`, or a complex field whose code, from `begin` to
+`separate`, and `end` are kept around the translated result). What a reader
 reads in the finished document is translated; a wrapper is written again around
 the translated words of its runs, as many copies as the translation splits them
 into. Deleted text (`w:del`, `w:moveFrom`), tabs, breaks, drawings, footnote
@@ -129,7 +129,8 @@ def paragraph(p: etree._Element, dialect: _Dialect) -> Paragraph | None:
     pieces: list[Piece] = []
     where: dict[int, _Atom] = {}
     for atom in atoms:
-        if atom.element.tag == dialect.text and id(atom.element) not in opaque:
+        if (atom.element.tag == dialect.text and atom.run is not None
+                and id(atom.element) not in opaque):
             pieces.append(Piece(atom.element.text or "", _style(atom, dialect)))
         else:
             pieces.append(Piece(None, content=(atom.element,)))
@@ -152,7 +153,8 @@ def _walk(container: etree._Element, chain: tuple[Wrapper, ...], dialect: _Diale
             for part in child:
                 if part.tag != dialect.properties and part.tag not in _DROPPED:
                     atoms.append(_Atom(part, child, chain))
-        elif dialect is WORD and tag in _WRAPPERS:
+        elif dialect is WORD and tag in _WRAPPERS and (
+                tag != W + "fldSimple" or _text_field(child.get(W + "instr", ""))):
             props, inner = _WRAPPERS[tag]
             wrapper = Wrapper(_key(child, props), child)
             content = child.find(inner) if inner is not None else child
@@ -162,6 +164,12 @@ def _walk(container: etree._Element, chain: tuple[Wrapper, ...], dialect: _Diale
                 _walk(content, (*chain, wrapper), dialect, atoms)
         else:  # deletions, bookmarks, comment marks, math, ... : as they are
             atoms.append(_Atom(child, None, chain))
+
+
+def _text_field(code: str) -> bool:
+    """Whether a field of this code shows words a person reads (`_TEXT_FIELDS`)."""
+    words = code.split()
+    return bool(words) and words[0].upper() in _TEXT_FIELDS
 
 
 def _key(element: etree._Element, props: frozenset[str]) -> bytes:
@@ -196,10 +204,10 @@ def _fields(atoms: list[_Atom], dialect: _Dialect
     wrappers = []
     for begin, separate, end in reversed(spans):
         code = "".join(a.element.text or "" for a in atoms[begin:separate]
-                       if a.element.tag == W + "instrText").split()
+                       if a.element.tag == W + "instrText")
         result = atoms[separate + 1:end]
         chain = atoms[begin].chain
-        if (not code or code[0].upper() not in _TEXT_FIELDS
+        if (not _text_field(code)
                 or any(a.element.tag == W + "fldChar" for a in result)
                 or any(a.chain != chain for a in (atoms[separate], atoms[end], *result))
                 or not any(a.element.tag == W + "t" and any(c.isalpha() for c in a.element.text
