@@ -224,3 +224,67 @@ def spreadsheet_file() -> bytes:
         sheet.addElement(row)
         document.spreadsheet.addElement(sheet)
     return saved(document)
+
+
+DATE = "2026-01-01T00:00:00Z"
+
+
+def element(parent: etree._Element, tag: str, text: str | None = None,
+        **attributes: str) -> etree._Element:
+    made = etree.SubElement(parent, W + tag, {W + k: v for k, v in attributes.items()})
+    if text is not None:
+        made.text = text
+    return made
+
+
+def run(parent: etree._Element, words: str, tag: str = "t") -> etree._Element:
+    made = element(parent, "r")
+    element(made, tag, words)
+    return made
+
+
+def reviewed_word_file() -> bytes:
+    """A reviewed document: an insertion and a deletion mid-sentence, a whole inserted
+    paragraph, a moved paragraph, a content-control paragraph, an inline content
+    control, a link field, and a paragraph deleted whole."""
+    d = docx.Document()
+    p = d.add_paragraph("The meeting starts ")
+    run(element(p._p, "del", id="1", author="A", date=DATE), "at noon", "delText")
+    run(element(p._p, "ins", id="2", author="A", date=DATE), "early in the morning")
+    run(p._p, " on Monday.")
+    inserted = d.add_paragraph()
+    element(element(element(inserted._p, "pPr"), "rPr"), "ins", id="3", author="A", date=DATE)
+    run(element(inserted._p, "ins", id="4", author="A", date=DATE), "A whole new paragraph.")
+    moved_from = d.add_paragraph()
+    element(moved_from._p, "moveFromRangeStart", id="5", author="A", date=DATE, name="move1")
+    run(element(moved_from._p, "moveFrom", id="6", author="A", date=DATE), "This part moved.")
+    element(moved_from._p, "moveFromRangeEnd", id="5")
+    control = element(d.element.body, "sdt")
+    element(element(control, "sdtPr"), "alias", val="Summary")
+    block = element(element(control, "sdtContent"), "p")
+    run(block, "Write the summary here.")
+    d.element.body.remove(control)
+    d.element.body.insert(0, control)
+    inline = d.add_paragraph("Please sign ")
+    sdt = element(inline._p, "sdt")
+    element(element(sdt, "sdtPr"), "tag", val="signer")
+    run(element(sdt, "sdtContent"), "the form")
+    inline.add_run(" before Friday.")
+    linked = d.add_paragraph("Read ")
+    for kind, code in (("begin", None), (None, ' HYPERLINK "https://example.org/" '),
+                       ("separate", None), (None, None), ("end", None)):
+        field_run = element(linked._p, "r")
+        if kind is not None:
+            element(field_run, "fldChar", fldCharType=kind)
+        elif code is not None:
+            element(field_run, "instrText", code)
+        else:
+            element(field_run, "t", "the guide")
+    linked.add_run(" first.")
+    moved_to = d.add_paragraph()
+    element(moved_to._p, "moveToRangeStart", id="7", author="A", date=DATE, name="move1")
+    run(element(moved_to._p, "moveTo", id="8", author="A", date=DATE), "This part moved.")
+    element(moved_to._p, "moveToRangeEnd", id="7")
+    deleted = d.add_paragraph()
+    run(element(deleted._p, "del", id="9", author="A", date=DATE), "Gone for good.", "delText")
+    return saved(d)

@@ -15,6 +15,7 @@ import io
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,11 +26,14 @@ import pptx
 import pytest
 from conftest import msgfmt_check
 from ebooklib import epub
+from lxml import etree
 from odf.opendocument import load
 from office_files import (
+    W,
     book_file,
     odp_file,
     odt_file,
+    reviewed_word_file,
     slides_file,
     spreadsheet_file,
     workbook_file,
@@ -205,6 +209,27 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
         capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "guide.de.docx").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_reviewed_word_file_is_all_german_but_its_deletions(http: httpx.Client) -> None:
+    """Insertions, moves, content controls and a link field come back translated by the
+    shipped en-de inside their changes, controls and field; deletions as they were."""
+    raw = reviewed_word_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("review.docx", raw)})
+    assert answer.status_code == 200, answer.text
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    before, after = read_document("r.docx", raw, "de").texts, read_document("r.docx", out,
+                                                                           "de").texts
+    assert len(after) == len(before) == 6
+    assert not set(before) & set(after), after
+    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml"))
+    shown = " ".join("".join(e.itertext()) for e in root.iter(W + "ins", W + "moveTo",
+                                                                W + "sdtContent"))
+    assert not {"early", "morning", "whole", "moved", "summary", "form"} & set(
+        re.findall(r"\w+", shown.lower())), shown
+    assert ["".join(e.itertext()) for e in root.iter(W + "del", W + "moveFrom")] == [
+        "at noon", "This part moved.", "Gone for good."]
 
 
 @pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),

@@ -21,7 +21,7 @@ import pytest
 from lxml import etree
 from odf import chart, dc, draw, style, table, text
 from odf.opendocument import OpenDocumentChart, OpenDocumentPresentation, OpenDocumentText
-from office_files import W, saved, word_file
+from office_files import W, element, reviewed_word_file, run, saved, word_file
 from pptx.chart.data import CategoryChartData
 from pptx.enum.chart import XL_CHART_TYPE
 from test_office_documents import epub2_file, members, rezip, translate
@@ -30,7 +30,6 @@ from seq2serve.server.core.documents import DocumentError, read_document
 
 SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
 needs_soffice = pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
-DATE = "2026-01-01T00:00:00Z"
 TEXT_NS = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 CHART_NS = "urn:oasis:names:tc:opendocument:xmlns:chart:1.0"
 STYLE_NS = "urn:oasis:names:tc:opendocument:xmlns:style:1.0"
@@ -53,67 +52,6 @@ def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):U
 
 
 # -- Word: tracked changes, content controls, fields ----------------------------------
-
-
-def _el(parent: etree._Element, tag: str, text: str | None = None,
-        **attributes: str) -> etree._Element:
-    element = etree.SubElement(parent, W + tag, {W + k: v for k, v in attributes.items()})
-    if text is not None:
-        element.text = text
-    return element
-
-
-def _run(parent: etree._Element, words: str, tag: str = "t") -> etree._Element:
-    run = _el(parent, "r")
-    _el(run, tag, words)
-    return run
-
-
-def reviewed_word_file() -> bytes:
-    """A reviewed document: an insertion and a deletion mid-sentence, a whole inserted
-    paragraph, a moved paragraph, a content-control paragraph, an inline content
-    control, a link field, and a paragraph deleted whole."""
-    d = docx.Document()
-    p = d.add_paragraph("The meeting starts ")
-    _run(_el(p._p, "del", id="1", author="A", date=DATE), "at noon", "delText")
-    _run(_el(p._p, "ins", id="2", author="A", date=DATE), "early in the morning")
-    _run(p._p, " on Monday.")
-    inserted = d.add_paragraph()
-    _el(_el(_el(inserted._p, "pPr"), "rPr"), "ins", id="3", author="A", date=DATE)
-    _run(_el(inserted._p, "ins", id="4", author="A", date=DATE), "A whole new paragraph.")
-    moved_from = d.add_paragraph()
-    _el(moved_from._p, "moveFromRangeStart", id="5", author="A", date=DATE, name="move1")
-    _run(_el(moved_from._p, "moveFrom", id="6", author="A", date=DATE), "This part moved.")
-    _el(moved_from._p, "moveFromRangeEnd", id="5")
-    control = _el(d.element.body, "sdt")
-    _el(_el(control, "sdtPr"), "alias", val="Summary")
-    block = _el(_el(control, "sdtContent"), "p")
-    _run(block, "Write the summary here.")
-    d.element.body.remove(control)
-    d.element.body.insert(0, control)
-    inline = d.add_paragraph("Please sign ")
-    sdt = _el(inline._p, "sdt")
-    _el(_el(sdt, "sdtPr"), "tag", val="signer")
-    _run(_el(sdt, "sdtContent"), "the form")
-    inline.add_run(" before Friday.")
-    linked = d.add_paragraph("Read ")
-    for kind, code in (("begin", None), (None, ' HYPERLINK "https://example.org/" '),
-                       ("separate", None), (None, None), ("end", None)):
-        run = _el(linked._p, "r")
-        if kind is not None:
-            _el(run, "fldChar", fldCharType=kind)
-        elif code is not None:
-            _el(run, "instrText", code)
-        else:
-            _el(run, "t", "the guide")
-    linked.add_run(" first.")
-    moved_to = d.add_paragraph()
-    _el(moved_to._p, "moveToRangeStart", id="7", author="A", date=DATE, name="move1")
-    _run(_el(moved_to._p, "moveTo", id="8", author="A", date=DATE), "This part moved.")
-    _el(moved_to._p, "moveToRangeEnd", id="7")
-    deleted = d.add_paragraph()
-    _run(_el(deleted._p, "del", id="9", author="A", date=DATE), "Gone for good.", "delText")
-    return saved(d)
 
 
 def test_a_reviewed_word_file_is_translated_as_a_reader_reads_it() -> None:
@@ -159,11 +97,11 @@ def test_a_reviewed_word_file_is_translated_as_a_reader_reads_it() -> None:
 def test_a_simple_field_is_translated_when_it_shows_words() -> None:
     d = docx.Document()
     p = d.add_paragraph("Visit ")
-    _run(_el(p._p, "fldSimple", instr=' HYPERLINK "https://example.org/" '), "the site")
-    _run(p._p, " from page ")
-    _run(_el(p._p, "fldSimple", instr=" PAGE "), "3")
-    _run(p._p, " or ask ")
-    _run(_el(p._p, "fldSimple", instr=" MERGEFIELD Name "), "«Name»")
+    run(element(p._p, "fldSimple", instr=' HYPERLINK "https://example.org/" '), "the site")
+    run(p._p, " from page ")
+    run(element(p._p, "fldSimple", instr=" PAGE "), "3")
+    run(p._p, " or ask ")
+    run(element(p._p, "fldSimple", instr=" MERGEFIELD Name "), "«Name»")
     assert read_document("a.docx", saved(d), "de").texts == [
         "Visit <g1>the site</g1> from page <x2/> or ask"]  # the last field: at the edge
     out, _ = translate("a.docx", saved(d))

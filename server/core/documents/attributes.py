@@ -47,7 +47,8 @@ def _meta_role(name: str, attributes: dict[str, str]) -> str | None:
 
 
 def _kept(name: str, attributes: dict[str, str]) -> bool:
-    return (name in SKIPPED_ELEMENTS
+    # A `<link>`'s title names a style sheet set, which pages select by that name.
+    return (name in SKIPPED_ELEMENTS or name == "link"
             or attributes.get("translate", "").strip().lower() == "no"
             or NO_TRANSLATE_CLASS in attributes.get("class", "").split())
 
