@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families import tasks
 from seq2serve.model.families.generation import (
     generate_settings,
     generation_from_hf,
@@ -70,7 +71,8 @@ from seq2serve.model.families.hf import (
 from seq2serve.model.families.hf import (
     tokenizer_json as hf_tokenizer_json,
 )
-from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.source import Source, SourceError, folder_name
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' BartConfig defaults: a config.json that omits a field means these.
@@ -355,33 +357,23 @@ def load_bart(path: str | Path, dtype: torch.dtype = torch.float32,
 # -- the exporter's source ----------------------------------------------------------
 
 
-def _task(hf: Mapping[str, Any]) -> str | None:
-    """The task the folder says it is for (task_specific_params' keys). Its values
-    are the summarization pipeline's, not generate()'s: the package decodes as
-    generate() does under the folder's generation_config.json."""
-    params = hf.get("task_specific_params")
-    if isinstance(params, dict) and any(key.startswith("summarization") for key in params):
-        return "summarize"
-    return None
-
-
-def load_source(path: Path, task: str | None = None, layout: Layout | None = None) -> Source:
+def load_source(path: Path, task: TaskRequest | None = None,
+                layout: Layout | None = None) -> Source:
     """A BART folder (or one of `layout`'s family) as the exporter takes it: the
     model, its tokenizer.json, its task (`task`, as `export --task` asks, else the
-    folder's: task_specific_params must name summarization) and generation defaults."""
+    one task_specific_params names; tasks.py) and generation defaults (the
+    folder's generation_config, the task's entry applied over it as the pipeline
+    applied it)."""
     layout = layout or BART
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
-        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        loaded = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        hf = loaded if isinstance(loaded, dict) else {}
     except (OSError, ValueError):
         pass  # load_bart reports it
-    said = _task(hf if isinstance(hf, dict) else {})
-    task = task or said
-    if task is None:
-        problems.append("config.json: task_specific_params names no summarization task and "
-                        f"a {layout.name} folder must say its task: export it with --task "
-                        "(summarize or translate)")
+    resolved = tasks.resolve(hf, task, (tasks.SUMMARIZE, tasks.TRANSLATE), layout.name,
+                             problems)
     tokenizer_json = hf_tokenizer_json(path, problems, layout.tokenizer_files,
                                        layout.tokenizer_class, layout.name)
     model = None
@@ -391,20 +383,21 @@ def load_source(path: Path, task: str | None = None, layout: Layout | None = Non
         problems.extend(e.problems)
     if tokenizer_json is not None and model is not None:
         check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, layout.name, problems)
-    if problems or model is None or tokenizer_json is None:
+    if problems or model is None or tokenizer_json is None or resolved is None:
         raise SourceError(path, problems)
-    settings = generate_settings(path, problems)
+    settings = resolved.generation_settings(generate_settings(path, problems))
     if problems:
         raise SourceError(path, problems)
     return Source(
         kind=layout.model_type,
         model=model,
-        name=path.resolve().name,
-        task=task,
-        source_language="en",
-        target_language="en",
+        name=folder_name(path),
+        task=resolved.kind,
+        source_language=resolved.source_language,
+        target_language=resolved.target_language,
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
-        origin={"format": f"huggingface-{layout.model_type}"},
+        origin={"format": f"huggingface-{layout.model_type}", **resolved.origin()},
+        input_prefix=resolved.prefix,
     )

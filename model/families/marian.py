@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families import tasks
 from seq2serve.model.families.generation import (
     generate_settings,
     generation_from_hf,
@@ -56,7 +57,8 @@ from seq2serve.model.families.hf import (
     same,
     tied_embeddings,
 )
-from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.source import Source, SourceError, folder_name
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' MarianConfig defaults: a config.json that omits a field means these.
@@ -98,6 +100,7 @@ MARIAN_FLAG_VALUES = {
 }
 
 SUPPORTED_ARCHITECTURES = ("MarianMTModel", "MarianModel")
+UNDETERMINED = "und"  # BCP 47's: a folder that says no language
 
 
 # -- config ----------------------------------------------------------------------
@@ -262,22 +265,42 @@ def load_marian(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2Seq
 
 
 def _marian_languages(path: Path) -> tuple[str, str]:
-    """From tokenizer_config.json, else from an opus-mt-SRC-TGT directory name."""
+    """From tokenizer_config.json, else from an opus-mt-SRC-TGT name (the folder's,
+    or the hub repository's: source.folder_name)."""
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
         data = json.loads(cfg_file.read_text(encoding="utf-8"))
         if data.get("source_lang") and data.get("target_lang"):
             return str(data["source_lang"]), str(data["target_lang"])
-    parts = path.resolve().name.split("-")
+    parts = folder_name(path).split("-")
     if len(parts) >= 4 and parts[0] == "opus" and parts[1] == "mt":
         return parts[2], parts[3]
-    return "und", "und"
+    return UNDETERMINED, UNDETERMINED
 
 
-def load_source(path: Path, task: str | None = None) -> Source:
+def _languages(path: Path, task: TaskRequest | None, problems: list[str]) -> tuple[str, str]:
+    """The folder's languages, or `--task translate:SRC-TGT`'s where the folder says
+    none; a task that contradicts the folder is a problem."""
+    said = _marian_languages(path)
+    if task is None:
+        return said
+    if task.kind != tasks.TRANSLATE:
+        problems.append(f"--task {task}: a Marian model translates (--task translate)")
+    asked = task.pair
+    if asked is None:
+        return said
+    if said != (UNDETERMINED, UNDETERMINED) and asked != said:
+        problems.append(f"--task {task}: the folder says it translates {said[0]} to "
+                        f"{said[1]} (tokenizer_config.json or its name)")
+    return asked
+
+
+def load_source(path: Path, task: TaskRequest | None = None) -> Source:
     """A Marian (OPUS-MT) folder as the exporter takes it: the model, its two
-    SentencePiece models and vocab.json, its languages and generation defaults."""
+    SentencePiece models and vocab.json, its languages (the folder's; `--task
+    translate:SRC-TGT` for a folder that says none) and generation defaults."""
     problems: list[str] = []
+    src, tgt = _languages(path, task, problems)
     for name in ("source.spm", "target.spm", "vocab.json"):
         if not (path / name).is_file():
             problems.append(f"{name}: missing (a Marian directory needs the tokenizer files)")
@@ -306,12 +329,11 @@ def load_source(path: Path, task: str | None = None) -> Source:
                         f"config.json's {model.cfg.decoder_start_id} (not supported)")
     if problems or model is None:
         raise SourceError(path, problems)
-    src, tgt = _marian_languages(path)
     return Source(
         kind="marian",
         model=model,
-        name=path.resolve().name,
-        task=task or "translate",
+        name=folder_name(path),
+        task=tasks.TRANSLATE,
         source_language=src,
         target_language=tgt,
         source_spm=path / "source.spm",
