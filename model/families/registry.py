@@ -36,7 +36,7 @@ class Family:
     tokenizer_files: what a folder's tokenizer must be (one "or" another);
     tasks: what a package of it may do (tasks.py: translation of a multilingual model
       is every pair of its languages);
-    layout: its `bart.Layout` where it is one of BART's layout (None: its own mapping);
+    layout: its `bart.Layout` where it is one of BART's layout (None: T5's own mapping);
     transformers_classes: transformers' config and model class (tests and the bench
       build folders with them);
     load: (folder, the task `export --task` asks or None) -> Source."""
@@ -61,7 +61,7 @@ def _layout_loader(layout: bart.Layout) -> Loader:
 
 FAMILY_LIST: tuple[Family, ...] = (
     Family("Marian", ("marian",), ("Helsinki-NLP/opus-mt-en-de",),
-           ("source.spm + target.spm + vocab.json",), (TRANSLATE,), None,
+           ("source.spm + target.spm + vocab.json",), (TRANSLATE,), marian.MARIAN,
            ("MarianConfig", "MarianMTModel"), marian.load_source),
     Family("BART", ("bart",), ("facebook/bart-large-cnn", "sshleifer/distilbart-cnn-12-6"),
            ("tokenizer.json", "vocab.json + merges.txt"), (SUMMARIZE, TRANSLATE), bart.BART,
