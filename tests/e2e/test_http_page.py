@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS
+from browser import CHROMIUM_ARGS, chromium
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -40,8 +40,7 @@ WAIT_MS = 30_000  # the machine may be loaded; a translation of the tiny model t
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 375, "height": 812}
 
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(),
-                                    reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+needs_chromium = pytest.mark.needs("chromium")
 
 # Records what the CSP blocks, from before the page's own script runs (an init
 # script is injected by the browser, outside the page's policy).
@@ -76,7 +75,7 @@ def api(base_url: str) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM),
+        launched = playwright.chromium.launch(executable_path=chromium(),
                                               args=CHROMIUM_ARGS)
         yield launched
         launched.close()

@@ -22,6 +22,7 @@ import docx
 import httpx
 import pptx
 import pytest
+import system_tools
 from conftest import msgfmt_check
 from ebooklib import epub
 from odf.opendocument import load
@@ -63,6 +64,7 @@ def upload(http: httpx.Client, name: str, **fields: str) -> httpx.Response:
     return http.get(answer.json()["translatedFileUrl"])
 
 
+@pytest.mark.needs("msgfmt")
 def test_a_po_file_through_http(http: httpx.Client, tmp_path: Path) -> None:
     name = "gnome-power-manager.de.po"
     raw = (CATALOGS / name).read_bytes()
@@ -108,6 +110,7 @@ def test_xliff_and_subtitles_through_http(http: httpx.Client) -> None:
         settings["supportedFilesFormat"])
 
 
+@pytest.mark.needs("msgfmt")
 def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) -> None:
     out = tmp_path / "de.po"
     result = subprocess.run(
@@ -221,11 +224,7 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")
 
 
-EPUBCHECK = Path("/usr/share/java/epubcheck.jar")
-
-
-@pytest.mark.skipif(not EPUBCHECK.exists(), reason=f"{EPUBCHECK} is missing (apt-get install "
-                    "epubcheck)")
+@pytest.mark.needs("epubcheck", "java")
 def test_a_translated_book_passes_the_epub_validator(http: httpx.Client, tmp_path: Path) -> None:
     """The W3C's EPUB validator (Debian's epubcheck, run by java: binfmt may be off)
     finds in the translated book no error or warning that it does not find in the
@@ -238,7 +237,8 @@ def test_a_translated_book_passes_the_epub_validator(http: httpx.Client, tmp_pat
     (tmp_path / "book.epub").write_bytes(raw)
 
     def problems(name: str) -> list[str]:
-        run = subprocess.run(["java", "-jar", str(EPUBCHECK), str(tmp_path / name)],
+        run = subprocess.run([system_tools.path("java"), "-jar", system_tools.path("epubcheck"),
+                              str(tmp_path / name)],
                              capture_output=True, text=True, timeout=300)
         assert "EPUBCheck completed" in run.stdout + run.stderr, run.stdout + run.stderr
         return sorted(line.replace(str(tmp_path / name), "BOOK")
