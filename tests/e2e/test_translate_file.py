@@ -70,7 +70,8 @@ def test_a_po_file_through_http(http: httpx.Client, tmp_path: Path) -> None:
     raw = (CATALOGS / name).read_bytes()
     download = upload(http, name)
     assert download.headers["content-type"].startswith("text/x-gettext-translation")
-    assert download.headers["content-disposition"] == f'attachment; filename="{name}"'
+    assert download.headers["content-disposition"] == (
+        f'attachment; filename="{name}"; filename*=UTF-8\'\'{name}')
     written = tmp_path / name
     written.write_bytes(download.content)
     msgfmt_check(written)
@@ -168,7 +169,8 @@ def test_a_word_document_through_http(http: httpx.Client) -> None:
     download = http.get(answer.json()["translatedFileUrl"])
     assert download.headers["content-type"] == (
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document")
-    assert download.headers["content-disposition"] == 'attachment; filename="guide.docx"'
+    assert download.headers["content-disposition"] == (
+        'attachment; filename="guide.docx"; filename*=UTF-8\'\'guide.docx')
     check_word(raw, download.content)
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("guide.docx", b"not a zip at all")})

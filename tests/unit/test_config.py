@@ -109,7 +109,10 @@ BAD = {
     "max_beam_size": (129, "max_beam_size must be in [1, 128], got 129"),
     "max_length_cap": (0, "max_length_cap must be >= 1, got 0"),
     "max_message_bytes": (10, "max_message_bytes must be in [1024, 2147483647], got 10"),
+    "max_document_bytes": (0, "max_document_bytes must be >= 1, got 0"),
     "max_document_members": (0, "max_document_members must be >= 1, got 0"),
+    "max_document_elements": (0, "max_document_elements must be >= 1, got 0"),
+    "max_documents_in_flight": (0, "max_documents_in_flight must be >= 1, got 0"),
     "max_document_unpacked_bytes": (0, "max_document_unpacked_bytes must be >= 1, got 0"),
     "max_document_characters": (-1, "max_document_characters must be >= 1, got -1"),
     "max_document_paragraphs": (0, "max_document_paragraphs must be >= 1, got 0"),
@@ -204,7 +207,9 @@ def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Pat
     assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS
     c = load(["--models-dir", str(tmp_path), "--max-document-paragraphs", "7"],
              {"SEQ2SERVE_MAX_DOCUMENT_CHARACTERS": "900",
+              "SEQ2SERVE_MAX_DOCUMENT_BYTES": "65536",
+              "SEQ2SERVE_MAX_DOCUMENT_ELEMENTS": "300",
               "SEQ2SERVE_MAX_DOCUMENT_UNPACKED_BYTES": "4096",
               "SEQ2SERVE_MAX_DOCUMENT_MEMBERS": "12"})
-    assert document_limits(c) == Limits(members=12, unpacked_bytes=4096, characters=900,
-                                         paragraphs=7)
+    assert document_limits(c) == Limits(file_bytes=65536, members=12, unpacked_bytes=4096,
+                                         elements=300, characters=900, paragraphs=7)

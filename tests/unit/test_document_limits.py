@@ -6,53 +6,14 @@ in their bytes before their parsers run."""
 
 from __future__ import annotations
 
-import io
-import zipfile
-
 import pytest
-from ebooklib import epub
+from hostile_files import W_NS, empty_paragraphs_docx, empty_paragraphs_epub, rezip
 from office_files import book_file, word_file
 
 from seq2serve.server.core.documents import DocumentTooLarge, Limits, read_document
 from seq2serve.server.core.documents.limits import DEFAULT_LIMITS
 from seq2serve.server.core.documents.office import WORD, _part
 from seq2serve.server.core.documents.package import Package
-
-W_NS = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
-
-
-def rezip(data: bytes, replace: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as source, \
-            zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        for info in source.infolist():
-            archive.writestr(info.filename, replace.get(info.filename,
-                                                        source.read(info.filename)))
-    return out.getvalue()
-
-
-def empty_paragraphs_docx(count: int) -> bytes:
-    """A Word document (python-docx's) whose body is `count` empty paragraphs."""
-    body = (f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:document '
-            f'xmlns:w="{W_NS}"><w:body>').encode() + b"<w:p/>" * count \
-        + b"</w:body></w:document>"
-    return rezip(word_file(), {"word/document.xml": body})
-
-
-def empty_paragraphs_epub(count: int) -> bytes:
-    """An e-book (ebooklib's) whose one chapter is `count` empty paragraphs."""
-    book = epub.EpubBook()
-    book.set_identifier("hostile")
-    book.set_title("Empty")
-    book.set_language("en")
-    chapter = epub.EpubHtml(title="One", file_name="one.xhtml", lang="en")
-    chapter.content = "<html><body>" + "<p/>" * count + "</body></html>"
-    book.add_item(chapter)
-    book.spine = [chapter]
-    book.add_item(epub.EpubNcx())
-    buffer = io.BytesIO()
-    epub.write_epub(buffer, book)
-    return buffer.getvalue()
 
 
 def test_a_docx_of_two_million_empty_paragraphs_stops_at_the_limit() -> None:
@@ -122,3 +83,22 @@ def test_the_upload_itself_has_a_limit_of_its_own() -> None:
     assert DEFAULT_LIMITS.file_bytes > 4 * 1024 * 1024  # a .docx with a few photos
     with pytest.raises(DocumentTooLarge, match="a.docx is 4097 bytes; the limit is 4096 bytes"):
         read_document("a.docx", b"x" * 4097, "de", limits=Limits(file_bytes=4096))
+
+
+def test_documents_in_flight_are_bounded_and_the_next_told_when_to_come_back() -> None:
+    from seq2serve.server.api.http.app import error_response
+    from seq2serve.server.core.documents.limits import InFlight
+    from seq2serve.server.core.errors import Unavailable
+
+    gate = InFlight(2)
+    with gate.admit(), gate.admit():
+        with pytest.raises(Unavailable, match="2 documents are being translated, the most "
+                                              r"this server takes at once \("
+                                              r"max_documents_in_flight\)") as refused:
+            with gate.admit():
+                pass
+    with gate.admit():  # both done: room again
+        assert gate.count == 1
+    assert gate.count == 0
+    answer = error_response(refused.value)
+    assert answer.status_code == 503 and int(answer.headers["retry-after"]) >= 1
