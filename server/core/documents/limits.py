@@ -103,31 +103,31 @@ def safe_parser(**options: object) -> etree.XMLParser:
 class _Target:
     """lxml parser target: counts as libxml2 reads, builds nothing."""
 
-    def __init__(self, tally: Counts, member: str, paragraphs: frozenset[str]) -> None:
-        self.tally, self.member, self.paragraphs = tally, member, paragraphs
+    def __init__(self, counts: Counts, member: str, paragraphs: frozenset[str]) -> None:
+        self.counts, self.member, self.paragraphs = counts, member, paragraphs
 
     def start(self, tag: str, attrib: object, nsmap: object = None) -> None:
-        self.tally.add_element(self.member)
+        self.counts.add_element(self.member)
         if tag in self.paragraphs:
-            self.tally.add_paragraph(self.member)
+            self.counts.add_paragraph(self.member)
 
     def data(self, text: str) -> None:
         # Layout between elements (indentation) is not text to translate.
         if not text.isspace():
-            self.tally.add_characters(len(text), self.member)
+            self.counts.add_characters(len(text), self.member)
 
     def close(self) -> None:
         return None
 
 
 class XmlCounter:
-    """One XML member's bytes fed as they come: counted into `tally` (the paragraphs
+    """One XML member's bytes fed as they come: counted into `counts` (the paragraphs
     are the elements named in `paragraphs`, Clark notation), refused at once if it
     declares a DTD subset or entities."""
 
-    def __init__(self, tally: Counts, member: str, paragraphs: frozenset[str] = frozenset()):
-        self.tally, self.member = tally, member
-        self.parser = safe_parser(target=_Target(tally, member, paragraphs))
+    def __init__(self, counts: Counts, member: str, paragraphs: frozenset[str] = frozenset()):
+        self.counts, self.member = counts, member
+        self.parser = safe_parser(target=_Target(counts, member, paragraphs))
         self._tail = b""
         self._decoder: codecs.IncrementalDecoder | None = None
         self._started = False
@@ -140,7 +140,7 @@ class XmlCounter:
                 self._decoder = codecs.getincrementaldecoder(encoding)("replace")
         seen = chunk if self._decoder is None else self._decoder.decode(chunk).encode()
         if DECLARES.search(self._tail + seen):
-            raise DocumentError(f"{self.tally.name}: {self.member[:64]} declares a DTD "
+            raise DocumentError(f"{self.counts.name}: {self.member[:64]} declares a DTD "
                                 "subset or entities, which are not accepted")
         self._tail = seen[-_OVERLAP:]
         try:
@@ -155,7 +155,7 @@ class XmlCounter:
             raise self._malformed(e) from None
 
     def _malformed(self, error: etree.XMLSyntaxError) -> DocumentError:
-        return DocumentError(f"{self.tally.name}: {self.member[:64]} is not well-formed "
+        return DocumentError(f"{self.counts.name}: {self.member[:64]} is not well-formed "
                              f"XML: {error}")
 
 
@@ -185,9 +185,9 @@ def prescan(name: str, suffix: str, data: bytes, limits: Limits) -> None:
     """Refuse a file that is not zipped past `limits.elements` or `limits.paragraphs`,
     counting in its bytes and stopping at the first limit passed; XML (XLIFF) through
     `XmlCounter`. What is then read is counted exactly (`read_document`)."""
-    tally = Counts(name, limits)
+    counts = Counts(name, limits)
     if suffix in _XML:
-        counter = XmlCounter(tally, "")
+        counter = XmlCounter(counts, "")
         try:
             for start in range(0, len(data), _CHUNK):
                 counter.feed(data[start:start + _CHUNK])
@@ -199,10 +199,10 @@ def prescan(name: str, suffix: str, data: bytes, limits: Limits) -> None:
     if suffix in _PIECES:
         pieces, what = _PIECES[suffix]
         for _ in pieces.finditer(data):
-            tally.add_element("", what)
+            counts.add_element("", what)
     if (texts := _TEXTS.get(suffix)) is not None:
         for _ in texts.finditer(data):
-            tally.add_paragraph("")
+            counts.add_paragraph("")
 
 
 class InFlight:

@@ -101,14 +101,7 @@ class Package:
         """A member parsed and the paragraphs `find` finds in it. It is counted while it
         is inflated (its elements named in `paragraphs`, Clark notation, as paragraphs)
         and parsed only if every count is within the limits."""
-        counter = XmlCounter(self.counts, member, paragraphs)
-        raw = bytearray()
-        for chunk in self._chunks(member):
-            counter.feed(chunk)
-            raw += chunk
-        counter.close()
-        data = bytes(raw)
-        del raw
+        data = self._counted(member, paragraphs)
         tree = self.parse(member, data)
         part = Part(member, data, tree, find(tree.getroot()))
         self._paragraphs += len(part.paragraphs)
@@ -119,7 +112,18 @@ class Package:
         return part
 
     def xml(self, member: str) -> etree._ElementTree:
-        return self.parse(member, self.read(member))
+        """A member that says where the parts are (an e-book's container, its OPF),
+        counted and parsed as a part is."""
+        return self.parse(member, self._counted(member, frozenset()))
+
+    def _counted(self, member: str, paragraphs: frozenset[str]) -> bytes:
+        counter = XmlCounter(self.counts, member, paragraphs)
+        raw = bytearray()
+        for chunk in self._chunks(member):
+            counter.feed(chunk)
+            raw += chunk
+        counter.close()
+        return bytes(raw)
 
     def parse(self, member: str, data: bytes) -> etree._ElementTree:
         """A member's bytes parsed as XML, safely (see the module's note)."""
