@@ -322,7 +322,8 @@ def test_a_file_comes_back_translated(open_page: OpenPage, base_url: str,
     page.click("#files-tab")
     source, target = pick_pair(page, api)
     lines = [SENTENCE, "", "Close the file."]
-    notes: FilePayload = {"name": "notes.txt", "mimeType": "text/plain",
+    # A name with what a URL must encode: the link still leads to the file.
+    notes: FilePayload = {"name": "Notes für #2 (50% done?).txt", "mimeType": "text/plain",
                           "buffer": "\n".join(lines).encode("utf-8")}
     page.set_input_files("#file-input", files=[notes])
     page.click("#file-translate")
@@ -331,6 +332,8 @@ def test_a_file_comes_back_translated(open_page: OpenPage, base_url: str,
     expect(page.locator("#error")).to_be_empty()
     href = link.get_attribute("href")
     assert href is not None and urlsplit(href).netloc == urlsplit(base_url).netloc
+    assert not urlsplit(href).query and not urlsplit(href).fragment, href
+    assert link.get_attribute("download") == f"Notes für #2 (50% done?).{target}.txt"
     downloaded = api.get(href)
     assert downloaded.status_code == 200
     texts = [line for line in lines if line]
