@@ -13,6 +13,7 @@ from seq2serve.server.app import document_limits
 from seq2serve.server.assembly import batch_limits, option_limits
 from seq2serve.server.config import ConfigError, ServerConfig
 from seq2serve.server.core.documents import DEFAULT_LIMITS, Limits
+from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT
 from seq2serve.server.problems import Problem
 from seq2serve.server.resources import usable_cores
 
@@ -205,6 +206,7 @@ def test_a_value_of_the_wrong_type_is_named() -> None:
 def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Path) -> None:
     # config.py imports no layer, so the defaults are written twice: held equal here.
     assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS
+    assert ServerConfig(models_dir=tmp_path).max_documents_in_flight == DEFAULT_IN_FLIGHT
     c = load(["--models-dir", str(tmp_path), "--max-document-paragraphs", "7"],
              {"SEQ2SERVE_MAX_DOCUMENT_CHARACTERS": "900",
               "SEQ2SERVE_MAX_DOCUMENT_BYTES": "65536",

@@ -32,7 +32,7 @@ from seq2serve.server.core.documents import (
     media_type,
     read_document,
 )
-from seq2serve.server.core.documents.limits import InFlight
+from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT, InFlight
 from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
@@ -58,7 +58,7 @@ class LibreSettings:
     frontend_timeout_ms: int = 500
     suggestions: bool = False
     document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
-    documents_in_flight: int = 4  # /translate_file uploads at once (503 past it)
+    documents_in_flight: int = DEFAULT_IN_FLIGHT  # /translate_file uploads at once (503 past)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+DEFAULT_IN_FLIGHT = 4  # documents read or translated at once (`InFlight`)
 
 
 class Counts:
