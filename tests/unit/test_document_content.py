@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import docx
 import pptx
 import pytest
+import system_tools
 from lxml import etree
 from odf import chart, dc, draw, style, table, text
 from odf.opendocument import OpenDocumentChart, OpenDocumentPresentation, OpenDocumentText
@@ -28,8 +28,6 @@ from test_office_documents import epub2_file, members, rezip, translate
 
 from seq2serve.server.core.documents import DocumentError, read_document
 
-SOFFICE = shutil.which("soffice") or shutil.which("libreoffice")
-needs_soffice = pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (.ci/run installs it)")
 TEXT_NS = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 CHART_NS = "urn:oasis:names:tc:opendocument:xmlns:chart:1.0"
 STYLE_NS = "urn:oasis:names:tc:opendocument:xmlns:style:1.0"
@@ -39,11 +37,11 @@ DC_NS = "http://purl.org/dc/elements/1.1/"
 
 def libreoffice_text(path: Path, tmp_path: Path, to: str = "txt:Text (encoded):UTF8",
                      suffix: str = ".txt") -> str:
-    """What LibreOffice reads in `path` (it opens it, or the test fails)."""
-    assert SOFFICE is not None
+    """What LibreOffice reads in `path` (it opens it, or the test fails): for a test
+    marked `needs("soffice")`."""
     result = subprocess.run(
-        [SOFFICE, f"-env:UserInstallation=file://{tmp_path}/profile", "--headless",
-         "--convert-to", to, "--outdir", str(path.parent), str(path)],
+        [system_tools.path("soffice"), f"-env:UserInstallation=file://{tmp_path}/profile",
+         "--headless", "--convert-to", to, "--outdir", str(path.parent), str(path)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     written = path.with_suffix(suffix)
@@ -111,7 +109,7 @@ def test_a_simple_field_is_translated_when_it_shows_words() -> None:
         ("«Name»", " MERGEFIELD Name ")]
 
 
-@needs_soffice
+@pytest.mark.needs("soffice")
 def test_libreoffice_reads_the_translated_review(tmp_path: Path) -> None:
     path = tmp_path / "review.docx"
     path.write_bytes(translate("review.docx", reviewed_word_file())[0])
@@ -259,7 +257,7 @@ def test_a_word_chart_is_translated() -> None:
         assert words in chart_xml
 
 
-@needs_soffice
+@pytest.mark.needs("soffice")
 def test_libreoffice_opens_the_translated_charts(tmp_path: Path) -> None:
     for name, make in (("chart.pptx", slides_with_chart), ("chart.odp", odp_with_chart),
                        ("chart.odt", odt_with_chart)):

@@ -16,14 +16,12 @@ from lxml import etree
 from odf import table, teletype, text
 from odf.opendocument import load
 from office_files import saved, spreadsheet_file, workbook_file
-from test_document_content import SOFFICE, libreoffice_text
+from test_document_content import libreoffice_text
 from test_office_documents import BILLION_LAUGHS, members, rezip, translate
 
 from seq2serve.server.core.documents import DocumentError, media_type, read_document
 
 S = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
-# LibreOffice's spreadsheet program (Debian's libreoffice-calc-nogui) beside soffice.
-CALC = SOFFICE is not None and (Path(SOFFICE).resolve().parent / "libsclo.so").exists()
 
 
 def shared_strings(data: bytes) -> bytes:
@@ -147,10 +145,8 @@ def test_an_opendocument_spreadsheet_is_translated_and_its_values_kept() -> None
     assert "10 of 10 entries translated" in tally  # 8 cells and notes, 2 sheet names
 
 
-@pytest.mark.skipif(not CALC, reason="LibreOffice Calc (apt-get install "
-                    "libreoffice-calc-nogui; .ci/run installs it)")
+@pytest.mark.needs("soffice", "calc")
 def test_libreoffice_opens_the_translated_spreadsheets(tmp_path: Path) -> None:
-    assert SOFFICE is not None
     for name, make in (("figures.xlsx", workbook_file), ("figures.ods", spreadsheet_file)):
         folder = tmp_path / name.replace(".", "_")
         folder.mkdir()

@@ -57,6 +57,9 @@ _BLOCKS = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", 
                      "legend", "label", "section", "article", "aside", "header", "footer",
                      "nav", "figure", "main", "body"})
 _SKIPPED = SKIPPED_ELEMENTS | {"svg", "math"}
+# The blocks as the streaming count sees them (Clark notation; XHTML or no namespace).
+_COUNTED_BLOCKS = frozenset({*_BLOCKS, *(f"{{{XHTML}}}{name}" for name in _BLOCKS)})
+_COUNTED_NCX = frozenset({"text", f"{{{NCX}}}text"})
 
 
 def _local(element: etree._Element, namespace: str) -> str | None:
@@ -91,24 +94,25 @@ def read_epub(name: str, data: bytes, target: str,
     package.require(opf or "an OPF file named in META-INF/container.xml")
     language = target_language(target)
     book = _part(package, opf, lambda root: title_paragraphs(_resolved(root)),
-                 lambda root: _mark_opf(root, language))
+                 lambda root: _mark_opf(root, language), frozenset({_DC + "title"}))
     parts = []
     for member, media_type in _manifest(book.tree.getroot(), opf):
         if member not in package.names or member == opf:
             continue
         if media_type == "application/xhtml+xml":
             parts.append(_part(package, member, _chapter,
-                               lambda root: mark_tree(root, language, _xhtml)))
+                               lambda root: mark_tree(root, language, _xhtml),
+                               _COUNTED_BLOCKS))
         elif media_type == "application/x-dtbncx+xml":
             parts.append(_part(package, member,
                                lambda root: paragraphs(_resolved(root), NCX_RULES),
-                               lambda root: mark_tree(root, language, _any)))
+                               lambda root: mark_tree(root, language, _any), _COUNTED_NCX))
     return PackageDocument(name, MEDIA_TYPE, package, [*parts, book])
 
 
 def _part(package: Package, member: str, find: Callable[[etree._Element], list[Paragraph]],
-          mark: Callable[[etree._Element], bool]) -> Part:
-    part = package.part(member, find)
+          mark: Callable[[etree._Element], bool], counted: frozenset[str]) -> Part:
+    part = package.part(member, find, counted)
     part.mark = mark
     return part
 

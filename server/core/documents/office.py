@@ -45,6 +45,9 @@ _STYLE_PARTS = re.compile(r"ppt/(presentation|slideMasters/slideMaster\d+|"
 _MACROS = re.compile(rb"macroEnabled|vbaProject", re.IGNORECASE)
 _CHART_PARTS = re.compile(r"(word|ppt|xl)/charts/chart\d+\.xml")
 CORE = "docProps/core.xml"
+# The paragraph elements, counted while a part is read (package.py).
+WORD_PARAGRAPHS = frozenset({runs.W + "p"})
+_DRAWING_P = frozenset({runs.A + "p"})
 Find = Callable[[etree._Element], list[Paragraph]]
 Mark = Callable[[etree._Element, Target], bool]
 
@@ -53,8 +56,8 @@ def read_docx(name: str, data: bytes, target: str,
               limits: Limits = DEFAULT_LIMITS) -> PackageDocument:
     package = open_package(name, data, "a Word document (.docx)", "word/document.xml", limits)
     language = target_language(target)
-    parts = [_part(package, m.filename, language, _word, charts.mark_word)
-             for m in package.infos if _WORD_PARTS.fullmatch(m.filename)]
+    parts = [_part(package, m.filename, language, word_paragraphs, charts.mark_word,
+                   WORD_PARAGRAPHS) for m in package.infos if _WORD_PARTS.fullmatch(m.filename)]
     if "word/styles.xml" in package.names:
         parts.append(_part(package, "word/styles.xml", language, lambda root: [],
                            charts.mark_word))
@@ -67,7 +70,7 @@ def read_pptx(name: str, data: bytes, target: str,
     package = open_package(name, data, "a PowerPoint presentation (.pptx)",
                        "ppt/presentation.xml", limits)
     language = target_language(target)
-    parts = [_part(package, m.filename, language, _drawing, charts.mark_drawing)
+    parts = [_part(package, m.filename, language, _drawing, charts.mark_drawing, _DRAWING_P)
              for m in package.infos if _SLIDE_PARTS.fullmatch(m.filename)]
     parts += [_part(package, m.filename, language, lambda root: [], charts.mark_drawing)
               for m in package.infos if _STYLE_PARTS.fullmatch(m.filename)]
@@ -78,15 +81,15 @@ def read_pptx(name: str, data: bytes, target: str,
 def shared_parts(package: Package, language: Target) -> list[Part]:
     """What every Office Open XML package may have: charts and core properties."""
     parts = [_part(package, m.filename, language, charts.chart_paragraphs,
-                   charts.mark_drawing)
+                   charts.mark_drawing, _DRAWING_P)
              for m in package.infos if _CHART_PARTS.fullmatch(m.filename)]
     if CORE in package.names:
         parts.append(_part(package, CORE, language, charts.title_paragraphs,
-                           charts.mark_core))
+                           charts.mark_core, frozenset({charts.DC + "title"})))
     return parts
 
 
-def _word(root: etree._Element) -> list[Paragraph]:
+def word_paragraphs(root: etree._Element) -> list[Paragraph]:
     return runs.find(root, runs.WORD)
 
 
@@ -105,7 +108,10 @@ def open_package(name: str, data: bytes, kind: str, main: str, limits: Limits) -
     return package
 
 
-def _part(package: Package, member: str, language: Target, find: Find, mark: Mark) -> Part:
-    part = package.part(member, find)
+def _part(package: Package, member: str, language: Target, find: Find, mark: Mark,
+          counted: frozenset[str] = frozenset()) -> Part:
+    """A member read for `find`'s paragraphs (its `counted` elements counted as
+    paragraphs while it is read), `mark`ed with the target language once translated."""
+    part = package.part(member, find, counted)
     part.mark = lambda root: mark(root, language)
     return part

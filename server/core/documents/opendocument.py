@@ -25,7 +25,7 @@ from collections.abc import Callable
 from lxml import etree
 
 from seq2serve.server.core.documents.base import DocumentError
-from seq2serve.server.core.documents.charts import mark_core, title_paragraphs
+from seq2serve.server.core.documents.charts import DC, mark_core, title_paragraphs
 from seq2serve.server.core.documents.language import Target, put, target_language
 from seq2serve.server.core.documents.mixed import Rules, paragraphs
 from seq2serve.server.core.documents.package import (
@@ -113,9 +113,11 @@ def open_package(name: str, data: bytes, kind: str, media_type: str,
 
 
 def part(package: Package, member: str, language: Target,
-         find: Callable[[etree._Element], list[Paragraph]]) -> Part:
-    """A member with text, its language marks set to `language` once translated."""
-    found = package.part(member, find)
+         find: Callable[[etree._Element], list[Paragraph]],
+         counted: frozenset[str] = _BLOCKS) -> Part:
+    """A member with text (its `counted` elements counted as paragraphs while it is
+    read), its language marks set to `language` once translated."""
+    found = package.part(member, find, counted)
     found.mark = lambda root: mark_styles(root, language)
     return found
 
@@ -124,7 +126,7 @@ def meta_parts(package: Package, language: Target) -> list[Part]:
     """`meta.xml`: its title translated, its `dc:language` the target."""
     if "meta.xml" not in package.names:
         return []
-    found = package.part("meta.xml", title_paragraphs)
+    found = package.part("meta.xml", title_paragraphs, frozenset({DC + "title"}))
     found.mark = lambda root: mark_core(root, language)
     return [found]
 

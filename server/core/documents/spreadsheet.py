@@ -153,22 +153,26 @@ def read_xlsx(name: str, data: bytes, target: str,
                for c in package.xml(m.filename).getroot().iter(S + "tableColumn")}
     skipped: list[str] = []
 
-    def strings(tag: str) -> Callable[[etree._Element], list[Paragraph]]:
-        return lambda root: _strings(root, tag, columns, skipped)
+    def strings(member: str, tag: str) -> Part:
+        # Each string element counted as a paragraph while the part is read.
+        return package.part(member, lambda root: _strings(root, tag, columns, skipped),
+                            frozenset({tag}))
 
     parts = []
     for info in package.infos:
         member = info.filename
         if member == "xl/sharedStrings.xml":
-            parts.append(package.part(member, strings(S + "si")))
+            parts.append(strings(member, S + "si"))
         elif _SHEETS.fullmatch(member):
-            parts.append(package.part(member, strings(S + "is")))
+            parts.append(strings(member, S + "is"))
         elif _COMMENTS.fullmatch(member):
-            parts.append(package.part(member, strings(S + "text")))
+            parts.append(strings(member, S + "text"))
         elif _THREADED_PARTS.fullmatch(member):
-            parts.append(package.part(member, lambda root: paragraphs(root, _THREADED_RULES)))
+            parts.append(package.part(member, lambda root: paragraphs(root, _THREADED_RULES),
+                                      frozenset({_THREADED + "text"})))
         elif _DRAWINGS.fullmatch(member):
-            drawing = package.part(member, lambda root: runs.find(root, runs.DRAWING))
+            drawing = package.part(member, lambda root: runs.find(root, runs.DRAWING),
+                                   frozenset({runs.A + "p"}))
             drawing.mark = lambda root: charts.mark_drawing(root, language)
             parts.append(drawing)
     shared = office.shared_parts(package, language)
@@ -180,7 +184,8 @@ def read_xlsx(name: str, data: bytes, target: str,
     sheets = list(workbook_xml.iter(S + "sheet"))
     names = Names((s.get("name", "") for s in sheets), longest=31)
     workbook = package.part("xl/workbook.xml", lambda root: _sheet_names(
-        list(root.iter(S + "sheet")), "name", references, "!", names, kept))
+        list(root.iter(S + "sheet")), "name", references, "!", names, kept),
+        frozenset({S + "sheet"}))
     if skipped:
         kept.append(f"{len(skipped)} texts kept, they name table columns: "
                     + ", ".join(repr(s) for s in skipped[:5]))
