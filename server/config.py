@@ -277,6 +277,9 @@ class ServerConfig:
         return tuple(name.strip() for name in self.prefer_model.split(",") if name.strip())
 
     def _prefer_model_problem(self) -> Problem | None:
+        wrong = _text_problem("prefer_model", self.prefer_model, "model names, comma-separated")
+        if wrong is not None:
+            return wrong
         names = self.preferred_models()
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:

@@ -1,9 +1,10 @@
 """One pair rule for every door (issue 51 items 2-4): tiny NLLB-200 and M2M100 packages
 (built and exported as tests/multilingual_folders.py builds them, different weights)
 and a model of one pair, served together. The same requests through gRPC, the .proto's
-JSON (/v1/translate), LibreTranslate's /translate and the CLI get the same model and
-the same text; a named model of one pair refuses languages it does not have, naming
-the field; CLDR's aliases reach their language; /languages names each language once."""
+JSON (/v1/translate), LibreTranslate's /translate and /translate_file, and the CLI's
+translate and translate-file get the same model and the same text; a named model of
+one pair refuses languages it does not have, naming the field; CLDR's aliases reach
+their language; /languages names each language once."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from serving import RunningServer, free_port, server_config
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.assembly import ModelLoadError, load_models
 from seq2serve.server.cli.main import main
+from seq2serve.server.core.registry import ModelRegistry
+from seq2serve.server.metrics import Metrics
 
 NLLB, M2M100, ONE = "tiny-nllb", "tiny-m2m100", "tiny-en-de"
 TEXT = "Save your changes before you close the window."
@@ -73,7 +77,7 @@ def routed(server: RunningServer, model: str) -> float:
     return value or 0.0
 
 
-def test_every_door_routes_a_pair_to_the_same_model(server: RunningServer,
+def test_every_door_routes_a_pair_to_the_same_model(server: RunningServer, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """Each door's request of a pair is routed by the core to the rule's model (its
     route counter moves by one, no other's does) and answers that model's text."""
@@ -98,9 +102,21 @@ def test_every_door_routes_a_pair_to_the_same_model(server: RunningServer,
         assert main(["translate", "--server", server.target, "--from", source, "--to", target,
                      TEXT]) == 0
         assert capsys.readouterr().out == best.text + "\n", (source, target)
-        # four requests, each routed to the rule's model, none elsewhere
+        # whole files: LibreTranslate's /translate_file and the CLI's translate-file
+        upload = httpx.post(f"{server.http_url}/translate_file", timeout=60,
+                            data={"source": source, "target": target},
+                            files={"file": ("text.txt", TEXT.encode(), "text/plain")})
+        assert upload.status_code == 200, upload.text
+        assert httpx.get(upload.json()["translatedFileUrl"], timeout=60).text == best.text
+        document, out = tmp_path / "text.txt", tmp_path / "text.out.txt"
+        document.write_text(TEXT, encoding="utf-8")
+        assert main(["translate-file", str(document), "--server", server.target, "--from",
+                     source, "--to", target, "-o", str(out), "--no-progress"]) == 0
+        assert out.read_text(encoding="utf-8") == best.text, (source, target)
+        capsys.readouterr()
+        # six requests, each routed to the rule's model, none elsewhere
         assert {name: routed(server, name) - count for name, count in counts.items()} == {
-            name: 4.0 if name == model else 0.0 for name in counts}, (source, target)
+            name: 6.0 if name == model else 0.0 for name in counts}, (source, target)
         # the model named gives the same tokens; the other multilingual model others
         other = {NLLB: M2M100, M2M100: NLLB}.get(model)
         named = grpc_translate(server, model=model, source_language=source,
@@ -173,3 +189,12 @@ def test_prefer_model_chooses_among_multilingual_models(models: Path) -> None:
                                        target_language="fr").translations[0].hypotheses[0].text
     finally:
         running.stop()
+
+
+def test_prefer_model_must_name_a_served_model(models: Path) -> None:
+    with pytest.raises(ModelLoadError) as err:  # checked before any model loads
+        load_models(ModelRegistry(), server_config(models, prefer_model=f"{NLLB},tiny-nlb"),
+                    Metrics())
+    assert str(err.value) == (
+        f"--prefer-model names 'tiny-nlb', which no valid package in {models} is; the "
+        f"models: {ONE}, {M2M100}, {NLLB}")
