@@ -197,8 +197,7 @@ class CodeTable:
                 own = self.known.get("-".join(subtags[:end]))
                 if own is not None:
                     tag = self.tags.get(own, own)
-                    return (f"{code.strip()} is written in {script_of(form)}, the model's "
-                            f"{tag} in {script_of(tag)}")
+                    return f"written in {script_of(form)}, the model's {tag} in {script_of(tag)}"
         return ""
 
 

@@ -456,9 +456,10 @@ def _direct_route(handle: ModelHandle, source: str, target: str) -> Route:
                     f"{field} is required: model {handle.name!r} is multilingual (its "
                     f"languages: {_listing(handle.language_codes())})")
             if handle.match(code) is None:
+                why = handle.codes.refusal(code)
                 raise InvalidArgument(
-                    f"{field}={echo(code)} is not a language of model {handle.name!r}"
-                    f"{_because(handle, code)} (its languages: "
+                    f"{field}={echo(code)} is not a language of model {handle.name!r} ("
+                    f"{why + '; ' if why else ''}its languages: "
                     f"{_listing(handle.language_codes())})")
         if handle.listed_code(source) == handle.listed_code(target):
             raise InvalidArgument(
@@ -494,6 +495,7 @@ def _listing(codes: Sequence[str]) -> str:
 
 
 def _because(handle: ModelHandle, code: str) -> str:
-    """Why a code is not the model's, where another script is why."""
+    """Why a code is not the model's, where another script is why (" (written in
+    Latn, the model's sr in Cyrl)"); "" else."""
     why = handle.codes.refusal(code)
     return f" ({why})" if why else ""

@@ -40,7 +40,7 @@ def test_a_model_without_scripts_serves_its_languages_script_only(code: str,
                                                                   own: str | None) -> None:
     assert PLAIN.model_code(code) == own
     if own is None:  # the refusal says why
-        assert "is written in" in PLAIN.table.refusal(code)
+        assert PLAIN.table.refusal(code).startswith("written in ")
 
 
 @pytest.mark.parametrize(("code", "plain", "nllb"), [
