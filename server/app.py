@@ -161,7 +161,7 @@ class Server:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.registry = ModelRegistry(config.prefer_multilingual)
+        self.registry = ModelRegistry(config.prefer_multilingual, config.preferred_models())
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else \
             health.HealthServicer()
         limit = config.max_message_bytes

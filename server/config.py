@@ -33,6 +33,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
 PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", *TLS_FILES)
+# Settings a flag may repeat, each time adding to a comma-separated list.
+REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -73,6 +75,11 @@ class ServerConfig:
     prefer_multilingual: bool = field(default=False, metadata=_meta(
         "where a multilingual model (NLLB-200, M2M100, mBART-50) and a model of one pair "
         "both serve a pair, the multilingual one serves it (default: the one-pair model)"))
+    prefer_model: str = field(default="", metadata=_meta(
+        "where several models of the preferred kind (--prefer-multilingual) serve a pair, "
+        "this one serves it; repeat the flag (or comma-separate the names) for an order, "
+        "the first named first; otherwise a model that has both codes exactly, then the "
+        "first by name", "NAME"))
     host: str = field(default="0.0.0.0", metadata=_meta(
         "address the gRPC server listens on", "HOST"))
     port: int = field(default=50051, metadata=_meta("gRPC port", "PORT"))
@@ -220,6 +227,7 @@ class ServerConfig:
             float_problem("cache_mb", self.cache_mb, 0.0, 1_048_576.0),
             int_problem("rate_limit", self.rate_limit, 0, note="0 = unlimited"),
             self._trusted_proxies_problem(),
+            self._prefer_model_problem(),
             self._api_keys_problem(),
             self._glossary_dir_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
@@ -276,6 +284,21 @@ class ServerConfig:
         except ValueError as e:
             return Problem("trusted_proxies", "trusted_proxies must be comma-separated "
                            f"networks such as 10.0.0.0/8: {e}")
+        return None
+
+    def preferred_models(self) -> tuple[str, ...]:
+        """--prefer-model's names, in order."""
+        return tuple(name.strip() for name in self.prefer_model.split(",") if name.strip())
+
+    def _prefer_model_problem(self) -> Problem | None:
+        wrong = _text_problem("prefer_model", self.prefer_model, "model names, comma-separated")
+        if wrong is not None:
+            return wrong
+        names = self.preferred_models()
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            return Problem("prefer_model", f"prefer_model must name each model once, got "
+                           f"{', '.join(twice)} more than once")
         return None
 
     def _api_keys_problem(self) -> Problem | None:
@@ -369,6 +392,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif f.name == "metrics_host":
             default = "the --host address"
         help_text = f"{f.metadata['help']} (env {env_name(f.name)}; default {default})"
+        if f.name in REPEATED_FIELDS:
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
+                                metavar=f.metadata["metavar"], action="append",
+                                help=f"{help_text}; repeatable")
+            continue
         if f.type == "bool":
             # --reflection / --no-reflection; the variable takes true/false, 1/0, yes/no.
             parser.add_argument(flag_name(f.name), dest=f.name, default=None,
@@ -391,6 +419,8 @@ def from_args(args: argparse.Namespace | None = None,
     for f in dataclasses.fields(ServerConfig):
         flag_value = getattr(args, f.name, None) if args is not None else None
         raw = environ.get(env_name(f.name), "")
+        if isinstance(flag_value, list):  # a repeated flag: its values in order
+            flag_value = ",".join(flag_value)
         if flag_value is not None:
             values[f.name] = flag_value
         elif raw.strip():

@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from seq2serve.model.package.languages import distinct_names
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
@@ -238,6 +239,14 @@ class Translator:
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
 
+    def route(self, source_language: str, target_language: str) -> RouteInfo:
+        """The route a request of this pair without a model takes (registry.route: the
+        one rule of every door): its codes as the chosen model lists them and its
+        models (none: the same language); NotFound where nothing serves it;
+        Unavailable while the models load."""
+        route = self.registry.route("translate", "", source_language, target_language)
+        return RouteInfo(route.source_language, route.target_language, route.names)
+
     def language_code(self, code: str) -> str:
         """A language code as the served models list it (`/languages`): a
         multilingual model's aliases (pt-BR, por_Latn) become its listed code;
@@ -245,9 +254,11 @@ class Translator:
         self.registry.require_ready()
         return self.registry.listed_code(code)
 
-    def language_name(self, code: str) -> str | None:
-        """The English name a served multilingual package gives a language, or None."""
-        return self.registry.language_name(code)
+    def language_names(self, codes: Sequence[str]) -> dict[str, str]:
+        """Each listed code's English name (CLDR's, with its script or region), no
+        name twice."""
+        return distinct_names({code: self.registry.language_name(code) or code
+                               for code in codes})
 
     def generation(self) -> int:
         """Changes whenever what is served changes: what a door derives from

@@ -203,6 +203,24 @@ def test_a_value_of_the_wrong_type_is_named() -> None:
     ]
 
 
+def test_prefer_model_repeats_in_order_from_flags_or_env(tmp_path: Path) -> None:
+    models = str(tmp_path)
+    assert load(["--models-dir", models], {}).preferred_models() == ()
+    assert load(["--models-dir", models, "--prefer-model", "nllb", "--prefer-model", "m2m100"],
+                {}).preferred_models() == ("nllb", "m2m100")
+    assert load(["--models-dir", models], {"SEQ2SERVE_PREFER_MODEL": "m2m100, nllb"}
+                ).preferred_models() == ("m2m100", "nllb")
+    assert load(["--models-dir", models, "--prefer-model", "a"],  # the flag beats the variable
+                {"SEQ2SERVE_PREFER_MODEL": "b"}).preferred_models() == ("a",)
+    with pytest.raises(ConfigError) as err:
+        load(["--models-dir", models], {"SEQ2SERVE_PREFER_MODEL": "nllb,nllb"})
+    assert err.value.messages == ["prefer_model must name each model once, got nllb more than "
+                                  "once (from SEQ2SERVE_PREFER_MODEL)"]
+    assert [p.message for p in ServerConfig(models_dir=tmp_path, prefer_model=None  # type: ignore[arg-type]  # as a careless caller passes it
+                                            ).problems()] == [
+        "prefer_model must be model names, comma-separated, got None"]
+
+
 def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Path) -> None:
     # config.py imports no layer, so the defaults are written twice: held equal here.
     assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS

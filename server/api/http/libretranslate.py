@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
-from seq2serve.server.core.detect import Detector, language_name
+from seq2serve.server.core.detect import Detector
 from seq2serve.server.core.documents import (
     DEFAULT_LIMITS,
     SUFFIXES,
@@ -80,17 +80,13 @@ class Software:
 
 @dataclass(frozen=True)
 class Pair:
-    """A served pair: one model, two through English (`model` ""), or none (the
-    same language, whose texts come back unchanged)."""
+    """A pair as a request names it (`source`, `target`: the core routes it, by the
+    rule of every door) and the models that serve it: one, two through English, or
+    none (the same language, whose texts come back unchanged)."""
 
     source: str
     target: str
     models: tuple[str, ...]
-
-    @property
-    def model(self) -> str:
-        """The model a request names: a direct one; "" lets the core route it."""
-        return self.models[0] if len(self.models) == 1 else ""
 
     @property
     def last(self) -> str:
@@ -107,6 +103,7 @@ class Catalog:
     generation: int
     models: list[ModelInfo]  # the translation models
     pairs: dict[tuple[str, str], Pair]
+    names: dict[str, str]  # each listed language's English name, no name twice
     detector: Detector | None = None  # built on first use: its language models cost memory
 
     @property
@@ -135,16 +132,18 @@ class LibreTranslateApi:
             pairs = {(r.source_language, r.target_language):
                      Pair(r.source_language, r.target_language, r.models)
                      for r in self.translator.list_routes()}
-            catalog = self._catalog = Catalog(generation, models, pairs)
+            codes = sorted({code for pair in pairs for code in pair})
+            catalog = self._catalog = Catalog(generation, models, pairs,
+                                              self.translator.language_names(codes))
         return catalog
 
     def pairs(self) -> dict[tuple[str, str], Pair]:
         return self.catalog().pairs
 
     def _name(self, code: str) -> str:
-        """A served language's English name: a multilingual package's own (CLDR's,
-        written at export), else the identifier's, else the code."""
-        return self.translator.language_name(code) or language_name(code)
+        """A language's English name (CLDR's, with its script or region), else the code."""
+        names = self.catalog().names
+        return names.get(code) or self.translator.language_names([code])[code]
 
     def detector(self) -> Detector:
         catalog = self.catalog()
@@ -228,11 +227,11 @@ class LibreTranslateApi:
                               f"limit ({self.settings.char_limit})")
 
     async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
-        """Each text's source language and the confidence in it (100 when given)."""
+        """Each text's source language (as given: the core routes it; else the
+        detected one, a listed code) and the confidence in it (100 when given)."""
         sources = {s for s, _ in self.pairs()}
         if source != "auto":
-            source = self.translator.language_code(source)
-            if source not in sources:
+            if self.translator.language_code(source) not in sources:
                 raise invalid(f"{source[:16]} is not supported")
             return [(source, 100.0)] * len(texts)
         detector = self.detector()
@@ -243,17 +242,18 @@ class LibreTranslateApi:
                 for d in found]
 
     def _pair(self, source: str, target: str) -> Pair:
-        pairs = self.pairs()
-        source, target = (self.translator.language_code(source),
-                          self.translator.language_code(target))
-        if (source, target) in pairs:
-            return pairs[(source, target)]
-        if source == target and source in {code for pair in pairs for code in pair}:
-            return Pair(source, target, ())  # the text back unchanged, as LibreTranslate
-        if target not in {t for _, t in pairs}:
-            raise invalid(f"{target[:16]} is not supported")
-        raise invalid(f"{self._name(target)} ({target}) is not available as a target "
-                      f"language from {self._name(source)} ({source[:16]})")
+        """The pair as the core routes it (the rule of every door), or LibreTranslate's
+        400 where nothing serves it."""
+        try:
+            route = self.translator.route(source, target)
+        except NotFound:
+            listed = self.translator.language_code(target)
+            if listed not in {t for _, t in self.pairs()}:
+                raise invalid(f"{target[:16]} is not supported") from None
+            raise invalid(f"{self._name(listed)} ({target[:16]}) is not available as a target "
+                          f"language from {self._name(self.translator.language_code(source))} "
+                          f"({source[:16]})") from None
+        return Pair(source, target, route.models)
 
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
@@ -269,14 +269,15 @@ class LibreTranslateApi:
         for i, source in enumerate(sources):
             groups.setdefault(source, []).append(i)
         jobs = []
+        pairs = []
         for source, members in groups.items():
-            pair = self._pair(source, target)
-            jobs.append(self._translate_group(pair, [texts[i] for i in members], text_format,
-                                              alternatives, software))
-        for members, results in zip(groups.values(), await asyncio.gather(*jobs), strict=True):
+            pairs.append(self._pair(source, target))
+            jobs.append(self._translate_group(pairs[-1], [texts[i] for i in members],
+                                              text_format, alternatives, software))
+        for members, pair, results in zip(groups.values(), pairs, await asyncio.gather(*jobs),
+                                           strict=True):
             for i, (result, flag) in zip(members, results, strict=True):
-                out[i], flags[i] = result, flag
-                models[i] = self._pair(sources[i], target).models
+                out[i], flags[i], models[i] = result, flag, pair.models
         return out, flags, models
 
     async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
@@ -310,7 +311,7 @@ class LibreTranslateApi:
     @staticmethod
     def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
                  software: Software) -> TranslateRequest:
-        return TranslateRequest(texts=tuple(texts), model=pair.model,
+        return TranslateRequest(texts=tuple(texts), model="",
                                 source_language=pair.source, target_language=pair.target,
                                 options=options,
                                 protect_placeholders=software.protect_placeholders,
