@@ -36,6 +36,9 @@ TOOLS: dict[str, Tool] = {
     "chromium": Tool(f"{_APT} chromium", files=("/usr/bin/chromium",)),
     "soffice": Tool(f"{_APT} libreoffice-writer-nogui libreoffice-impress-nogui",
                     commands=("soffice", "libreoffice")),
+    # LibreOffice's spreadsheet program (the files it loads .xlsx and .ods with).
+    "calc": Tool(f"{_APT} libreoffice-calc-nogui",
+                 files=("/usr/lib/libreoffice/program/libsclo.so",), also=("soffice",)),
     "epubcheck": Tool(f"{_APT} epubcheck", files=("/usr/share/java/epubcheck.jar",),
                       also=("java",)),
     "java": Tool(f"{_APT} default-jre-headless", commands=("java",)),

@@ -5,7 +5,7 @@
     seq2serve translate-file app.xlf --to de --overwrite -o app.de.xlf
 
 The file is read here (core/documents/: gettext .po/.pot, XLIFF 1.2 and 2.x,
-.srt, .txt, .html, .docx, .pptx, .odt, .odp, .epub) and its texts go to the server
+.srt, .txt, .html, .docx, .pptx, .xlsx, .odt, .odp, .ods, .epub) and its texts go to the server
 over gRPC as `seq2serve translate` sends them: in chunks of the server's
 `max_texts_per_request`, a few chunks in flight at once so that they batch with
 each other there. Entries already translated are kept byte for byte

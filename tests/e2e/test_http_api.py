@@ -245,7 +245,7 @@ def test_files_translate_and_download(http: httpx.Client, grpc_client: Seq2Serve
     download = http.get(url)
     assert download.text == f"{expected[0][0]}\n\n{expected[1][0]}\n"
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
-                    files={"file": ("x.xlsx", b"PK")})
+                    files={"file": ("x.pdf", b"%PDF-1.7")})
     assert bad.status_code == 400 and "file format not supported" in bad.json()["error"]
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("x.docx", b"PK")})

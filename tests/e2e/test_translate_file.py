@@ -7,7 +7,7 @@ document made with python-docx comes back a Word document, translated, its bold
 words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
 .odp and .epub come back translated and open in their libraries; HTML (format=html and
 .html files) is translated a sentence at a time, its bold and links on the translated
-words."""
+words; .xlsx and .ods come back translated, their numbers and formulas kept."""
 
 from __future__ import annotations
 
@@ -15,18 +15,30 @@ import io
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docx
 import httpx
+import openpyxl
 import pptx
 import pytest
 import system_tools
 from conftest import msgfmt_check
 from ebooklib import epub
+from lxml import etree
 from odf.opendocument import load
-from office_files import book_file, odp_file, odt_file, slides_file
+from office_files import (
+    W,
+    book_file,
+    odp_file,
+    odt_file,
+    reviewed_word_file,
+    slides_file,
+    spreadsheet_file,
+    workbook_file,
+)
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
@@ -176,7 +188,8 @@ def test_a_word_document_through_http(http: httpx.Client) -> None:
                     files={"file": ("guide.docx", b"not a zip at all")})
     assert bad.status_code == 400 and "guide.docx is not a Word document" in bad.text
     settings = http.get("/frontend/settings").json()
-    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(settings["supportedFilesFormat"])
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub", ".xlsx", ".ods"} <= set(
+        settings["supportedFilesFormat"])
 
 
 def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Path) -> None:
@@ -203,8 +216,31 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
     assert (tmp_path / "guide.de.docx").stat().st_mode & 0o777 == 0o640
 
 
+def test_a_reviewed_word_file_is_all_german_but_its_deletions(http: httpx.Client) -> None:
+    """Insertions, moves, content controls and a link field come back translated by the
+    shipped en-de inside their changes, controls and field; deletions as they were."""
+    raw = reviewed_word_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("review.docx", raw)})
+    assert answer.status_code == 200, answer.text
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    before, after = read_document("r.docx", raw, "de").texts, read_document("r.docx", out,
+                                                                           "de").texts
+    assert len(after) == len(before) == 6
+    assert not set(before) & set(after), after
+    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml"))
+    shown = " ".join("".join(e.itertext()) for e in root.iter(W + "ins", W + "moveTo",
+                                                                W + "sdtContent"))
+    assert not {"early", "morning", "whole", "moved", "summary", "form"} & set(
+        re.findall(r"\w+", shown.lower())), shown
+    assert ["".join(e.itertext()) for e in root.iter(W + "del", W + "moveFrom")] == [
+        "at noon", "This part moved.", "Gone for good."]
+
+
 @pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
-                                            ("talk.odp", odp_file), ("book.epub", book_file)])
+                                            ("talk.odp", odp_file), ("book.epub", book_file),
+                                            ("figures.xlsx", workbook_file),
+                                            ("figures.ods", spreadsheet_file)])
 def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, name: str,
                                          make: Callable[[], bytes]) -> None:
     raw = make()
@@ -220,7 +256,9 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     opened = {".pptx": lambda p: len(pptx.Presentation(str(p)).slides),
               ".odt": lambda p: len(load(str(p)).text.childNodes),
               ".odp": lambda p: len(load(str(p)).presentation.childNodes),
-              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items()))}
+              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items())),
+              ".xlsx": lambda p: len(openpyxl.load_workbook(p).worksheets),
+              ".ods": lambda p: len(load(str(p)).spreadsheet.childNodes)}
     suffix = Path(name).suffix
     (tmp_path / f"source{suffix}").write_bytes(raw)
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")

@@ -12,7 +12,7 @@ from office_files import book_file, word_file
 
 from seq2serve.server.core.documents import DocumentTooLarge, Limits, read_document
 from seq2serve.server.core.documents.limits import DEFAULT_LIMITS
-from seq2serve.server.core.documents.office import WORD, _part
+from seq2serve.server.core.documents.office import WORD_PARAGRAPHS, word_paragraphs
 from seq2serve.server.core.documents.package import Package
 
 
@@ -26,7 +26,7 @@ def test_a_docx_of_two_million_empty_paragraphs_stops_at_the_limit() -> None:
     # Where it stopped: the limit's count, and a few chunks of the member inflated.
     package = Package("hostile.docx", data, "a Word document")
     with pytest.raises(DocumentTooLarge):
-        _part(package, "word/document.xml", WORD)
+        package.part("word/document.xml", word_paragraphs, WORD_PARAGRAPHS)
     assert package.counts.paragraphs == DEFAULT_LIMITS.paragraphs + 1
     assert package.counts.elements <= DEFAULT_LIMITS.paragraphs + 10
     member = package.zip.getinfo("word/document.xml").file_size

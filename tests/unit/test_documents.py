@@ -165,7 +165,7 @@ def test_a_catalog_that_is_not_one_is_refused_in_words() -> None:
     with pytest.raises(DocumentError, match="not a readable gettext catalog"):
         read_document("x.po", b'msgid "a"\nmsgstr "b\n', "de")
     with pytest.raises(DocumentError, match="not supported"):
-        read_document("x.xlsx", b"PK", "de")
+        read_document("x.pdf", b"%PDF", "de")
     with pytest.raises(DocumentError, match="x.docx is not a Word document"):
         read_document("x.docx", b"PK", "de")
     with pytest.raises(DocumentError, match="is for language 'ru', not 'de'"):

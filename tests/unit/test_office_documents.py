@@ -100,12 +100,14 @@ def test_a_word_document_is_translated_with_its_structure_and_formatting_kept() 
     [link] = linked.hyperlinks
     assert link.text == "THE WEBSITE" and link.url == "https://example.org/"
     assert linked.text == "SEE THE WEBSITE FOR MORE."
-    # What is not text is copied byte for byte.
+    # What is not text is copied byte for byte; the styles but for their language.
     old, new = members(raw), members(out)
     assert list(new) == list(old)
-    for name in ("word/styles.xml", "word/numbering.xml", "[Content_Types].xml",
+    for name in ("word/numbering.xml", "[Content_Types].xml",
                  "word/_rels/document.xml.rels", "docProps/core.xml"):
         assert new[name] == old[name]
+    assert new["word/styles.xml"] == old["word/styles.xml"].replace(
+        b'<w:lang w:val="en-US"', b'<w:lang w:val="de-DE"')
     assert "14 of 14 entries translated" in tally
 
 
@@ -228,7 +230,10 @@ def test_a_presentation_is_translated_slide_text_tables_and_notes() -> None:
                                                                   for i in range(4)]
     old, new = members(raw), members(out)
     assert list(new) == list(old)
-    assert new["ppt/slideLayouts/slideLayout1.xml"] == old["ppt/slideLayouts/slideLayout1.xml"]
+    # A layout is copied but for the language its text styles mark (the target's now).
+    assert new["ppt/slideLayouts/slideLayout1.xml"] == old[
+        "ppt/slideLayouts/slideLayout1.xml"].replace(b'lang="en-US"', b'lang="de-DE"')
+    assert new["ppt/slideLayouts/slideLayout1.xml"] != old["ppt/slideLayouts/slideLayout1.xml"]
     assert "12 of 12 entries translated" in tally  # 2 x (title, 2 points, notes), 4 cells
 
 
@@ -331,7 +336,12 @@ def test_an_ebook_is_translated_chapters_and_table_of_contents(tmp_path: Path) -
     assert b"<text>CHAPTER TITLE 0</text>" in ncx and b"<text>CHAPTER TITLE 1</text>" in ncx
     assert b">CHAPTER TITLE 1</a>" in members(out)["EPUB/nav.xhtml"]
     old, new = members(raw), members(out)
-    assert list(new) == list(old) and new["EPUB/content.opf"] == old["EPUB/content.opf"]
+    # The OPF's title translated and its language the target; the rest as it was.
+    assert list(new) == list(old) and new["EPUB/content.opf"] == old["EPUB/content.opf"].replace(
+        b"A small book", b"A SMALL BOOK").replace(b">en</dc:language>",
+                                                  b">de</dc:language>").rstrip(b"\n")
+    assert b'lang="de" xml:lang="de"' in new["EPUB/c0.xhtml"] and b'"en"' not in new[
+        "EPUB/c0.xhtml"]
     infos = zipfile.ZipFile(io.BytesIO(out)).infolist()
     assert infos[0].filename == "mimetype" and infos[0].compress_type == zipfile.ZIP_STORED
 
@@ -367,7 +377,7 @@ def test_an_epub_2_with_the_xhtml_1_1_doctype_and_its_entities() -> None:
     written = members(out)
     assert written["OEBPS/Text/chapter 1.xhtml"] == chapter.replace(
         b"A title", b"A TITLE").replace(b"Open&nbsp;the <i>file</i> &amp; save.",
-                                        b"OPEN&nbsp;THE <i>FILE</i> &amp; SAVE.")
+                                        "OPEN\u00a0THE <i>FILE</i> &amp; SAVE.".encode())
     assert b"<text>THE FIRST CHAPTER</text>" in written["OEBPS/toc.ncx"]
     assert "3 of 3 entries translated" in tally
 
@@ -379,9 +389,9 @@ def test_an_image_in_a_link_stays_in_the_link_with_its_words() -> None:
                b'</body></html>')
     out, _ = translate("old.epub", epub2_file(chapter))
     assert members(out)["OEBPS/Text/chapter 1.xhtml"] == chapter.replace(
-        b"See", b"SEE").replace(b"the picture", b"THE PICTURE").replace(
-        b"here", b"HERE").replace(b"Part one", b"PART ONE").replace(
-        b"Section one", b"SECTION ONE")
+        b'alt="i"', b'alt="I"').replace(b"See", b"SEE").replace(
+        b"the picture", b"THE PICTURE").replace(b"here", b"HERE").replace(
+        b"Part one", b"PART ONE").replace(b"Section one", b"SECTION ONE")
 
 
 # -- what the door serves --------------------------------------------------------------

@@ -7,9 +7,9 @@ and e-books.
 translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
-`opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
-`package.py` (the archive read as untrusted input), `limits.py` (the `Limits`, counted
-while a file is read, every format), `core/inline.py`
+`opendocument.py` (.odt, .odp), `epub.py` (.epub), `spreadsheet.py` (.xlsx, .ods);
+the zipped ones share `package.py` (the archive read as untrusted input), `limits.py`
+(the `Limits`, counted while a file is read, every format), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from seq2serve.server.core.documents import epub, office, opendocument
+from seq2serve.server.core.documents import epub, office, opendocument, spreadsheet
 from seq2serve.server.core.documents.base import (
     Document,
     DocumentError,
@@ -37,6 +37,7 @@ from seq2serve.server.core.documents.limits import (
 )
 from seq2serve.server.core.documents.office import read_docx, read_pptx
 from seq2serve.server.core.documents.opendocument import read_odp, read_odt
+from seq2serve.server.core.documents.spreadsheet import read_ods, read_xlsx
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
@@ -47,13 +48,15 @@ __all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "DocumentT
 
 # LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
 SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt", ".docx", ".pptx",
-            ".odt", ".odp", ".epub")
+            ".odt", ".odp", ".epub", ".xlsx", ".ods")
 # The zipped formats: their reader and the media type of the file written.
 _PACKAGES = {".docx": (read_docx, office.DOCX_MEDIA_TYPE),
              ".pptx": (read_pptx, office.PPTX_MEDIA_TYPE),
              ".odt": (read_odt, opendocument.ODT_MEDIA_TYPE),
              ".odp": (read_odp, opendocument.ODP_MEDIA_TYPE),
-             ".epub": (read_epub, epub.MEDIA_TYPE)}
+             ".epub": (read_epub, epub.MEDIA_TYPE),
+             ".xlsx": (read_xlsx, spreadsheet.XLSX_MEDIA_TYPE),
+             ".ods": (read_ods, spreadsheet.ODS_MEDIA_TYPE)}
 
 
 def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
@@ -67,7 +70,7 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
     check_file_bytes(base[:64], len(data), limits)
     document: Document
     if suffix in _PACKAGES:
-        document = _PACKAGES[suffix][0](base, data, limits)
+        document = _PACKAGES[suffix][0](base, data, target, limits)
     else:
         # A package counts as it inflates (package.py); the others are counted in their
         # bytes before their parser builds anything, then exactly once read.
@@ -98,7 +101,7 @@ def _read(base: str, data: bytes, target: str, overwrite: bool) -> Document:
     if suffix == ".srt":
         return SubtitleDocument(base, data)
     if suffix in (".html", ".htm"):
-        return HtmlDocument(base, data)
+        return HtmlDocument(base, data, target)
     if suffix == ".txt":
         return TextDocument(base, data)
     raise DocumentError(f"file format not supported: {suffix[:16] or base[:64]!r}; "

@@ -181,6 +181,10 @@ class Part:
     raw: bytes
     tree: etree._ElementTree
     paragraphs: list[Paragraph]
+    # Edits the part once the document has a translation in it (the target language
+    # marked where the format marks one), whether or not its own paragraphs changed;
+    # says whether it changed anything (else the part stays byte for byte).
+    mark: Callable[[etree._Element], bool] | None = None
 
 
 class PackageDocument(Document):
@@ -220,6 +224,9 @@ class PackageDocument(Document):
                 self.tally.filled += 1
                 touched = True
             if touched:
+                changed[part.member] = serialize(part.raw, part.tree)
+        for part in self.parts if self.tally.filled else ():
+            if part.mark is not None and part.mark(part.tree.getroot()):
                 changed[part.member] = serialize(part.raw, part.tree)
         if placed:
             self.tally.notes.append(f"{placed} formatting spans not found in their "
