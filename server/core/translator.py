@@ -37,7 +37,16 @@ from seq2serve.server.core.errors import (
 )
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.options import DecodingOptions
-from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
+from seq2serve.server.core.pieces import (
+    Joined,
+    Plan,
+    StreamedText,
+    join,
+    output_limit,
+    piece_limit,
+    plan,
+    whole,
+)
 from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
@@ -88,6 +97,11 @@ class _Job:
     terms: Terms = Terms()  # glossary terms masked and substituted
     first: _Leg | None = None  # a chain's first leg: source -> PIVOT
     leg: Leg | None = None  # the pair `handle` translates (None: summarize)
+    # The request left max_length to the model: a long text's pieces are cut to what
+    # the model's output limit holds, and each piece's limit rises with its input
+    # (pieces.piece_limit, pieces.output_limit). A request's own max_length is applied
+    # as it asked, and a piece that reaches it says so (finish_reason "length").
+    fit: bool = False
 
     @property
     def reader(self) -> ModelHandle:
@@ -144,7 +158,7 @@ class Translator:
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
                                   [p.source_ids for t in ready for p in t.plan.pieces], call,
-                                  forced_bos=_target_token(job.leg))
+                                  forced_bos=_target_token(job.leg), fit=job.fit)
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
@@ -205,7 +219,7 @@ class Translator:
                               call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))],
-                              forced_bos=_target_token(job.leg))
+                              forced_bos=_target_token(job.leg), fit=job.fit)
         events.watch(futures)
         streamed = StreamedText(planned, job.handle.tokenizer.decode)
         waiter = _gathered(futures)
@@ -307,7 +321,7 @@ class Translator:
                               route.target_language)
         return _Job(handle, checked, resolved, resolved.num_hypotheses,
                     protect=request.protect_placeholders, terms=terms, first=first,
-                    leg=route.legs[-1])
+                    leg=route.legs[-1], fit=request.options.max_length is None)
 
     def _unchanged(self, request: TranslateRequest, route: Route) -> TranslateResult:
         """Source and target the same language: every text back as it is (as Argos
@@ -341,7 +355,7 @@ class Translator:
         masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
         return masked, _plan(job.reader, masked.text,
-                             job.leg if job.first is None else job.first.leg)
+                             job.leg if job.first is None else job.first.leg, job.fit)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
                              call: Call) -> list[_Text]:
@@ -353,7 +367,7 @@ class Translator:
         first = job.first
         futures = self._queue(first.handle, first.options,
                               [p.source_ids for _, pl in prepared for p in pl.pieces], call,
-                              forced_bos=_target_token(first.leg))
+                              forced_bos=_target_token(first.leg), fit=job.fit)
         results = await _gather(futures, call)
         _check_call(call)  # the second leg never queues for a call that has ended
 
@@ -364,7 +378,7 @@ class Translator:
                 [head] = join(planned, [_enough(next(it).hypotheses, 1) for _ in planned.pieces],
                               1, first.handle.tokenizer.decode)
                 middle, repaired = carry(masked, head.text)
-                out.append(_Text(masked, _plan(job.handle, middle, job.leg),
+                out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit),
                                  head.score if planned.pieces else 0.0, repaired))
             return out
 
@@ -372,10 +386,11 @@ class Translator:
 
     def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
                call: Call, on_token: Sequence[Callable[[int], None] | None] = (),
-               forced_bos: int | None = None) -> list[asyncio.Future[Result]]:
+               forced_bos: int | None = None, fit: bool = False
+               ) -> list[asyncio.Future[Result]]:
         """All of a request's work items for one model enter its queue together, or
         none does. forced_bos: every hypothesis's first token (a multilingual model's
-        target language)."""
+        target language). fit: each piece's max_length rises with its input (_Job.fit)."""
         scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
@@ -384,7 +399,9 @@ class Translator:
                                   "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
-        items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),
+        each = _fitted(options, sources, handle.engine.limits.max_length) if fit else None
+        items = [WorkItem(source=src, options=each[i] if each else options,
+                          deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
                           on_token=on_token[i] if on_token else None, forced_bos=forced_bos)
                  for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
@@ -443,15 +460,34 @@ def _one_text(texts: Sequence[str]) -> None:
                               f"got {len(texts)}")
 
 
-def _plan(handle: ModelHandle, text: str, leg: Leg | None = None) -> Plan:
+def _plan(handle: ModelHandle, text: str, leg: Leg | None = None, fit: bool = False) -> Plan:
     """The text in sentence-sized pieces of the model's input, in the leg's source
-    language (a multilingual model's with that language's token)."""
+    language (a multilingual model's with that language's token). fit: no piece longer
+    than the model's output limit holds (pieces.piece_limit)."""
     manifest = handle.manifest
+    limit = manifest.max_source_length
+    if fit:
+        limit = piece_limit(limit, handle.engine.limits.max_length)
     if leg is None or handle.languages is None:
-        return plan(text, manifest.source_language, handle.encode, manifest.max_source_length)
+        return plan(text, manifest.source_language, handle.encode, limit)
     token, _ = leg.tokens()
     return plan(text, leg.source_language, functools.partial(handle.encode, language=token),
-                manifest.max_source_length)
+                limit)
+
+
+def _fitted(options: ResolvedOptions, sources: Sequence[Sequence[int]],
+            max_output: int) -> list[ResolvedOptions]:
+    """Each source's options: `options` with max_length raised to what its input needs
+    (pieces.output_limit), one value per distinct length."""
+    by_length: dict[int, ResolvedOptions] = {}
+    out = []
+    for source in sources:
+        length = output_limit(options.max_length, max_output, len(source))
+        if length not in by_length:
+            by_length[length] = (options if length == options.max_length
+                                 else dataclasses.replace(options, max_length=length))
+        out.append(by_length[length])
+    return out
 
 
 def _target_token(leg: Leg | None) -> int | None:
