@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
 from seq2serve.server.core.errors import (
@@ -342,11 +343,13 @@ class Translator:
             raise InvalidArgument("texts must hold at least one text, got 0")
         if len(texts) > self.max_texts_per_request:
             raise InvalidArgument(f"texts must hold at most {self.max_texts_per_request} "
-                                  f"texts per request, got {len(texts)}")
+                                  f"texts per request, got {len(texts)}; the limit is "
+                                  f"{setting_names('max_texts_per_request')}")
         for i, text in enumerate(texts):
             if len(text) > self.max_text_chars:
                 raise InvalidArgument(f"texts[{i}] must be at most {self.max_text_chars} "
-                                      f"characters, got {len(text)}")
+                                      f"characters, got {len(text)}; the limit is "
+                                      f"{setting_names('max_text_chars')}")
             check_unicode(f"texts[{i}]", text)
         return tuple(texts)
 

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.detect import Detector, language_name
 from seq2serve.server.core.documents import (
     DEFAULT_LIMITS,
@@ -214,13 +215,16 @@ class LibreTranslateApi:
         return JSONResponse(body)
 
     def _check_sizes(self, texts: Sequence[str]) -> None:
+        # LibreTranslate's words, then the setting that raises the limit here.
         if len(texts) > self.settings.batch_limit:
             raise invalid(f"Invalid request: request ({len(texts)}) exceeds text limit "
-                          f"({self.settings.batch_limit})")
+                          f"({self.settings.batch_limit}); the limit is "
+                          f"{setting_names('max_texts_per_request')}")
         for text in texts:
             if len(text) > self.settings.char_limit:
                 raise invalid(f"Invalid request: request ({len(text)}) exceeds character "
-                              f"limit ({self.settings.char_limit})")
+                              f"limit ({self.settings.char_limit}); the limit is "
+                              f"{setting_names('max_text_chars')}")
 
     async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
         """Each text's source language and the confidence in it (100 when given)."""
