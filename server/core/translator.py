@@ -69,9 +69,9 @@ from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
 
 # The core's whole surface: the Translator and the values it takes and returns.
-__all__ = ["Call", "ModelInfo", "ModelLimits", "RouteInfo", "StreamChunk", "SummarizeRequest",
-           "SummarizeResult", "Summary", "TranslateRequest", "TranslateResult", "Translation",
-           "Translator"]
+__all__ = ["Call", "ModelInfo", "ModelLimits", "RouteInfo", "SourceTooLong", "StreamChunk",
+           "SummarizeRequest", "SummarizeResult", "Summary", "TranslateRequest",
+           "TranslateResult", "Translation", "Translator"]
 
 T = TypeVar("T")
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
@@ -176,7 +176,7 @@ class Translator:
     async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
         job = self._admit("summarize", request.model, "", "", request.texts, request.options,
                           call)
-        sources, truncated = await off_loop(
+        sources, lengths = await off_loop(
             lambda: _summary_sources(job.handle, job.texts, request.truncate))
         wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
         futures = self._queue(job.handle, job.options,
@@ -187,9 +187,10 @@ class Translator:
             it = iter(results)
             decode = job.handle.tokenizer.decode
             summaries = []
-            for want, cut in zip(wanted, truncated, strict=True):
+            for want, source, length in zip(wanted, sources, lengths, strict=True):
                 hyps = _enough(next(it).hypotheses, job.count) if want else [_EMPTY] * job.count
-                summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]), cut))
+                summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]),
+                                         len(source) < length, length, len(source)))
             return SummarizeResult(job.handle.name, tuple(summaries))
 
         return await off_loop(answer)
@@ -441,20 +442,33 @@ class Translator:
 # -- pieces and answers ------------------------------------------------------------
 
 
+class SourceTooLong(InvalidArgument):
+    """A text to summarize longer than the model reads, with `truncate` not set. The
+    message names the core's field (texts[i]); a door whose fields are named otherwise
+    words it with its own (`naming`)."""
+
+    def __init__(self, index: int, tokens: int, limit: int) -> None:
+        self.index, self.tokens, self.limit = index, tokens, limit
+        super().__init__(self.naming(f"texts[{index}]", "truncate"))
+
+    def naming(self, field: str, switch: str) -> str:
+        return (f"{field} is {self.tokens} tokens; this model reads at most {self.limit} "
+                f"(set {switch} to cut it)")
+
+
 def _summary_sources(handle: ModelHandle, texts: Sequence[str],
-                     truncate: bool) -> tuple[list[list[int]], list[bool]]:
-    """Token ids of each text, cut to the model's limit when `truncate` allows it."""
+                     truncate: bool) -> tuple[list[list[int]], list[int]]:
+    """Token ids of each text, cut to the model's limit when `truncate` allows it (its
+    last token, EOS, kept), and each text's whole length in tokens."""
     limit = handle.manifest.max_source_length
-    sources, truncated = [], []
+    sources, lengths = [], []
     for i, text in enumerate(texts):
         ids = handle.encode(text)
         if len(ids) > limit and not truncate:
-            raise InvalidArgument(
-                f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
-                "(set truncate to cut it)")
-        truncated.append(len(ids) > limit)
+            raise SourceTooLong(i, len(ids), limit)
+        lengths.append(len(ids))
         sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
-    return sources, truncated
+    return sources, lengths
 
 
 def _one_text(texts: Sequence[str]) -> None:

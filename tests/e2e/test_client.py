@@ -199,6 +199,23 @@ def test_summarize_command(fake: tuple[FakeTranslator, str], tmp_path,
     assert "was cut to the model's input limit" in captured.err
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_summarize_command_leaves_the_final_line_break_out(
+        fake: tuple[FakeTranslator, str], tmp_path, ending: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file's or standard input's final line break ends its last line; it is not part
+    of the text (`echo "$TEXT" | seq2serve summarize -` sends $TEXT, as /summarize would
+    get it). Only that one: the line breaks inside, and a blank line before it, stay."""
+    servicer, target = fake
+    text = f"First line.{ending}{ending}Last line."
+    doc = tmp_path / "doc.txt"
+    doc.write_bytes(f"{text}{ending}".encode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{text}{ending}".encode()),
+                                                        encoding="utf-8", newline=""))
+    assert _run(summarize_cli, [str(doc), "-", "--server", target]) == 0
+    assert list(servicer.requests[-1].texts) == [text, text]
+
+
 def test_summarize_command_missing_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(summarize_cli, [str(tmp_path / "nope.txt")]) == 1
     assert "seq2serve summarize: error: cannot read" in capsys.readouterr().err

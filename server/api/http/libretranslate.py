@@ -38,11 +38,14 @@ from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
+    SourceTooLong,
     SummarizeRequest,
     TranslateRequest,
     Translator,
 )
 
+# On a /summarize answer whose texts were cut to the model's input: how many were.
+TRUNCATED_HEADER = "X-Seq2serve-Truncated"
 # Translated files wait for their download this long, at most this many.
 FILE_TTL_S = 600.0
 MAX_STORED_FILES = 64
@@ -327,21 +330,38 @@ class LibreTranslateApi:
     # -- summarize, detect -----------------------------------------------------------
 
     async def summarize(self, request: Request) -> Response:
+        """A text longer than the model reads is refused (400 naming `q` and the limit),
+        as gRPC, /v1 and the CLI refuse it, unless `truncate` is set; then it is cut,
+        and the answer says so: `truncated`, `tokensKept`, `tokensDropped` for every
+        text, and the header `X-Seq2serve-Truncated` (how many texts were cut)."""
         fields = await read_fields(request)
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
         self._check_sizes(texts)
         model = fields.text("model") or ""
+        truncate = fields.boolean("truncate", False)
         try:
             result = await self.translator.summarize(
-                SummarizeRequest(texts=tuple(texts), model=model, truncate=True), Call())
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), Call())
         except NotFound:
             names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
             wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
             raise InvalidArgument(f"this server has {wanted}; summarize models: "
                                   f"{', '.join(names) or 'none'}") from None
-        summaries = [s.hypotheses[0].text for s in result.summaries]
-        return JSONResponse({"summary": summaries if as_list else summaries[0]})
+        except SourceTooLong as e:
+            raise InvalidArgument(e.naming(f"q[{e.index}]" if as_list else "q",
+                                           "truncate")) from None
+        summaries = result.summaries
+
+        def each(values: list[object]) -> object:
+            return values if as_list else values[0]
+
+        body = {"summary": each([s.hypotheses[0].text for s in summaries]),
+                "truncated": each([s.truncated for s in summaries]),
+                "tokensKept": each([s.kept_tokens for s in summaries]),
+                "tokensDropped": each([s.source_tokens - s.kept_tokens for s in summaries])}
+        cut = sum(s.truncated for s in summaries)
+        return JSONResponse(body, headers={TRUNCATED_HEADER: str(cut)} if cut else None)
 
     async def detect(self, request: Request) -> Response:
         fields = await read_fields(request)
