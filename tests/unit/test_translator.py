@@ -331,3 +331,29 @@ def test_list_models(translator: Translator) -> None:
     assert info.limits.max_texts_per_request == 8 and info.limits.max_text_chars == 500
     assert info.limits.max_length == 64  # the server's cap
     assert models["tiny-summarize"].max_source_length == 12
+
+
+def test_a_size_limit_names_the_setting_that_raises_it(translator: Translator) -> None:
+    """"must be at most 500 characters" says which setting makes it 500, wherever the
+    limit is enforced: the core (gRPC, /v1), and a document's texts left untranslated."""
+    from seq2serve.server.core.documents import read_document
+    from seq2serve.server.core.documents.queueing import translate_document
+
+    for texts, wanted in [(("a" * 501,), "texts[0] must be at most 500 characters, got 501; "
+                           "the limit is the server's --max-text-chars "
+                           "(SEQ2SERVE_MAX_TEXT_CHARS)"),
+                          (("a",) * 9, "texts must hold at most 8 texts per request, got 9; "
+                           "the limit is the server's --max-texts-per-request "
+                           "(SEQ2SERVE_MAX_TEXTS_PER_REQUEST)")]:
+        with pytest.raises(ServiceError) as err:
+            run(translator.translate(TranslateRequest(texts, model=MODEL), Call()))
+        assert err.value.message == wanted
+    document = read_document("notes.txt", b"short\n\n" + b"long " * 10 + b"\n", "de")
+
+    async def upper(texts: Any) -> list[str]:
+        return [t.upper() for t in texts]
+
+    run(translate_document(document, upper, chunk_size=4, max_chars=20))
+    assert document.tally.notes[-1] == ("1 texts over 20 characters not sent (the limit is "
+                                        "the server's --max-text-chars "
+                                        "(SEQ2SERVE_MAX_TEXT_CHARS))")
