@@ -1,7 +1,8 @@
-"""Summarize through every door on one served summarizer (the tiny package reading at
-most 12 tokens): HTTP /summarize refuses a text the model cannot read whole, as gRPC,
-/v1 and the CLI do, unless `truncate` is set, and then says what it cut (issue 51,
-item 5)."""
+"""Nothing is cut without the answer saying so (issue 51, item 5). Summarize through
+every door on one served summarizer (the tiny package reading at most 12 tokens):
+HTTP /summarize refuses a text the model cannot read whole, as gRPC, /v1 and the CLI
+do, unless `truncate` is set, and then says what it cut. A translation whose piece
+stopped at its length limit says so in LibreTranslate's answer as gRPC's does."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 from conftest import CORPUS
 from serving import RunningServer, free_port, server_config
 
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.client import Seq2ServeClient
 
 LIMIT = 12  # the summarizer's max_source_length
@@ -100,3 +103,36 @@ def test_a_text_read_whole_says_so_and_has_no_header(server: RunningServer,
     assert answer.json() == {"summary": expected.hypotheses[0].text, "truncated": False,
                              "tokensKept": _tokens(server, SHORT), "tokensDropped": 0}
     assert "X-Seq2serve-Truncated" not in answer.headers
+
+
+@pytest.fixture(scope="module")
+def cut_server(marian_package: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[RunningServer]:
+    """The tiny translator made to stop at its length limit: its package's min_length is
+    the server's cap, so no hypothesis ends before it."""
+    root = tmp_path_factory.mktemp("cut")
+    shutil.copytree(marian_package, root / "tiny-en-de")
+    path = root / "tiny-en-de" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["generation"]["min_length"] = 16
+    path.write_text(json.dumps(manifest))
+    running = RunningServer(server_config(root, http_port=free_port(), max_length_cap=16))
+    yield running
+    running.stop()
+
+
+def test_a_translation_cut_at_its_length_limit_says_so_on_every_door(
+        cut_server: RunningServer) -> None:
+    texts = [SHORT, CORPUS[1]]
+    with grpc.insecure_channel(cut_server.target) as channel:
+        answer = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(
+            texts=texts, source_language="en", target_language="de"), timeout=60)
+    bests = [t.hypotheses[0] for t in answer.translations]
+    assert [b.finish_reason for b in bests] == [pb.FINISH_REASON_LENGTH] * 2
+    assert cut_server.http_url is not None
+    with httpx.Client(base_url=cut_server.http_url, timeout=60) as http:
+        one = http.post("/translate", json={"q": SHORT, "source": "en", "target": "de"})
+        many = http.post("/translate", json={"q": texts, "source": "en", "target": "de"})
+    assert one.json() == {"translatedText": bests[0].text, "finishReason": "length"}
+    assert many.json() == {"translatedText": [b.text for b in bests],
+                           "finishReason": ["length", "length"]}
