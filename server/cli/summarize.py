@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     for i, (name, summary) in enumerate(zip(args.files, summaries, strict=True)):
         if summary.truncated:
             print(f"{PROG}: note: {name} was cut to the model's input limit", file=sys.stderr)
+        if summary.hypotheses and summary.hypotheses[0].finish_reason == "length":
+            print(f"{PROG}: note: {name}'s summary stopped at its length limit (max_length)",
+                  file=sys.stderr)
         if n_best and i:
             print()
         print("\n".join(hypothesis_lines(summary.hypotheses, n_best, args.scores)))
