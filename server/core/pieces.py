@@ -88,14 +88,17 @@ def output_limit(default: int, max_output: int, source_length: int) -> int:
     return min(max_output, max(default, OUTPUT_PER_SOURCE_TOKEN * source_length))
 
 
-def plan(text: str, language: str, encode: Encode, limit: int) -> Plan:
+def plan(text: str, language: str, encode: Encode, limit: int,
+         max_source_length: int | None = None) -> Plan:
     """Sentences of `text` (in `language`), each cut to at most `limit` source tokens.
 
     Pieces longer than `limit` are split at clauses and words first; what is still
-    longer (one character past the limit) is cut to `limit` token ids.
+    longer (one character past the limit) is sent whole when the model reads it
+    (`max_source_length`, by default `limit`), else cut to that many token ids.
     """
     segmented = split_long(segment(text, language), lambda t: len(encode(t)), limit)
-    return Plan(segmented, tuple(Piece(t, encode(t)[:limit]) for t in segmented.pieces))
+    most = limit if max_source_length is None else max(limit, max_source_length)
+    return Plan(segmented, tuple(Piece(t, encode(t)[:most]) for t in segmented.pieces))
 
 
 def join(plan: Plan, nbests: Sequence[Sequence[PieceHypothesis]], count: int,

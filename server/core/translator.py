@@ -486,10 +486,11 @@ def _plan(handle: ModelHandle, text: str, leg: Leg | None = None, fit: bool = Fa
     if fit:
         limit = piece_limit(limit, handle.engine.limits.max_length)
     if leg is None or handle.languages is None:
-        return plan(text, manifest.source_language, handle.encode, limit)
+        return plan(text, manifest.source_language, handle.encode, limit,
+                    manifest.max_source_length)
     token, _ = leg.tokens()
     return plan(text, leg.source_language, functools.partial(handle.encode, language=token),
-                limit)
+                limit, manifest.max_source_length)
 
 
 def _fitted(options: ResolvedOptions, sources: Sequence[Sequence[int]],
@@ -524,9 +525,10 @@ def _check_call(call: Call) -> None:
 def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     """What a text's answer depends on: the packages of its route (each digest
     covers every file; a chain's two, in order), the task, the text as asked, each
-    leg's resolved options and what is protected (placeholders on or off, the terms
-    a glossary and the request resolved to); None when it depends on chance
-    (sampling without a seed)."""
+    leg's resolved options, what is protected (placeholders on or off, the terms
+    a glossary and the request resolved to) and whether its pieces were fitted to the
+    output limit (a max_length asked for resolves as the model's own may); None when
+    it depends on chance (sampling without a seed)."""
     if job.options.decoding == "sampling" and job.options.seed is None:
         return None
     legs = [job.handle] if job.first is None else [job.first.handle, job.handle]
@@ -534,7 +536,7 @@ def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     pairs = [job.leg] if job.first is None else [job.first.leg, job.leg]
     return (tuple(h.digest for h in legs), "translate", text, tuple(repr(o) for o in options),
             tuple((p.source_language, p.target_language) for p in pairs if p is not None),
-            job.protect, job.terms)
+            job.protect, job.terms, job.fit)
 
 
 def _size(translation: Translation) -> int:

@@ -172,3 +172,10 @@ def test_plan_within_piece_limit_cuts_an_unpunctuated_text_at_spaces() -> None:
     assert all(len(p.source_ids) <= 10 for p in planned.pieces)
     assert all(p.source_ids == _encode(p.text) for p in planned.pieces)  # nothing cut off
     assert " ".join(p.text for p in planned.pieces) == text
+
+
+def test_a_character_past_the_piece_limit_is_sent_whole_when_the_model_reads_it() -> None:
+    # "H" alone is 2 tokens (with EOS): above a piece limit of 1, within the model's 4.
+    assert plan("H", "en", _encode, limit=1, max_source_length=4).pieces[0].source_ids == \
+        _encode("H")
+    assert plan("H", "en", _encode, limit=1).pieces[0].source_ids == _encode("H")[:1]

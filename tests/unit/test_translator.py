@@ -21,6 +21,7 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api import convert
 from seq2serve.server.assembly import load_models
 from seq2serve.server.batching.scheduler import Draining, QueueFull, WorkItem
+from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import OUTPUT_PER_SOURCE_TOKEN
@@ -210,6 +211,24 @@ def test_a_requests_own_max_length_is_applied_as_given_and_a_cut_reported(
     assert queued and all(item.options.max_new_tokens(len(item.source)) == 3
                           for item in queued)
     assert result.translations[0].hypotheses[0].finish_reason == "length"
+
+
+def test_the_cache_tells_a_requests_own_max_length_from_the_models(
+        translator: Translator) -> None:
+    """max_length=64 asked for is the same resolved option as the model's 64 left to it,
+    but only the latter's pieces are fitted to it: one must not answer for the other."""
+    cached = Translator(translator.registry, max_texts_per_request=8, max_text_chars=500,
+                        cache=ResponseCache(1 << 20))
+
+    def best(**options: Any) -> Any:
+        return run(cached.translate(TranslateRequest(
+            (UNPUNCTUATED,), model=MODEL, options=DecodingOptions(beam_size=1, **options)),
+            Call())).translations[0].hypotheses[0]
+
+    fitted, asked = best(), best(max_length=64)
+    assert asked.finish_reason == "length" and asked != fitted
+    assert best() == fitted and best(max_length=64) == asked  # each from its own entry
+    assert cached.cache.stats().hits == 2
 
 
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4),
