@@ -141,8 +141,9 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
             continue
         name = package.manifest.name
         if name in names:
-            broken.append(BrokenPackage(path, f"model name {name!r} is already "
-                                              f"served from {names[name]}"))
+            broken.append(BrokenPackage(path, f"model name {name!r} is already served from "
+                                              f"{names[name]}: export one with another "
+                                              f"--name (seq2serve export --name NAME)"))
             continue
         names[name] = path
         packages.append(package)

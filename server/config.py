@@ -170,21 +170,34 @@ class ServerConfig:
     max_length_cap: int = field(default=512, metadata=_meta(
         "largest max_length (new tokens) accepted", "N"))
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata=_meta(
-        "largest gRPC message received or sent, and largest HTTP body (a /translate_file "
-        "upload included)", "BYTES"))
-    # The limits on one file of /translate_file (core/documents/package.py's Limits, whose
+        "largest gRPC message received or sent, and largest HTTP body (except a "
+        "/translate_file upload's: --max-document-bytes)", "BYTES"))
+    # The limits on one file of /translate_file (core/documents/limits.py's Limits, whose
     # defaults these are; tests/unit/test_config.py holds them equal). Past one: HTTP 413.
+    # The upload may be larger than a request (images are copied byte for byte); what it
+    # unpacks to and asks to translate is bounded by the others, counted while reading.
+    max_document_bytes: int = field(default=32 * 1024 * 1024, metadata=_meta(
+        "largest file /translate_file takes (its HTTP body may be this and 64 KiB more)",
+        "BYTES"))
     max_document_members: int = field(default=5000, metadata=_meta(
         "most files in an uploaded document's archive (.docx, .pptx, .odt, .odp, .epub)",
         "N"))
     max_document_unpacked_bytes: int = field(default=64 * 1024 * 1024, metadata=_meta(
         "most bytes an uploaded document's archive may unpack to, all its files together "
         "(declared and counted while inflating)", "BYTES"))
+    max_document_elements: int = field(default=500_000, metadata=_meta(
+        "most XML elements in the parts of an uploaded file read for translation (an "
+        "HTML tag or a line of a text file counts as one), counted while reading; about "
+        "150 bytes of memory each", "N"))
     max_document_characters: int = field(default=1_000_000, metadata=_meta(
         "most characters of text to translate in one uploaded file", "N"))
     max_document_paragraphs: int = field(default=50_000, metadata=_meta(
         "most texts (paragraphs, entries, lines) to translate in one uploaded file; a "
-        "document's cost about 2 KB of memory each while it is translated", "N"))
+        "package's paragraph elements, empty or not, counted while reading; about 2 KB of "
+        "memory each while translated", "N"))
+    max_documents_in_flight: int = field(default=4, metadata=_meta(
+        "most /translate_file uploads read or translated at once; past it: HTTP 503 with "
+        "Retry-After (each holds up to about 100 MB while read)", "N"))
     drain_delay_s: float = field(default=5.0, metadata=_meta(
         "on SIGTERM, how long health says NOT_SERVING while new calls are still served, so "
         "load balancers stop routing here before the port closes", "SECONDS"))
@@ -218,8 +231,9 @@ class ServerConfig:
             *(int_problem(name, getattr(self, name), 1) for name in (
                 "max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
                 "max_texts_per_request", "max_text_chars", "max_length_cap",
-                "max_document_members", "max_document_unpacked_bytes",
-                "max_document_characters", "max_document_paragraphs")),
+                "max_document_bytes", "max_document_members", "max_document_unpacked_bytes",
+                "max_document_elements", "max_document_characters", "max_document_paragraphs",
+                "max_documents_in_flight")),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
             float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),

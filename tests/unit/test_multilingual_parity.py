@@ -330,7 +330,8 @@ def test_stored_position_tables_are_checked(tmp_path: Path) -> None:
 def test_the_registry_names_the_families(tmp_path: Path) -> None:
     from seq2serve.model.families.registry import FAMILIES
 
-    assert FAMILIES["m2m_100"] is m2m100.load_source and FAMILIES["mbart"] is mbart.load_source
+    assert FAMILIES["m2m_100"].load is m2m100.load_source
+    assert FAMILIES["mbart"].load is mbart.load_source
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "nllb_moe"}))
     with pytest.raises(SourceError, match="'m2m_100'.*'mbart'"):
         export(tmp_path, tmp_path / "out", progress=False)

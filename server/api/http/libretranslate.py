@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import unicodedata
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,6 +33,7 @@ from seq2serve.server.core.documents import (
     media_type,
     read_document,
 )
+from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT, InFlight
 from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
@@ -60,6 +63,7 @@ class LibreSettings:
     frontend_timeout_ms: int = 500
     suggestions: bool = False
     document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
+    documents_in_flight: int = DEFAULT_IN_FLIGHT  # /translate_file uploads at once (503 past)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ class LibreTranslateApi:
         self.access = access
         self.settings = settings
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        self._documents = InFlight(settings.documents_in_flight)
         self._catalog: Catalog | None = None
 
     # -- languages -------------------------------------------------------------------
@@ -411,8 +416,13 @@ class LibreTranslateApi:
         All of its texts are queued together as ordinary core requests, so placeholders,
         markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
         field) retranslates entries that are translated already."""
-        fields = await read_fields(request)
-        self._admit(request, fields, cost=1)
+        with self._documents.admit():
+            fields = await read_fields(request)
+            self._admit(request, fields, cost=1)
+            url = await self._translate_file(request, fields)
+        return JSONResponse({"translatedFileUrl": url})
+
+    async def _translate_file(self, request: Request, fields: Fields) -> str:
         upload = fields.files.get("file")
         if upload is None:
             raise missing("file")
@@ -437,8 +447,9 @@ class LibreTranslateApi:
         output = await translate_with_core(document, self.translator, template, Call())
         key = f"{uuid.uuid4().hex}.{document.name}"
         self._store(key, output)
-        url = str(request.url_for("download_file", filename=key))
-        return JSONResponse({"translatedFileUrl": url})
+        # Any file name in one path segment (RFC 3986): spaces, "#", "?", "%", non-ASCII
+        # letters percent-encoded, "/" too; Starlette decodes it on the way back in.
+        return str(request.url_for("download_file", filename=quote(key, safe="")))
 
     def _store(self, key: str, data: bytes) -> None:
         now = asyncio.get_running_loop().time()
@@ -454,7 +465,7 @@ class LibreTranslateApi:
             raise invalid("Invalid filename")
         _, name, data = stored
         return Response(data, media_type=media_type(name),
-                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+                        headers={"Content-Disposition": content_disposition(name)})
 
     # -- access ----------------------------------------------------------------------
 
@@ -463,6 +474,18 @@ class LibreTranslateApi:
             "Bearer ").strip() or None
         peer = request.client.host if request.client is not None else ""
         self.access.admit(peer, request.headers.get("x-forwarded-for"), key, cost)
+
+
+def content_disposition(name: str) -> str:
+    """An attachment named `name` as RFC 6266 says: `filename*` (RFC 8187: UTF-8,
+    percent-encoded) for every client that reads it, beside a plain ASCII `filename`
+    for those that do not: accents dropped ("für" -> "fur"), any other character that
+    is not printable ASCII, and a quote or backslash, as "_"."""
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_"
+                    for c in unicodedata.normalize("NFKD", name)
+                    if not unicodedata.combining(c))
+    encoded = quote(name, safe="")
+    return f'attachment; filename="{plain or "file"}"; filename*=UTF-8\'\'{encoded}'
 
 
 def _api_key(fields: Fields) -> str | None:

@@ -8,7 +8,8 @@ translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
 `opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
-`package.py` (the archive read as untrusted input, its `Limits`), `core/inline.py`
+`package.py` (the archive read as untrusted input), `limits.py` (the `Limits`, counted
+while a file is read, every format), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
@@ -28,9 +29,14 @@ from seq2serve.server.core.documents.base import (
 )
 from seq2serve.server.core.documents.epub import read_epub
 from seq2serve.server.core.documents.gettext import GettextDocument
+from seq2serve.server.core.documents.limits import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_file_bytes,
+    prescan,
+)
 from seq2serve.server.core.documents.office import read_docx, read_pptx
 from seq2serve.server.core.documents.opendocument import read_odp, read_odt
-from seq2serve.server.core.documents.package import DEFAULT_LIMITS, Limits
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
@@ -58,13 +64,15 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
     what any format may ask to have translated (DocumentTooLarge past them)."""
     base = PurePath(name).name
     suffix = PurePath(base).suffix.lower()
+    check_file_bytes(base[:64], len(data), limits)
     document: Document
     if suffix in _PACKAGES:
         document = _PACKAGES[suffix][0](base, data, limits)
     else:
+        # A package counts as it inflates (package.py); the others are counted in their
+        # bytes before their parser builds anything, then exactly once read.
+        prescan(base[:64], suffix, data, limits)
         document = _read(base, data, target, overwrite)
-        # A package counts as it reads (package.py); the others once read, within the
-        # upload's bytes.
         if len(document.texts) > limits.paragraphs:
             raise DocumentTooLarge(f"{base[:64]} has {len(document.texts)} texts to "
                                    f"translate; the limit is {limits.paragraphs}")

@@ -41,6 +41,9 @@ _BLOCKS = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", 
                      "legend", "label", "section", "article", "aside", "header", "footer",
                      "nav", "figure", "main", "body"})
 _SKIPPED = SKIPPED_ELEMENTS | {"svg", "math"}
+# The blocks as the streaming count sees them (Clark notation; XHTML or no namespace).
+_COUNTED_BLOCKS = frozenset({*_BLOCKS, *(f"{{{XHTML}}}{name}" for name in _BLOCKS)})
+_COUNTED_NCX = frozenset({"text", f"{{{NCX}}}text"})
 
 
 def _local(element: etree._Element, namespace: str) -> str | None:
@@ -77,9 +80,11 @@ def read_epub(name: str, data: bytes, limits: Limits = DEFAULT_LIMITS) -> Packag
         if member not in package.names:
             continue
         if media_type == "application/xhtml+xml":
-            parts.append(package.part(member, lambda root: paragraphs(root, XHTML_RULES)))
+            parts.append(package.part(member, lambda root: paragraphs(root, XHTML_RULES),
+                                      _COUNTED_BLOCKS))
         elif media_type == "application/x-dtbncx+xml":
-            parts.append(package.part(member, lambda root: paragraphs(root, NCX_RULES)))
+            parts.append(package.part(member, lambda root: paragraphs(root, NCX_RULES),
+                                      _COUNTED_NCX))
     return PackageDocument(name, MEDIA_TYPE, package, parts)
 
 

@@ -118,7 +118,7 @@ def _part(package: Package, member: str, dialect: _Dialect) -> Part:
         found = (_paragraph(element, dialect) for element in root.iter(dialect.ns + "p"))
         return [p for p in found if p is not None]
 
-    return package.part(member, find)
+    return package.part(member, find, frozenset({dialect.ns + "p"}))
 
 
 def _paragraph(p: etree._Element, dialect: _Dialect) -> Paragraph | None:

@@ -65,5 +65,5 @@ def _read(name: str, data: bytes, kind: str, media_type: str,
     parts = []
     for member in ("content.xml", "styles.xml"):
         if member in package.names:
-            parts.append(package.part(member, lambda root: paragraphs(root, RULES)))
+            parts.append(package.part(member, lambda root: paragraphs(root, RULES), _BLOCKS))
     return PackageDocument(name, media_type, package, parts)
