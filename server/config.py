@@ -379,6 +379,12 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def setting_names(name: str) -> str:
+    """How an operator sets the field `name`, for a message about a limit it imposes:
+    "the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"."""
+    return f"the server's {flag_name(name)} ({env_name(name)})"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field. Flags default to None so `from_args` can tell a flag
     given on the command line from one left to the environment or the default."""

@@ -187,9 +187,11 @@ def test_both_front_doors_share_the_cache(server: RunningServer, http: httpx.Cli
     (json.dumps({"q": 5, "source": "en", "target": "de"}).encode(),
      {"content-type": "application/json"}, 400, "q must be a string or a list of strings"),
     (json.dumps({"q": ["x"] * 10_000, "source": "en", "target": "de"}).encode(),
-     {"content-type": "application/json"}, 400, "request (10000) exceeds text limit (16)"),
+     {"content-type": "application/json"}, 400, "request (10000) exceeds text limit (16); "
+     "the limit is the server's --max-texts-per-request (SEQ2SERVE_MAX_TEXTS_PER_REQUEST)"),
     (json.dumps({"q": "x" * 2001, "source": "en", "target": "de"}).encode(),
-     {"content-type": "application/json"}, 400, "exceeds character limit (2000)"),
+     {"content-type": "application/json"}, 400, "exceeds character limit (2000); the limit "
+     "is the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"),
     (json.dumps({"q": "x", "source": "en", "target": "xx"}).encode(),
      {"content-type": "application/json"}, 400, "xx is not supported"),
     (json.dumps({"q": "x", "source": "en"}).encode(),

@@ -28,7 +28,11 @@ from swagger_ui_bundle import swagger_ui_path
 
 from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
 from seq2serve.server.api.http.body import BodyLimit
-from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
+from seq2serve.server.api.http.libretranslate import (
+    TRUNCATED_HEADER,
+    LibreSettings,
+    LibreTranslateApi,
+)
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
@@ -203,7 +207,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                        allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"],
-                       expose_headers=["Authorization"], max_age=60 * 60 * 24 * 20)
+                       expose_headers=["Authorization", TRUNCATED_HEADER],
+                       max_age=60 * 60 * 24 * 20)
     # A document upload has a limit of its own (images in it are copied byte for byte);
     # the slack is the multipart form around the file and the other fields.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,

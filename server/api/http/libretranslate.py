@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.detect import Detector
 from seq2serve.server.core.documents import (
     DEFAULT_LIMITS,
@@ -37,14 +38,18 @@ from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
 from seq2serve.server.core.options import DecodingOptions
+from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
+    SourceTooLong,
     SummarizeRequest,
     TranslateRequest,
     Translator,
 )
 
+# On a /summarize answer whose texts were cut to the model's input: how many were.
+TRUNCATED_HEADER = "X-Seq2serve-Truncated"
 # Translated files wait for their download this long, at most this many.
 FILE_TTL_S = 600.0
 MAX_STORED_FILES = 64
@@ -76,6 +81,22 @@ class Software:
                    glossary=fields.text("glossary") or "",
                    terms=tuple(fields.term_pairs("terms")),
                    do_not_translate=tuple(fields.strings("do_not_translate")))
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What a text's best translation says beyond its words: a placeholder the model
+    lost was put back (`placeholdersRepaired`), a piece of it stopped at its length
+    limit (`finishReason: "length"`)."""
+
+    repaired: bool = False
+    cut: bool = False
+
+    @classmethod
+    def of(cls, bests: Sequence[Joined]) -> Flags:
+        """A text's flags from its best (or, for HTML, each of its blocks' best)."""
+        return cls(any(b.repaired for b in bests), any(b.finish_reason == "length"
+                                                        for b in bests))
 
 
 @dataclass(frozen=True)
@@ -197,12 +218,16 @@ class LibreTranslateApi:
         software = Software.from_fields(fields)
         self._check_sizes(texts)
         detected = await self._sources(texts, source)
-        translated, repaired, models = await self._translate_flagged(
+        translated, flags, models = await self._translate_flagged(
             texts, [d[0] for d in detected], target, text_format, alternatives, software)
+        repaired, cut = [f.repaired for f in flags], [f.cut for f in flags]
         best = [options[0] for options in translated]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
         if any(repaired):  # LibreTranslate's own answer otherwise, field for field
             body["placeholdersRepaired"] = repaired if as_list else repaired[0]
+        if any(cut):  # a piece stopped at its length limit: said, never silent
+            reasons = ["length" if c else "eos" for c in cut]
+            body["finishReason"] = reasons if as_list else reasons[0]
         if any(len(m) > 1 for m in models):
             # Through English: which models served each text. Only then, so that a direct
             # answer stays LibreTranslate's, field for field (its clients read the keys
@@ -218,13 +243,16 @@ class LibreTranslateApi:
         return JSONResponse(body)
 
     def _check_sizes(self, texts: Sequence[str]) -> None:
+        # LibreTranslate's words, then the setting that raises the limit here.
         if len(texts) > self.settings.batch_limit:
             raise invalid(f"Invalid request: request ({len(texts)}) exceeds text limit "
-                          f"({self.settings.batch_limit})")
+                          f"({self.settings.batch_limit}); the limit is "
+                          f"{setting_names('max_texts_per_request')}")
         for text in texts:
             if len(text) > self.settings.char_limit:
                 raise invalid(f"Invalid request: request ({len(text)}) exceeds character "
-                              f"limit ({self.settings.char_limit})")
+                              f"limit ({self.settings.char_limit}); the limit is "
+                              f"{setting_names('max_text_chars')}")
 
     async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
         """Each text's source language (as given: the core routes it; else the
@@ -258,12 +286,12 @@ class LibreTranslateApi:
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
                                  software: Software
-                                 ) -> tuple[list[list[str]], list[bool], list[tuple[str, ...]]]:
-        """Every text's best translation and alternatives, whether its best needed a
-        placeholder repair and the models that served it; one core request per source
-        language (one in all unless `auto` found several)."""
+                                 ) -> tuple[list[list[str]], list[Flags], list[tuple[str, ...]]]:
+        """Every text's best translation and alternatives, what its best's flags say
+        and the models that served it; one core request per source language (one in
+        all unless `auto` found several)."""
         out: list[list[str]] = [[] for _ in texts]
-        flags = [False] * len(texts)
+        flags = [Flags()] * len(texts)
         models: list[tuple[str, ...]] = [() for _ in texts]
         groups: dict[str, list[int]] = {}
         for i, source in enumerate(sources):
@@ -282,29 +310,29 @@ class LibreTranslateApi:
 
     async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
                                alternatives: int,
-                               software: Software) -> list[tuple[list[str], bool]]:
+                               software: Software) -> list[tuple[list[str], Flags]]:
         options = self._options(pair.last, alternatives)
         if text_format == "text":
             result = await self.translator.translate(
                 self._request(pair, texts, options, software), Call())
-            return [([h.text for h in t.hypotheses], t.hypotheses[0].repaired)
+            return [([h.text for h in t.hypotheses], Flags.of([t.hypotheses[0]]))
                     for t in result.translations]
         # HTML: only the text blocks go to the model (a sentence with its inline tags as
         # tag pairs, core/markup.py), all documents' blocks in one request.
         documents = [extract(text) for text in texts]
         runs = [run for document in documents for run in document.texts]
         translated: list[str] = []
-        repaired: list[bool] = []
+        bests: list[Joined] = []
         if runs:
             result = await self.translator.translate(
                 self._request(pair, runs, self._options(pair.last, 0), software), Call())
-            translated = [t.hypotheses[0].text for t in result.translations]
-            repaired = [t.hypotheses[0].repaired for t in result.translations]
+            bests = [t.hypotheses[0] for t in result.translations]
+            translated = [best.text for best in bests]
         rendered, start = [], 0
         for document in documents:
             end = start + len(document.texts)
             rendered.append(([document.render(translated[start:end])],
-                             any(repaired[start:end])))
+                             Flags.of(bests[start:end])))
             start = end
         return rendered  # no alternatives for HTML, as LibreTranslate
 
@@ -329,21 +357,38 @@ class LibreTranslateApi:
     # -- summarize, detect -----------------------------------------------------------
 
     async def summarize(self, request: Request) -> Response:
+        """A text longer than the model reads is refused (400 naming `q` and the limit),
+        as gRPC, /v1 and the CLI refuse it, unless `truncate` is set; then it is cut,
+        and the answer says so: `truncated`, `tokensKept`, `tokensDropped` for every
+        text, and the header `X-Seq2serve-Truncated` (how many texts were cut)."""
         fields = await read_fields(request)
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
         self._check_sizes(texts)
         model = fields.text("model") or ""
+        truncate = fields.boolean("truncate", False)
         try:
             result = await self.translator.summarize(
-                SummarizeRequest(texts=tuple(texts), model=model, truncate=True), Call())
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), Call())
         except NotFound:
             names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
             wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
             raise InvalidArgument(f"this server has {wanted}; summarize models: "
                                   f"{', '.join(names) or 'none'}") from None
-        summaries = [s.hypotheses[0].text for s in result.summaries]
-        return JSONResponse({"summary": summaries if as_list else summaries[0]})
+        except SourceTooLong as e:
+            raise InvalidArgument(e.naming(f"q[{e.index}]" if as_list else "q",
+                                           "truncate")) from None
+        summaries = result.summaries
+
+        def each(values: list[object]) -> object:
+            return values if as_list else values[0]
+
+        body = {"summary": each([s.hypotheses[0].text for s in summaries]),
+                "truncated": each([s.truncated for s in summaries]),
+                "tokensKept": each([s.kept_tokens for s in summaries]),
+                "tokensDropped": each([s.source_tokens - s.kept_tokens for s in summaries])}
+        cut = sum(s.truncated for s in summaries)
+        return JSONResponse(body, headers={TRUNCATED_HEADER: str(cut)} if cut else None)
 
     async def detect(self, request: Request) -> Response:
         fields = await read_fields(request)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.documents.base import Document
 
 TranslateTexts = Callable[[Sequence[str]], Awaitable[Sequence[str]]]
@@ -79,6 +80,7 @@ async def translate_document(document: Document, translate: TranslateTexts, *,
                                          progress=progress, busy=busy)
     skipped = sum(1 for t in translations if t is None)
     if skipped:
-        document.tally.notes.append(f"{skipped} texts over {max_chars} characters not sent")
+        document.tally.notes.append(f"{skipped} texts over {max_chars} characters not sent "
+                                    f"(the limit is {setting_names('max_text_chars')})")
     # Writing a large catalog takes a while: off the event loop, as its parsing is.
     return await asyncio.get_running_loop().run_in_executor(None, document.write, translations)
