@@ -356,7 +356,7 @@ def test_a_size_limit_names_the_setting_that_raises_it(translator: Translator) -
     """"must be at most 500 characters" says which setting makes it 500, wherever the
     limit is enforced: the core (gRPC, /v1), and a document's texts left untranslated."""
     from seq2serve.server.core.documents import read_document
-    from seq2serve.server.core.documents.queueing import translate_document
+    from seq2serve.server.core.documents.service import translate_with_core
 
     for texts, wanted in [(("a" * 501,), "texts[0] must be at most 500 characters, got 501; "
                            "the limit is the server's --max-text-chars "
@@ -367,12 +367,8 @@ def test_a_size_limit_names_the_setting_that_raises_it(translator: Translator) -
         with pytest.raises(ServiceError) as err:
             run(translator.translate(TranslateRequest(texts, model=MODEL), Call()))
         assert err.value.message == wanted
-    document = read_document("notes.txt", b"short\n\n" + b"long " * 10 + b"\n", "de")
-
-    async def upper(texts: Any) -> list[str]:
-        return [t.upper() for t in texts]
-
-    run(translate_document(document, upper, chunk_size=4, max_chars=20))
-    assert document.tally.notes[-1] == ("1 texts over 20 characters not sent (the limit is "
+    document = read_document("notes.txt", b"short\n\n" + b"long " * 120 + b"\n", "de")
+    run(translate_with_core(document, translator, TranslateRequest((), model=MODEL), Call()))
+    assert document.tally.notes[-1] == ("1 texts over 500 characters not sent (the limit is "
                                         "the server's --max-text-chars "
                                         "(SEQ2SERVE_MAX_TEXT_CHARS))")
