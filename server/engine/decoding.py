@@ -153,6 +153,33 @@ def force_token(log_probs: np.ndarray, rows: np.ndarray, token: int) -> np.ndarr
 NO_TOKEN = -1  # a forced token that is not set
 
 
+def raise_eos_after(log_probs: np.ndarray, generated: np.ndarray, eos_id: int, start: int,
+                    factor: float) -> np.ndarray:
+    """HF's ExponentialDecayLengthPenalty: in the rows that generated more than
+    `start` tokens (generated (N,)), EOS's finite log-prob x becomes
+    x + |x| * (factor ** (generated - start) - 1)."""
+    rows = np.flatnonzero(generated > start)
+    if rows.size:
+        eos = log_probs[rows, eos_id]
+        growth = np.power(factor, (generated[rows] - start).astype(np.float64)) - 1.0
+        penalty = (np.abs(eos) * growth.astype(np.float32)).astype(np.float32)
+        log_probs[rows, eos_id] = np.where(np.isfinite(eos), eos + penalty, eos)
+    return log_probs
+
+
+def renormalize(log_probs: np.ndarray) -> np.ndarray:
+    """HF's LogitNormalization (renormalize_logits): each row's log-softmax again,
+    after the processors banned or changed some of its log-probs. A row with no
+    possible token stays as it is."""
+    top = log_probs.max(axis=1, keepdims=True)  # (N, 1)
+    top = np.where(np.isfinite(top), top, np.float32(0.0))
+    total = np.exp(log_probs - top).sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        shift = np.where(total > 0, np.log(total) + top, np.float32(0.0))
+    log_probs -= shift.astype(log_probs.dtype)
+    return log_probs
+
+
 @dataclass(frozen=True)
 class Processing:
     """Per-row processing parameters (N,) plus the model's special tokens.
@@ -171,6 +198,12 @@ class Processing:
     forced_bos: np.ndarray | None = None  # (N,)
     forced_eos: int = NO_TOKEN
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # generate()'s begin_suppress_tokens, exponential_decay_length_penalty
+    # (decay_start NO_TOKEN: off) and renormalize_logits: the model's, every row's.
+    begin_suppress: tuple[int, ...] = ()
+    decay_start: int = NO_TOKEN
+    decay_factor: float = 1.0
+    renormalize: bool = False
 
     def rows(self, index: np.ndarray) -> Processing:
         """The parameters of a subset or reordering of the rows."""
@@ -201,6 +234,31 @@ class Processing:
     @cached_property
     def suppress_ids(self) -> np.ndarray:
         return np.asarray(self.suppress, dtype=np.int64)
+
+    @cached_property
+    def begin_suppress_ids(self) -> np.ndarray:
+        return np.asarray(self.begin_suppress, dtype=np.int64)
+
+    def finish(self, log_probs: np.ndarray, generated: np.ndarray, beams: int = 1
+               ) -> np.ndarray:
+        """generate()'s processors after the forced tokens, in its order: the
+        exponential decay of EOS, suppress_tokens, begin_suppress_tokens, then
+        renormalize_logits; this Processing's rows generated `generated` tokens so
+        far, each of them `beams` rows of log_probs."""
+        if self.decay_start != NO_TOKEN:
+            raise_eos_after(log_probs, np.repeat(generated, beams), self.eos_id,
+                            self.decay_start, self.decay_factor)
+        suppress_tokens(log_probs, self.suppress_ids)
+        if self.begin_suppress:
+            # generate()'s begin index: the first new token, the second after a forced BOS.
+            first = np.zeros(generated.shape, dtype=np.int64) if self.forced_bos is None \
+                else (self.forced_bos != NO_TOKEN).astype(np.int64)
+            rows = np.flatnonzero(np.repeat(generated == first, beams))
+            if rows.size:
+                log_probs[rows[:, None], self.begin_suppress_ids[None, :]] = NEG_INF
+        if self.renormalize:
+            renormalize(log_probs)
+        return log_probs
 
     @cached_property
     def longest_min_length(self) -> int:
@@ -236,14 +294,15 @@ def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams:
         if early.any():
             log_probs[np.repeat(early, beams), p.eos_id] = NEG_INF
     p.force(log_probs, generated, beams)
-    return suppress_tokens(log_probs, p.suppress_ids)
+    return p.finish(log_probs, generated, beams)
 
 
 def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
                       generated: np.ndarray | int, p: Processing) -> np.ndarray:
     """Every processor, in HF's order (repetition penalty, n-grams, bad words, min
-    length, forced BOS, forced EOS, suppression). Only the penalty changes values;
-    the rest set -inf (the forced tokens 0).
+    length, forced BOS, forced EOS, EOS's exponential decay, suppression, begin
+    suppression, renormalization). The penalty, the decay and renormalization
+    change values; the rest set -inf (the forced tokens 0).
     generated: per row (N,) or for all rows; row r's history is its first
     generated[r] + 1 columns, then padding with a token already in the history
     (the start token), which the penalty counts once anyway."""
@@ -254,7 +313,7 @@ def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
         ban_bad_words(log_probs, history, p.single_bad_words, p.longer_bad_words, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)
     p.force(log_probs, np.asarray(lengths - 1))
-    return suppress_tokens(log_probs, p.suppress_ids)
+    return p.finish(log_probs, np.asarray(lengths - 1))
 
 
 # -- stop rules --------------------------------------------------------------------------

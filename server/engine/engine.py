@@ -154,7 +154,12 @@ class Engine:
             tokens.decoder_start, self.eos_id, tokens.suppress,
             forced_bos=_token_or_none(generation.forced_bos_token_id),
             forced_eos=_token_or_none(generation.forced_eos_token_id),
-            bad_words=generation.bad_words_ids or ())
+            bad_words=generation.bad_words_ids or (),
+            begin_suppress=generation.begin_suppress_tokens or (),
+            decay_start=_token_or_none(generation.exponential_decay_start),
+            decay_factor=1.0 if generation.exponential_decay_factor is None
+            else generation.exponential_decay_factor,
+            renormalize=generation.renormalize_logits is True)
         self.src_vocab_size = manifest.config.src_vocab_size
         self.tgt_vocab_size = manifest.config.tgt_vocab_size
         self.max_source_length = manifest.max_source_length
