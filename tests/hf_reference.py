@@ -32,7 +32,8 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
         # (renormalize_logits), a forced token's 0 among them.
         chosen = torch.stack(out.scores, 1).gather(2, seqs[:, :, None])[..., 0]
         ended = torch.cumsum((seqs == eos).int(), 1) - (seqs == eos).int()
-        scores = (chosen * (ended == 0)).sum(1).tolist()
+        # the padding after EOS is a banned token's -inf
+        scores = torch.where(ended == 0, chosen, 0.0).sum(1).tolist()
     else:
         chosen = torch.stack(out.logits, 1).log_softmax(-1).gather(2, seqs[:, :, None])[..., 0]
         # generate()'s own rule: max_new_tokens, else max_length - 1, else 20 new tokens

@@ -319,12 +319,13 @@ def ignored_package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     folder = folder_with(marian_dir, root / "opus-mt-en-de", encoder_no_repeat_ngram_size=2,
                          num_beam_groups=2, diversity_penalty=0.5)
     models = root / "models"
-    export(folder, models / "opus-mt-en-de", progress=False, ignore_generation_keys=IGNORED)
+    export(folder, models / "keys-ignored", name="keys-ignored", progress=False,
+           ignore_generation_keys=IGNORED)
     return models
 
 
 def test_ignored_keys_are_in_the_manifest(ignored_package: Path) -> None:
-    g = load_package(ignored_package / "opus-mt-en-de").manifest.generation
+    g = load_package(ignored_package / "keys-ignored").manifest.generation
     assert g.ignored_keys == IGNORED
     assert g.renormalize_logits is True  # the applied keys still are
 
@@ -351,10 +352,10 @@ def server(ignored_package: Path, models_dir: Path) -> Iterator[RunningServer]:
 def test_list_models_says_which_keys_were_ignored(server: RunningServer) -> None:
     with Seq2ServeClient(server.target) as client:
         by_name = {m.name: m for m in client.list_models()}
-    assert by_name["opus-mt-en-de"].ignored_generation_keys == IGNORED
-    assert by_name["tiny-en-de"].ignored_generation_keys == ()
+    assert by_name["keys-ignored"].ignored_generation_keys == IGNORED
+    assert by_name["opus-mt-en-de"].ignored_generation_keys == ()
     assert server.http_url is not None
     listed = httpx.get(f"{server.http_url}/v1/models", timeout=60).json()
     keys = {m["name"]: m.get("ignoredGenerationKeys", m.get("ignored_generation_keys"))
             for m in listed["models"]}
-    assert keys == {"opus-mt-en-de": list(IGNORED), "tiny-en-de": None}
+    assert keys == {"keys-ignored": list(IGNORED), "opus-mt-en-de": None}
