@@ -37,7 +37,8 @@ Scores are comparable with Hugging Face: beam search returns HF's
 greedy and sampling return the plain sum of the processed log-probs of the
 chosen tokens (EOS included; sampling's temperature/top-k/top-p not applied).
 Hypotheses stop at EOS or the length limit. The package's forced tokens
-(generation_config's forced_bos_token_id / forced_eos_token_id) and bad words
+(generation_config's forced_bos_token_id / forced_eos_token_id), bad words,
+begin_suppress_tokens, exponential_decay_length_penalty and renormalize_logits
 apply to every source as generate() applies them: the forced EOS at the last
 token the source's own limit allows (its max_length, lowered by
 max_length_ratio for its length), so a row's tokens never depend on its

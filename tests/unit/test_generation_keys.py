@@ -359,3 +359,33 @@ def test_list_models_says_which_keys_were_ignored(server: RunningServer) -> None
     keys = {m["name"]: m.get("ignoredGenerationKeys", m.get("ignored_generation_keys"))
             for m in listed["models"]}
     assert keys == {"keys-ignored": list(IGNORED), "opus-mt-en-de": None}
+
+
+# -- the processors on tiny arrays, against transformers' own ----------------------------
+
+
+def test_processors_equal_transformers_own() -> None:
+    """renormalize, raise_eos_after and begin suppression against LogitNormalization,
+    ExponentialDecayLengthPenalty and SuppressTokensAtBeginLogitsProcessor."""
+    import numpy as np
+    from transformers.generation import logits_process as lp
+
+    from seq2serve.server.engine.decoding import NEG_INF, Processing, process_without_history
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 11, generator=g).log_softmax(-1)
+    scores[:, 3] = -float("inf")  # a banned token
+    scores[1, 0] = -float("inf")  # EOS banned in one row (min length)
+    for generated in range(6):
+        ids = torch.zeros(6, generated + 1, dtype=torch.long)  # start + generated tokens
+        want = lp.ExponentialDecayLengthPenalty((2, 1.7), 0, 1)(ids, scores.clone())
+        want = lp.SuppressTokensAtBeginLogitsProcessor([4, 7], 1)(ids, want)
+        want = lp.LogitNormalization()(ids, want)
+        p = Processing(0, (), np.zeros(6, dtype=np.int64), np.ones(6, dtype=np.float32),
+                       np.zeros(6, dtype=np.int64), begin_suppress=(4, 7), decay_start=2,
+                       decay_factor=1.7, renormalize=True)
+        got = process_without_history(scores.numpy().copy(), np.full(6, generated), 1, p)
+        assert np.array_equal(np.isinf(got), torch.isinf(want).numpy()), generated
+        finite = np.isfinite(got)
+        assert np.allclose(got[finite], want.numpy()[finite], atol=1e-6), generated
+        assert (got[:, 4] == NEG_INF).all() == (generated == 0)
