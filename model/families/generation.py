@@ -17,7 +17,8 @@ transformers 5.24 (`generation/utils.py` `_prepare_generated_length`,
   repetition_penalty 1.0 when unset (`_get_default_generation_params`);
 - bad_words_ids: one-token words equal to EOS are dropped (NoBadWordsLogitsProcessor
   does), the rest kept; forced_bos_token_id / forced_eos_token_id,
-  begin_suppress_tokens, exponential_decay_length_penalty and renormalize_logits as
+  begin_suppress_tokens, encoder_no_repeat_ngram_size,
+  exponential_decay_length_penalty and renormalize_logits as
   they are (the engine applies them in generate()'s order).
 Every other GenerationConfig key is inert or refused by name (generation_keys.py).
 """
@@ -108,6 +109,7 @@ def generation_from_hf(config: Mapping[str, Any], max_positions: int) -> Generat
         forced_eos_token_id=_int(config, "forced_eos_token_id"),
         bad_words_ids=bad_words or None,
         begin_suppress_tokens=_token_list(config.get("begin_suppress_tokens")),
+        encoder_no_repeat_ngram_size=_int(config, "encoder_no_repeat_ngram_size") or None,
         exponential_decay_start=decay[0] if decay else None,
         exponential_decay_factor=decay[1] if decay else None,
         renormalize_logits=True if config.get("renormalize_logits") is True else None,

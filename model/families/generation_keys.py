@@ -39,6 +39,9 @@ APPLIED: dict[str, str] = {
     "forced_eos_token_id": "last new token a row's limit allows",
     "suppress_tokens": "never generated",
     "begin_suppress_tokens": "banned at the first new token (the second after a forced BOS)",
+    "encoder_no_repeat_ngram_size": "no output repeats an n-gram of its own source (token "
+                                    "ids with EOS; generate() reads a padded batch's "
+                                    "padding too)",
     "exponential_decay_length_penalty": "EOS log-prob += |log-prob| * (factor ** k - 1), "
                                         "k steps past start; beam search only (refused "
                                         "with num_beams 1: generate() uses raw logits)",
@@ -101,7 +104,9 @@ REFUSED: dict[str, tuple[Rule, str]] = {
     "stop_strings": (lambda v, c: _set(v), "stops on decoded text, not applied"),
     "sequence_bias": (lambda v, c: _set(v), "not applied"),
     "encoder_repetition_penalty": (lambda v, c: _number(v, 1.0) != 1.0, "not applied"),
-    "encoder_no_repeat_ngram_size": (lambda v, c: _number(v, 0) > 0, "not applied"),
+    "encoder_no_repeat_ngram_size": (
+        lambda v, c: v is not None and not (isinstance(v, int) and not isinstance(v, bool)),
+        "must be an integer"),
     "remove_invalid_values": (lambda v, c: v is True, "not applied"),
     "guidance_scale": (lambda v, c: v is not None and _number(v, 1.0) != 1.0,
                        "classifier-free guidance needs a second model call"),

@@ -279,6 +279,9 @@ class GenerationDefaults:
     # (factor ** steps past the start - 1); renormalize_logits: a log-softmax after
     # every processor. None: off.
     begin_suppress_tokens: tuple[int, ...] | None = None
+    # No output repeats an n-gram of this many tokens of its own source (its token
+    # ids, EOS included).
+    encoder_no_repeat_ngram_size: int | None = None
     exponential_decay_start: int | None = None
     exponential_decay_factor: float | None = None
     renormalize_logits: bool | None = None
@@ -289,8 +292,8 @@ class GenerationDefaults:
 
     MODEL_KEYS: ClassVar[tuple[str, ...]] = (
         "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids",
-        "begin_suppress_tokens", "exponential_decay_start", "exponential_decay_factor",
-        "renormalize_logits", "ignored_keys")
+        "begin_suppress_tokens", "encoder_no_repeat_ngram_size", "exponential_decay_start",
+        "exponential_decay_factor", "renormalize_logits", "ignored_keys")
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
         """The request options' defaults this package sets, by name (the model's

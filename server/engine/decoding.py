@@ -113,6 +113,32 @@ def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
     return log_probs
 
 
+def block_source_ngrams(log_probs: np.ndarray, history: np.ndarray, lengths: np.ndarray,
+                        size: int, source_ngrams: Sequence[np.ndarray]) -> np.ndarray:
+    """HF's EncoderNoRepeatNGramLogitsProcessor: no row repeats an n-gram of its own
+    source. A token that would complete, after the row's last size - 1 tokens of
+    its history (start token included; lengths (N,) its own columns), one of the
+    row's source n-grams (source_ngrams[r]: (W, size)) is banned."""
+    keep = size - 1
+    for r, windows in enumerate(source_ngrams):
+        length = int(lengths[r])
+        if length < keep or windows.shape[0] == 0:
+            continue
+        prefix = history[r, length - keep:length]
+        match = (windows[:, :keep] == prefix).all(axis=1)
+        log_probs[r, windows[match, keep]] = NEG_INF
+    return log_probs
+
+
+def source_ngrams(source: Sequence[int], size: int) -> np.ndarray:
+    """A source's n-grams of `size` tokens (W, size), EOS included, as generate()
+    reads its encoder input ids."""
+    ids = np.asarray(source, dtype=np.int64)
+    if ids.size < size:
+        return np.zeros((0, size), dtype=np.int64)
+    return np.lib.stride_tricks.sliding_window_view(ids, size)
+
+
 def ban_bad_words(log_probs: np.ndarray, history: np.ndarray | None, single: np.ndarray,
                   longer: Sequence[Sequence[int]], lengths: np.ndarray | None = None
                   ) -> np.ndarray:
@@ -204,10 +230,16 @@ class Processing:
     decay_start: int = NO_TOKEN
     decay_factor: float = 1.0
     renormalize: bool = False
+    # generate()'s encoder_no_repeat_ngram_size (0: off), and then each row's
+    # source n-grams (`source_ngrams`).
+    encoder_ngram: int = 0
+    source_ngrams: tuple[np.ndarray, ...] = ()
 
     def rows(self, index: np.ndarray) -> Processing:
         """The parameters of a subset or reordering of the rows."""
         return replace(self, min_length=self.min_length[index],
+                       source_ngrams=tuple(self.source_ngrams[int(i)] for i in index)
+                       if self.source_ngrams else (),
                        repetition_penalty=self.repetition_penalty[index],
                        no_repeat_ngram_size=self.no_repeat_ngram_size[index],
                        max_new=None if self.max_new is None else self.max_new[index],
@@ -220,7 +252,7 @@ class Processing:
         only bans tokens, forces tokens and bans EOS before min_length."""
         return bool(np.any(self.repetition_penalty != 1.0)
                     or np.any(self.no_repeat_ngram_size > 0)
-                    or bool(self.longer_bad_words))
+                    or bool(self.longer_bad_words) or self.encoder_ngram > 0)
 
     @cached_property
     def single_bad_words(self) -> np.ndarray:
@@ -299,7 +331,8 @@ def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams:
 
 def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
                       generated: np.ndarray | int, p: Processing) -> np.ndarray:
-    """Every processor, in HF's order (repetition penalty, n-grams, bad words, min
+    """Every processor, in HF's order (repetition penalty, n-grams, the source's
+    n-grams, bad words, min
     length, forced BOS, forced EOS, EOS's exponential decay, suppression, begin
     suppression, renormalization). The penalty, the decay and renormalization
     change values; the rest set -inf (the forced tokens 0).
@@ -309,6 +342,8 @@ def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
     apply_repetition_penalty(log_probs, history, p.repetition_penalty)
     lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
     block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)
+    if p.encoder_ngram > 0:
+        block_source_ngrams(log_probs, history, lengths, p.encoder_ngram, p.source_ngrams)
     if p.bad_words:
         ban_bad_words(log_probs, history, p.single_bad_words, p.longer_bad_words, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)

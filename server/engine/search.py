@@ -30,6 +30,7 @@ from seq2serve.server.engine.decoding import (
     process_log_probs,
     process_without_history,
     sample_tokens,
+    source_ngrams,
     stops,
     top_k,
     top_k_exact,
@@ -89,6 +90,7 @@ class Special:
     decay_start: int = NO_TOKEN
     decay_factor: float = 1.0
     renormalize: bool = False
+    encoder_ngram: int = 0  # generate()'s encoder_no_repeat_ngram_size
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,10 @@ class SearchStrategy:
                 bad_words=self.special.bad_words,
                 begin_suppress=self.special.begin_suppress,
                 decay_start=self.special.decay_start, decay_factor=self.special.decay_factor,
-                renormalize=self.special.renormalize),
+                renormalize=self.special.renormalize,
+                encoder_ngram=self.special.encoder_ngram,
+                source_ngrams=tuple(source_ngrams(r.source, self.special.encoder_ngram)
+                                    for r in requests) if self.special.encoder_ngram else ()),
             sampler=None, beam=None, beam_params=None,
             # History padding: the start token, which every history holds already,
             # so the repetition penalty (once per token) cannot tell it is there.

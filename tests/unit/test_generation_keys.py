@@ -227,6 +227,38 @@ def test_exponential_decay_equals_generate(decay: Folder, beams: int, nbest: int
     assert plain != ref  # the key shortens some outputs here
 
 
+@pytest.fixture(scope="module")
+def source_ngrams(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Folder:
+    root = tmp_path_factory.mktemp("encoder-ngrams")
+    folder = folder_with(marian_dir, root / "opus-mt-en-de", encoder_no_repeat_ngram_size=2)
+    return exported(folder, root / "package")
+
+
+@pytest.mark.parametrize(("beams", "nbest"), [(1, 1), (4, 1), (5, 2)])
+def test_encoder_no_repeat_ngram_size_equals_generate(source_ngrams: Folder, beams: int,
+                                                      nbest: int) -> None:
+    """The tiny model learned to copy: banning its sources' bigrams changes every
+    output, and each equals generate()'s (whose padded batch adds n-grams of padding,
+    a bad word here as in OPUS-MT)."""
+    folder = source_ngrams
+    assert folder.engine.package.manifest.generation.encoder_no_repeat_ngram_size == 2
+    ref = reference_nbest(folder.hf, folder.batch, num_beams=beams, num_return_sequences=nbest)
+    differ, diff = same_nbest(folder, ref, DecodingOptions(beam_size=beams,
+                                                           num_hypotheses=nbest,
+                                                           return_scores=True))
+    assert differ == [] and diff <= TOL, (differ, diff)
+    plain = reference_nbest(folder.hf, folder.batch, num_beams=beams,
+                            num_return_sequences=nbest, encoder_no_repeat_ngram_size=0)
+    assert sum([t for t, _ in p] != [t for t, _ in r]
+               for p, r in zip(plain, ref, strict=True)) >= len(TEXTS) // 2
+
+
+def test_source_ngrams_do_not_depend_on_batch_mates(source_ngrams: Folder) -> None:
+    check_batch_equals_one_at_a_time(source_ngrams.engine, source_ngrams.sources, 20,
+                                     exact=True)
+    check_joining(source_ngrams.engine, source_ngrams.sources[:8], 20, at_steps=(2,))
+
+
 # -- refused keys -----------------------------------------------------------------------
 
 REFUSED_VALUES: dict[str, dict[str, Any]] = {
@@ -234,7 +266,7 @@ REFUSED_VALUES: dict[str, dict[str, Any]] = {
     "stop_strings": {"stop_strings": ["."]},
     "sequence_bias": {"sequence_bias": [[[5], 2.0]]},
     "encoder_repetition_penalty": {"encoder_repetition_penalty": 1.3},
-    "encoder_no_repeat_ngram_size": {"encoder_no_repeat_ngram_size": 3},
+    "encoder_no_repeat_ngram_size": {"encoder_no_repeat_ngram_size": "3"},
     "remove_invalid_values": {"remove_invalid_values": True},
     "guidance_scale": {"guidance_scale": 1.5},
     "watermarking_config": {"watermarking_config": {"greenlist_ratio": 0.25}},
@@ -310,13 +342,13 @@ def test_an_unknown_flag_key_is_an_error(marian_dir: Path, tmp_path: Path) -> No
 
 # -- exported anyway: the manifest and ListModels say so --------------------------------
 
-IGNORED = ("encoder_no_repeat_ngram_size", "num_beam_groups")
+IGNORED = ("num_beam_groups", "sequence_bias")
 
 
 @pytest.fixture(scope="module")
 def ignored_package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ignored")
-    folder = folder_with(marian_dir, root / "opus-mt-en-de", encoder_no_repeat_ngram_size=2,
+    folder = folder_with(marian_dir, root / "opus-mt-en-de", sequence_bias=[[[5], 2.0]],
                          num_beam_groups=2, diversity_penalty=0.5)
     models = root / "models"
     export(folder, models / "keys-ignored", name="keys-ignored", progress=False,
