@@ -397,27 +397,51 @@ def test_list_models_says_which_keys_were_ignored(server: RunningServer) -> None
 
 
 def test_processors_equal_transformers_own() -> None:
-    """renormalize, raise_eos_after and begin suppression against LogitNormalization,
-    ExponentialDecayLengthPenalty and SuppressTokensAtBeginLogitsProcessor."""
+    """renormalize (from the changed columns), raise_eos_after and begin suppression
+    against LogitNormalization, ExponentialDecayLengthPenalty and
+    SuppressTokensAtBeginLogitsProcessor, after a bad word and a min length."""
     import numpy as np
     from transformers.generation import logits_process as lp
 
     from seq2serve.server.engine.decoding import NEG_INF, Processing, process_without_history
 
     g = torch.Generator().manual_seed(0)
-    scores = torch.randn(6, 11, generator=g).log_softmax(-1)
-    scores[:, 3] = -float("inf")  # a banned token
-    scores[1, 0] = -float("inf")  # EOS banned in one row (min length)
+    scores = (3 * torch.randn(6, 11, generator=g)).log_softmax(-1)  # the decoder's output
+    min_length = np.asarray([0, 10, 0, 0, 0, 0])  # EOS banned in row 1
     for generated in range(6):
         ids = torch.zeros(6, generated + 1, dtype=torch.long)  # start + generated tokens
-        want = lp.ExponentialDecayLengthPenalty((2, 1.7), 0, 1)(ids, scores.clone())
+        want = lp.NoBadWordsLogitsProcessor([[3]], 0)(ids, scores.clone())
+        want[1, 0] = -float("inf")  # MinLengthLogitsProcessor for row 1 only
+        want = lp.ExponentialDecayLengthPenalty((2, 1.7), 0, 1)(ids, want)
         want = lp.SuppressTokensAtBeginLogitsProcessor([4, 7], 1)(ids, want)
         want = lp.LogitNormalization()(ids, want)
-        p = Processing(0, (), np.zeros(6, dtype=np.int64), np.ones(6, dtype=np.float32),
-                       np.zeros(6, dtype=np.int64), begin_suppress=(4, 7), decay_start=2,
-                       decay_factor=1.7, renormalize=True)
+        p = Processing(0, (), min_length, np.ones(6, dtype=np.float32),
+                       np.zeros(6, dtype=np.int64), bad_words=((3,),), begin_suppress=(4, 7),
+                       decay_start=2, decay_factor=1.7, renormalize=True)
         got = process_without_history(scores.numpy().copy(), np.full(6, generated), 1, p)
         assert np.array_equal(np.isinf(got), torch.isinf(want).numpy()), generated
         finite = np.isfinite(got)
         assert np.allclose(got[finite], want.numpy()[finite], atol=1e-6), generated
         assert (got[:, 4] == NEG_INF).all() == (generated == 0)
+
+
+def test_renormalizing_from_the_changed_columns_equals_a_full_log_softmax() -> None:
+    """Rows whose banned token held 99.9% of the mass or a little; a forced
+    row: each as torch's log_softmax of the processed row."""
+    import numpy as np
+
+    from seq2serve.server.engine.decoding import renormalize_from
+
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    logits[0, 2] = 12.0  # nearly all the mass
+    rows = logits.log_softmax(-1).float()
+    processed = rows.clone()
+    processed[:3, 2] = -float("inf")
+    processed[3] = -float("inf")
+    processed[3, 5] = 0.0  # forced
+    columns = np.asarray([2])
+    got = renormalize_from(processed.numpy().copy(), columns, rows.numpy()[:, columns],
+                           np.asarray([False, False, False, True]))
+    want = processed.log_softmax(-1).numpy()
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    assert np.allclose(got[np.isfinite(got)], want[np.isfinite(want)], atol=2e-6)
