@@ -445,3 +445,16 @@ def test_renormalizing_from_the_changed_columns_equals_a_full_log_softmax() -> N
     want = processed.log_softmax(-1).numpy()
     assert np.array_equal(np.isinf(got), np.isinf(want))
     assert np.allclose(got[np.isfinite(got)], want[np.isfinite(want)], atol=2e-6)
+
+
+def test_the_flag_is_repeatable_on_the_command_line() -> None:
+    import argparse
+
+    from seq2serve.export.exporter import configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["in", "out", "--ignore-generation-key", "num_beam_groups",
+                              "--ignore-generation-key", "sequence_bias"])
+    assert args.ignore_generation_keys == ["num_beam_groups", "sequence_bias"]
+    assert parser.parse_args(["in", "out"]).ignore_generation_keys == []
