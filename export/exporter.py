@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +23,8 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type info
 
 from seq2serve.export.sources import SAMPLE_TEXTS, load_source
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.generation import generate_settings, without_keys
+from seq2serve.model.families.generation_keys import KNOWN, refused_keys
 from seq2serve.model.families.registry import families_help
 from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.families.tasks import TaskRequest
@@ -170,7 +173,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
            name: str | None = None, opset: int = 17, progress: bool = True,
            attention: str = DEFAULT_ATTENTION, shortlist_from: str | Path | None = None,
            shortlist: ShortlistSettings | None = None,
-           shortlist_default: bool = False, task: str | None = None) -> ExportReport:
+           shortlist_default: bool = False, task: str | None = None,
+           ignore_generation_keys: Sequence[str] = ()) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
     "plain" (the traced chain of standard operators, format 6).
@@ -184,6 +188,10 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     name: the package's model name; by default the source's, with the precision
     after it where that is not fp32 (`default_name`), so that the fp32 and int8
     packages of one folder can be served side by side.
+    ignore_generation_keys: generation keys of a Hugging Face folder that change
+    generate()'s tokens and that the package does not apply
+    (families/generation_keys.py): export refuses the folder naming them unless
+    they are listed here, and the manifest's generation.ignored_keys lists them.
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -194,7 +202,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     settings = shortlist or ShortlistSettings()
     source = _checked_source(source_dir, output_dir, precision, attention, settings,
-                             shortlist_from, shortlist_default, task)
+                             shortlist_from, shortlist_default, task,
+                             tuple(ignore_generation_keys))
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -254,7 +263,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
 
 def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
                     settings: ShortlistSettings, shortlist_from: str | Path | None,
-                    shortlist_default: bool, task: str | None = None) -> Source:
+                    shortlist_default: bool, task: str | None = None,
+                    ignored: tuple[str, ...] = ()) -> Source:
     """The loaded source, or SourceError listing every problem of the request (the
     CTranslate2 converters' rule: collect all, then fail once)."""
     problems: list[str] = []
@@ -286,9 +296,31 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
         problems.append(f"--attention fused needs a head size that is a multiple of 8, "
                         f"this model's is {source.model.cfg.decoder_head_dim}: export it "
                         f"with --attention plain")
+    problems += [f"--ignore-generation-key {key}: not a key of transformers' "
+                 "GenerationConfig" for key in ignored if key not in KNOWN]
+    if source is not None and str(source.origin.get("format", "")).startswith("huggingface"):
+        source = _generation_keys(source_dir, source, ignored, problems)
     if problems or source is None:
         raise SourceError(source_dir, problems)
     return source
+
+
+def _generation_keys(source_dir: Path, source: Source, ignored: tuple[str, ...],
+                     problems: list[str]) -> Source:
+    """The source with its folder's refused generation keys (those that change
+    generate()'s tokens and the package does not apply) ignored where `ignored`
+    names them; a problem naming each other one."""
+    cfg = source.model.cfg
+    # generate()'s settings for the package's task: the folder's, with the task's
+    # task_specific_params entry over them (families/tasks.py), as the loader applied.
+    entry = source.origin.get("task_specific_params") or {}
+    settings = {**generate_settings(source_dir, []), **entry.get("applied", {})}
+    refused = refused_keys(settings, cfg.decoder_start_id, cfg.eos_id)
+    problems += [f"generation settings: {why} (export anyway, without it, with "
+                 f"--ignore-generation-key {key})"
+                 for key, why in sorted(refused.items()) if key not in ignored]
+    return dataclasses.replace(source, generation=without_keys(
+        source.generation, tuple(key for key in refused if key in ignored)))
 
 
 def _trace(model: Any, fp32_dir: Path, opset: int, attention: str) -> None:
@@ -510,6 +542,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shortlist-default", action="store_true",
                         help="decode over the shortlist unless a request says otherwise "
                         "(only where `seq2serve shortlist gate` passed)")
+    parser.add_argument("--ignore-generation-key", action="append", default=[],
+                        metavar="KEY", dest="ignore_generation_keys",
+                        help="export a Hugging Face folder whose generation settings set KEY "
+                        "(a GenerationConfig key that changes generate()'s tokens and that "
+                        "seq2serve does not apply: export names them) without applying it; "
+                        "the manifest and ListModels say so. Repeatable")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -525,7 +563,8 @@ def run(args: argparse.Namespace) -> int:
                             getattr(args, "shortlist_best", 100),
                             getattr(args, "shortlist_threshold", 0.0)),
                         shortlist_default=getattr(args, "shortlist_default", False),
-                        task=getattr(args, "task", None))
+                        task=getattr(args, "task", None),
+                        ignore_generation_keys=getattr(args, "ignore_generation_keys", ()))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

@@ -128,6 +128,9 @@ class ModelInfo:
     # The limits the server applies (ListModels' max_length ... max_length_penalty).
     limits: dict[str, float] = field(default_factory=dict)
     languages: tuple[str, ...] = ()  # a multilingual model's (every pair served)
+    # generation_config keys exported without being applied (outputs may differ
+    # from generate()'s)
+    ignored_generation_keys: tuple[str, ...] = ()
 
 
 class Seq2ServeClient:
@@ -177,7 +180,7 @@ class Seq2ServeClient:
         return [ModelInfo(m.name, m.task, m.source_language, m.target_language, m.precision,
                           m.provider, m.max_source_length, _options_dict(m.defaults),
                           {name: getattr(m, name) for name in _LIMIT_FIELDS},
-                          tuple(m.languages))
+                          tuple(m.languages), tuple(m.ignored_generation_keys))
                 for m in response.models]
 
     def list_routes(self) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -14,7 +14,8 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
     """generate() under the folder's generation_config (plus `overrides`): per
     source its n-best (the tokens after the start, up to EOS; score): beam
     search's sequences_scores, or greedy's sum of the chosen tokens' log-probs,
-    a forced token counting 0 (its processed log-prob, as the engine sums). A
+    a forced token counting 0 (its processed log-prob, as the engine sums); under
+    renormalize_logits, of generate()'s processed and renormalized scores. A
     multilingual model's target language is the override forced_bos_token_id (one
     per call: a batch of one target language)."""
     gen = model.generation_config
@@ -26,6 +27,13 @@ def reference_nbest(model: Any, batch: Mapping[str, Any],
     seqs = out.sequences[:, 1:]
     if out.get("sequences_scores") is not None:
         scores = out.sequences_scores.tolist()
+    elif overrides.get("renormalize_logits", gen.renormalize_logits) is True:
+        # generate()'s own processed scores: log-softmax after every processor
+        # (renormalize_logits), a forced token's 0 among them.
+        chosen = torch.stack(out.scores, 1).gather(2, seqs[:, :, None])[..., 0]
+        ended = torch.cumsum((seqs == eos).int(), 1) - (seqs == eos).int()
+        # the padding after EOS is a banned token's -inf
+        scores = torch.where(ended == 0, chosen, 0.0).sum(1).tolist()
     else:
         chosen = torch.stack(out.logits, 1).log_softmax(-1).gather(2, seqs[:, :, None])[..., 0]
         # generate()'s own rule: max_new_tokens, else max_length - 1, else 20 new tokens

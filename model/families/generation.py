@@ -16,16 +16,22 @@ transformers 5.24 (`generation/utils.py` `_prepare_generated_length`,
 - num_beams 1, length_penalty 1.0, early_stopping False, no_repeat_ngram_size 0,
   repetition_penalty 1.0 when unset (`_get_default_generation_params`);
 - bad_words_ids: one-token words equal to EOS are dropped (NoBadWordsLogitsProcessor
-  does), the rest kept; forced_bos_token_id / forced_eos_token_id as they are.
+  does), the rest kept; forced_bos_token_id / forced_eos_token_id,
+  begin_suppress_tokens, encoder_no_repeat_ngram_size,
+  exponential_decay_length_penalty and renormalize_logits as
+  they are (the engine applies them in generate()'s order).
+Every other GenerationConfig key is inert or refused by name (generation_keys.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from seq2serve.model.families.generation_keys import KNOWN
 from seq2serve.model.package.manifest import GenerationDefaults
 
 # generate()'s default max_length when nothing sets one; counted in new tokens
@@ -83,6 +89,7 @@ def generation_from_hf(config: Mapping[str, Any], max_positions: int) -> Generat
         and not (len(word) == 1 and word[0] in eos))
     beams = _int(config, "num_beams") or 1
     sampling = config.get("do_sample") is True
+    decay = _decay(config.get("exponential_decay_length_penalty"))
     return GenerationDefaults(
         beam_size=beams,
         num_hypotheses=min(_int(config, "num_return_sequences") or 1, beams),
@@ -101,7 +108,30 @@ def generation_from_hf(config: Mapping[str, Any], max_positions: int) -> Generat
         forced_bos_token_id=_int(config, "forced_bos_token_id"),
         forced_eos_token_id=_int(config, "forced_eos_token_id"),
         bad_words_ids=bad_words or None,
+        begin_suppress_tokens=_token_list(config.get("begin_suppress_tokens")),
+        encoder_no_repeat_ngram_size=_int(config, "encoder_no_repeat_ngram_size") or None,
+        exponential_decay_start=decay[0] if decay else None,
+        exponential_decay_factor=decay[1] if decay else None,
+        renormalize_logits=True if config.get("renormalize_logits") is True else None,
     )
+
+
+def _token_list(value: object) -> tuple[int, ...] | None:
+    """A list of token ids as a sorted tuple; None when empty or not one."""
+    if not isinstance(value, list):
+        return None
+    ids = {t for t in value if isinstance(t, int) and not isinstance(t, bool)}
+    return tuple(sorted(ids)) or None
+
+
+def _decay(value: object) -> tuple[int, float] | None:
+    """exponential_decay_length_penalty's (start_index, decay_factor), or None."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        start, factor = value
+        if isinstance(start, int) and not isinstance(start, bool) \
+                and isinstance(factor, (int, float)) and not isinstance(factor, bool):
+            return start, float(factor)
+    return None
 
 
 def suppressed_by_hf(config: Mapping[str, Any]) -> tuple[int, ...]:
@@ -115,7 +145,8 @@ def suppressed_by_hf(config: Mapping[str, Any]) -> tuple[int, ...]:
 
 def generate_settings(path: Path, problems: list[str]) -> dict[str, Any]:
     """What generate() decodes with: generation_config.json, or config.json's
-    generation keys in a folder without one (GenerationConfig.from_model_config)."""
+    generation keys in a folder without one (GenerationConfig.from_model_config
+    takes the keys GenerationConfig knows)."""
     file = path / "generation_config.json"
     if not file.is_file():
         file = path / "config.json"  # its problems are the loader's to report
@@ -123,7 +154,7 @@ def generate_settings(path: Path, problems: list[str]) -> dict[str, Any]:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        return {k: v for k, v in data.items() if k in KNOWN} if isinstance(data, dict) else {}
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -133,3 +164,21 @@ def generate_settings(path: Path, problems: list[str]) -> dict[str, Any]:
         problems.append("generation_config.json: not a JSON object")
         return {}
     return data
+
+
+# The GenerationDefaults fields each refused key would otherwise set: an ignored
+# key is not applied at all (not applied approximately).
+_FIELDS_OF: dict[str, tuple[str, ...]] = {
+    "repetition_penalty": ("repetition_penalty",),
+    "do_sample": ("sampling_temperature", "sampling_top_k", "sampling_top_p"),
+    "exponential_decay_length_penalty": ("exponential_decay_start",
+                                         "exponential_decay_factor"),
+}
+
+
+def without_keys(defaults: GenerationDefaults, keys: tuple[str, ...]) -> GenerationDefaults:
+    """`defaults` with the generation keys `keys` ignored: none of them applied, and
+    the manifest's ignored_keys naming them (None when there are none)."""
+    cleared = {name: None for key in keys for name in _FIELDS_OF.get(key, ())}
+    return dataclasses.replace(defaults, **cleared,
+                               ignored_keys=tuple(sorted(keys)) or None)

@@ -183,11 +183,9 @@ def load_source(path: Path, task: TaskRequest | None = None) -> Source:
     if model is not None and vocab and max(vocab.values()) >= model.cfg.tgt_vocab_size:
         problems.append(f"vocab.json: ids reach {max(vocab.values())} but the model's "
                         f"vocabulary has {model.cfg.tgt_vocab_size} entries")
+    # Its keys that the package does not apply (a decoder_start_token_id of its own
+    # among them) are export's to refuse (generation_keys.py).
     settings = generate_settings(path, problems)
-    start = settings.get("decoder_start_token_id")
-    if model is not None and is_int(start) and start != model.cfg.decoder_start_id:
-        problems.append(f"generation_config.json: decoder_start_token_id {start} differs from "
-                        f"config.json's {model.cfg.decoder_start_id} (not supported)")
     if problems or model is None:
         raise SourceError(path, problems)
     return Source(

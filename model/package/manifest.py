@@ -273,9 +273,27 @@ class GenerationDefaults:
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
     bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+    # Also the model's, as generate() applies them: begin_suppress_tokens are banned
+    # at the first new token (the second after a forced BOS); from
+    # exponential_decay_start new tokens on, EOS's log-prob rises by |log-prob| *
+    # (factor ** steps past the start - 1); renormalize_logits: a log-softmax after
+    # every processor. None: off.
+    begin_suppress_tokens: tuple[int, ...] | None = None
+    # No output repeats an n-gram of this many tokens of its own source (its token
+    # ids, EOS included).
+    encoder_no_repeat_ngram_size: int | None = None
+    exponential_decay_start: int | None = None
+    exponential_decay_factor: float | None = None
+    renormalize_logits: bool | None = None
+    # The folder's generation keys exported anyway without being applied (export's
+    # --ignore-generation-key): the package's tokens may differ from generate()'s
+    # there. None: every key that changes generate()'s tokens is applied.
+    ignored_keys: tuple[str, ...] | None = None
 
     MODEL_KEYS: ClassVar[tuple[str, ...]] = (
-        "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids")
+        "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids",
+        "begin_suppress_tokens", "encoder_no_repeat_ngram_size", "exponential_decay_start",
+        "exponential_decay_factor", "renormalize_logits", "ignored_keys")
 
     def as_dict(self) -> dict[str, int | float | bool | str]:
         """The request options' defaults this package sets, by name (the model's

@@ -162,6 +162,7 @@ def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
         min_length_penalty=LENGTH_PENALTY_RANGE[0],
         max_length_penalty=LENGTH_PENALTY_RANGE[1],
         languages=info.languages,
+        ignored_generation_keys=info.ignored_generation_keys,
         **dataclasses.asdict(info.limits),
     )
 

@@ -166,3 +166,6 @@ class ModelInfo:
     limits: ModelLimits
     # A multilingual model's languages (every pair served); () for one pair.
     languages: tuple[str, ...] = ()
+    # Generation keys exported without being applied (the manifest's
+    # generation.ignored_keys): outputs may differ from generate()'s there.
+    ignored_generation_keys: tuple[str, ...] = ()

@@ -447,7 +447,8 @@ class Translator:
             target_language=manifest.target_language, precision=manifest.precision,
             provider=handle.provider, max_source_length=manifest.max_source_length,
             defaults=defaults, limits=limits,
-            languages=tuple(handle.language_codes()) if handle.languages else ())
+            languages=tuple(handle.language_codes()) if handle.languages else (),
+            ignored_generation_keys=manifest.generation.ignored_keys or ())
 
 
 # -- pieces and answers ------------------------------------------------------------

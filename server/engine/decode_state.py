@@ -278,7 +278,8 @@ class DecodeState:
                 max_new=None if self.processing.max_new is None
                 or other.processing.max_new is None
                 else cat(self.processing.max_new, other.processing.max_new),
-                forced_bos=_forced(self.processing, other.processing)),
+                forced_bos=_forced(self.processing, other.processing),
+                source_ngrams=self.processing.source_ngrams + other.processing.source_ngrams),
             sampler=None if self.sampler is None and other.sampler is None
             else self._sampler().concatenate(other._sampler()),
             beam=(self.beam.concatenate(other.beam)

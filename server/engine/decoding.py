@@ -113,6 +113,32 @@ def block_repeated_ngrams(log_probs: np.ndarray, history: np.ndarray,
     return log_probs
 
 
+def block_source_ngrams(log_probs: np.ndarray, history: np.ndarray, lengths: np.ndarray,
+                        size: int, source_ngrams: Sequence[np.ndarray]) -> np.ndarray:
+    """HF's EncoderNoRepeatNGramLogitsProcessor: no row repeats an n-gram of its own
+    source. A token that would complete, after the row's last size - 1 tokens of
+    its history (start token included; lengths (N,) its own columns), one of the
+    row's source n-grams (source_ngrams[r]: (W, size)) is banned."""
+    keep = size - 1
+    for r, windows in enumerate(source_ngrams):
+        length = int(lengths[r])
+        if length < keep or windows.shape[0] == 0:
+            continue
+        prefix = history[r, length - keep:length]
+        match = (windows[:, :keep] == prefix).all(axis=1)
+        log_probs[r, windows[match, keep]] = NEG_INF
+    return log_probs
+
+
+def source_ngrams(source: Sequence[int], size: int) -> np.ndarray:
+    """A source's n-grams of `size` tokens (W, size), EOS included, as generate()
+    reads its encoder input ids."""
+    ids = np.asarray(source, dtype=np.int64)
+    if ids.size < size:
+        return np.zeros((0, size), dtype=np.int64)
+    return np.lib.stride_tricks.sliding_window_view(ids, size)
+
+
 def ban_bad_words(log_probs: np.ndarray, history: np.ndarray | None, single: np.ndarray,
                   longer: Sequence[Sequence[int]], lengths: np.ndarray | None = None
                   ) -> np.ndarray:
@@ -153,6 +179,53 @@ def force_token(log_probs: np.ndarray, rows: np.ndarray, token: int) -> np.ndarr
 NO_TOKEN = -1  # a forced token that is not set
 
 
+def raise_eos_after(log_probs: np.ndarray, generated: np.ndarray, eos_id: int, start: int,
+                    factor: float) -> np.ndarray:
+    """HF's ExponentialDecayLengthPenalty: in the rows that generated more than
+    `start` tokens (generated (N,)), EOS's finite log-prob x becomes
+    x + |x| * (factor ** (generated - start) - 1)."""
+    rows = np.flatnonzero(generated > start)
+    if rows.size:
+        eos = log_probs[rows, eos_id]
+        growth = np.power(factor, (generated[rows] - start).astype(np.float64)) - 1.0
+        penalty = (np.abs(eos) * growth.astype(np.float32)).astype(np.float32)
+        log_probs[rows, eos_id] = np.where(np.isfinite(eos), eos + penalty, eos)
+    return log_probs
+
+
+def renormalize_from(log_probs: np.ndarray, columns: np.ndarray, before: np.ndarray,
+                     exact: np.ndarray) -> np.ndarray:
+    """`renormalize` for rows of log-probs (each summing to one, as the decoder's
+    log-softmax gives them) of which processing changed only `columns`, whose
+    values were `before` (N, C): a row's mass is then 1 + the change in those
+    columns, found without a pass over the vocabulary (a full log-softmax of 32 x
+    58k costs ~4 ms a step). The rows `exact` (N,) (forced ones, whose every column
+    changed) and those that kept less than half their mass (where the float32
+    rounding of the one would show) take the full log-softmax."""
+    after = log_probs[:, columns].astype(np.float64)
+    total = 1.0 + (np.exp(after) - np.exp(before.astype(np.float64))).sum(axis=1)
+    full = exact | ~(total >= 0.5)
+    shift = np.log(np.where(full, 1.0, total)).astype(log_probs.dtype)
+    log_probs -= shift[:, None]
+    if full.any():
+        rows = np.flatnonzero(full)
+        log_probs[rows] = renormalize(log_probs[rows])
+    return log_probs
+
+
+def renormalize(log_probs: np.ndarray) -> np.ndarray:
+    """HF's LogitNormalization (renormalize_logits): each row's log-softmax again,
+    after the processors banned or changed some of its log-probs. A row with no
+    possible token stays as it is."""
+    top = log_probs.max(axis=1, keepdims=True)  # (N, 1)
+    top = np.where(np.isfinite(top), top, np.float32(0.0))
+    total = np.exp(log_probs - top).sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        shift = np.where(total > 0, np.log(total) + top, np.float32(0.0))
+    log_probs -= shift.astype(log_probs.dtype)
+    return log_probs
+
+
 @dataclass(frozen=True)
 class Processing:
     """Per-row processing parameters (N,) plus the model's special tokens.
@@ -171,10 +244,22 @@ class Processing:
     forced_bos: np.ndarray | None = None  # (N,)
     forced_eos: int = NO_TOKEN
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # generate()'s begin_suppress_tokens, exponential_decay_length_penalty
+    # (decay_start NO_TOKEN: off) and renormalize_logits: the model's, every row's.
+    begin_suppress: tuple[int, ...] = ()
+    decay_start: int = NO_TOKEN
+    decay_factor: float = 1.0
+    renormalize: bool = False
+    # generate()'s encoder_no_repeat_ngram_size (0: off), and then each row's
+    # source n-grams (`source_ngrams`).
+    encoder_ngram: int = 0
+    source_ngrams: tuple[np.ndarray, ...] = ()
 
     def rows(self, index: np.ndarray) -> Processing:
         """The parameters of a subset or reordering of the rows."""
         return replace(self, min_length=self.min_length[index],
+                       source_ngrams=tuple(self.source_ngrams[int(i)] for i in index)
+                       if self.source_ngrams else (),
                        repetition_penalty=self.repetition_penalty[index],
                        no_repeat_ngram_size=self.no_repeat_ngram_size[index],
                        max_new=None if self.max_new is None else self.max_new[index],
@@ -187,7 +272,7 @@ class Processing:
         only bans tokens, forces tokens and bans EOS before min_length."""
         return bool(np.any(self.repetition_penalty != 1.0)
                     or np.any(self.no_repeat_ngram_size > 0)
-                    or bool(self.longer_bad_words))
+                    or bool(self.longer_bad_words) or self.encoder_ngram > 0)
 
     @cached_property
     def single_bad_words(self) -> np.ndarray:
@@ -201,6 +286,53 @@ class Processing:
     @cached_property
     def suppress_ids(self) -> np.ndarray:
         return np.asarray(self.suppress, dtype=np.int64)
+
+    @cached_property
+    def begin_suppress_ids(self) -> np.ndarray:
+        return np.asarray(self.begin_suppress, dtype=np.int64)
+
+    @cached_property
+    def touched_columns(self) -> np.ndarray:
+        """The columns `process_without_history` may change in a row it does not
+        force: the one-token bad words, EOS, the suppressed and begin-suppressed ids."""
+        return np.unique(np.concatenate([
+            self.single_bad_words, np.asarray([self.eos_id], dtype=np.int64),
+            self.suppress_ids, self.begin_suppress_ids]).astype(np.int64))
+
+    def forced_rows(self, generated: np.ndarray, beams: int = 1) -> np.ndarray:
+        """(N,) whether `force` forces each row's token at this step."""
+        forced = np.zeros(generated.shape, dtype=bool)
+        if self.forced_bos is not None:
+            forced |= (generated == 0) & (self.forced_bos != NO_TOKEN)
+        if self.forced_eos != NO_TOKEN and self.max_new is not None:
+            forced |= generated == self.max_new - 1
+        return np.repeat(forced, beams)
+
+    def finish(self, log_probs: np.ndarray, generated: np.ndarray, beams: int = 1,
+               before: np.ndarray | None = None) -> np.ndarray:
+        """generate()'s processors after the forced tokens, in its order: the
+        exponential decay of EOS, suppress_tokens, begin_suppress_tokens, then
+        renormalize_logits; this Processing's rows generated `generated` tokens so
+        far, each of them `beams` rows of log_probs. before: where only
+        `touched_columns` changed in the rows not forced, their values before
+        processing (N, C), which renormalize from them (`renormalize_from`)."""
+        if self.decay_start != NO_TOKEN:
+            raise_eos_after(log_probs, np.repeat(generated, beams), self.eos_id,
+                            self.decay_start, self.decay_factor)
+        suppress_tokens(log_probs, self.suppress_ids)
+        if self.begin_suppress:
+            # generate()'s begin index: the first new token, the second after a forced BOS.
+            first = np.zeros(generated.shape, dtype=np.int64) if self.forced_bos is None \
+                else (self.forced_bos != NO_TOKEN).astype(np.int64)
+            rows = np.flatnonzero(np.repeat(generated == first, beams))
+            if rows.size:
+                log_probs[rows[:, None], self.begin_suppress_ids[None, :]] = NEG_INF
+        if self.renormalize and before is None:
+            renormalize(log_probs)
+        elif self.renormalize and before is not None:
+            renormalize_from(log_probs, self.touched_columns, before,
+                             self.forced_rows(generated, beams))
+        return log_probs
 
     @cached_property
     def longest_min_length(self) -> int:
@@ -229,6 +361,7 @@ def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams:
     """`process_log_probs` for per-source parameters p (B,) that read no history
     (`p.reads_history` False), with `generated` (B,) and `beams` rows per source:
     the same result without its per-row arrays."""
+    before = log_probs[:, p.touched_columns] if p.renormalize else None  # a copy
     if p.bad_words:
         ban_bad_words(log_probs, None, p.single_bad_words, ())
     if p.longest_min_length > 0:
@@ -236,25 +369,29 @@ def process_without_history(log_probs: np.ndarray, generated: np.ndarray, beams:
         if early.any():
             log_probs[np.repeat(early, beams), p.eos_id] = NEG_INF
     p.force(log_probs, generated, beams)
-    return suppress_tokens(log_probs, p.suppress_ids)
+    return p.finish(log_probs, generated, beams, before)
 
 
 def process_log_probs(log_probs: np.ndarray, history: np.ndarray,
                       generated: np.ndarray | int, p: Processing) -> np.ndarray:
-    """Every processor, in HF's order (repetition penalty, n-grams, bad words, min
-    length, forced BOS, forced EOS, suppression). Only the penalty changes values;
-    the rest set -inf (the forced tokens 0).
+    """Every processor, in HF's order (repetition penalty, n-grams, the source's
+    n-grams, bad words, min
+    length, forced BOS, forced EOS, EOS's exponential decay, suppression, begin
+    suppression, renormalization). The penalty, the decay and renormalization
+    change values; the rest set -inf (the forced tokens 0).
     generated: per row (N,) or for all rows; row r's history is its first
     generated[r] + 1 columns, then padding with a token already in the history
     (the start token), which the penalty counts once anyway."""
     apply_repetition_penalty(log_probs, history, p.repetition_penalty)
     lengths = np.broadcast_to(np.asarray(generated) + 1, (log_probs.shape[0],))
     block_repeated_ngrams(log_probs, history, p.no_repeat_ngram_size, lengths)
+    if p.encoder_ngram > 0:
+        block_source_ngrams(log_probs, history, lengths, p.encoder_ngram, p.source_ngrams)
     if p.bad_words:
         ban_bad_words(log_probs, history, p.single_bad_words, p.longer_bad_words, lengths)
     ban_eos_before_min_length(log_probs, p.eos_id, generated, p.min_length)
     p.force(log_probs, np.asarray(lengths - 1))
-    return suppress_tokens(log_probs, p.suppress_ids)
+    return p.finish(log_probs, np.asarray(lengths - 1))
 
 
 # -- stop rules --------------------------------------------------------------------------

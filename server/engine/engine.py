@@ -37,9 +37,11 @@ Scores are comparable with Hugging Face: beam search returns HF's
 greedy and sampling return the plain sum of the processed log-probs of the
 chosen tokens (EOS included; sampling's temperature/top-k/top-p not applied).
 Hypotheses stop at EOS or the length limit. The package's forced tokens
-(generation_config's forced_bos_token_id / forced_eos_token_id) and bad words
-apply to every source as generate() applies them: the forced EOS at the last
-token the source's own limit allows (its max_length, lowered by
+(generation_config's forced_bos_token_id / forced_eos_token_id), bad words,
+encoder_no_repeat_ngram_size, begin_suppress_tokens,
+exponential_decay_length_penalty and renormalize_logits apply to every source
+as generate() applies them: the forced EOS at the last token the source's own
+limit allows (its max_length, lowered by
 max_length_ratio for its length), so a row's tokens never depend on its
 batch-mates. Without a forced EOS, a hypothesis cut at the limit ends with
 finish_reason "length".
@@ -154,7 +156,13 @@ class Engine:
             tokens.decoder_start, self.eos_id, tokens.suppress,
             forced_bos=_token_or_none(generation.forced_bos_token_id),
             forced_eos=_token_or_none(generation.forced_eos_token_id),
-            bad_words=generation.bad_words_ids or ())
+            bad_words=generation.bad_words_ids or (),
+            begin_suppress=generation.begin_suppress_tokens or (),
+            decay_start=_token_or_none(generation.exponential_decay_start),
+            decay_factor=1.0 if generation.exponential_decay_factor is None
+            else generation.exponential_decay_factor,
+            renormalize=generation.renormalize_logits is True,
+            encoder_ngram=generation.encoder_no_repeat_ngram_size or 0)
         self.src_vocab_size = manifest.config.src_vocab_size
         self.tgt_vocab_size = manifest.config.tgt_vocab_size
         self.max_source_length = manifest.max_source_length

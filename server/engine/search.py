@@ -30,6 +30,7 @@ from seq2serve.server.engine.decoding import (
     process_log_probs,
     process_without_history,
     sample_tokens,
+    source_ngrams,
     stops,
     top_k,
     top_k_exact,
@@ -83,6 +84,13 @@ class Special:
     forced_bos: int = NO_TOKEN
     forced_eos: int = NO_TOKEN
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # generate()'s begin_suppress_tokens, exponential_decay_length_penalty (start
+    # NO_TOKEN: off) and renormalize_logits (decoding.Processing's).
+    begin_suppress: tuple[int, ...] = ()
+    decay_start: int = NO_TOKEN
+    decay_factor: float = 1.0
+    renormalize: bool = False
+    encoder_ngram: int = 0  # generate()'s encoder_no_repeat_ngram_size
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,13 @@ class SearchStrategy:
                 max_new=np.array([o.max_new for o in opts], dtype=np.int64),
                 forced_bos=_forced_bos(requests, self.special.forced_bos),
                 forced_eos=self.special.forced_eos,
-                bad_words=self.special.bad_words),
+                bad_words=self.special.bad_words,
+                begin_suppress=self.special.begin_suppress,
+                decay_start=self.special.decay_start, decay_factor=self.special.decay_factor,
+                renormalize=self.special.renormalize,
+                encoder_ngram=self.special.encoder_ngram,
+                source_ngrams=tuple(source_ngrams(r.source, self.special.encoder_ngram)
+                                    for r in requests) if self.special.encoder_ngram else ()),
             sampler=None, beam=None, beam_params=None,
             # History padding: the start token, which every history holds already,
             # so the repetition penalty (once per token) cannot tell it is there.
@@ -206,19 +220,20 @@ class SearchStrategy:
             # (a first step is one of a row's life); the later steps force none.
             if bool(np.any((state.generated == 0) & (p.forced_bos != NO_TOKEN))):
                 return _View(candidates.expand(log_probs, state.beams), p, None)
-            p = replace(p, forced_bos=None)
+            if not p.begin_suppress:  # which says where begin suppression applies
+                p = replace(p, forced_bos=None)
         forced = [p.forced_eos] if p.forced_eos != NO_TOKEN else []
         banned = [w[0] for w in p.bad_words]  # one token each: else reads_history
-        columns = None if p.reads_history or sampling else \
-            candidates.columns_of([p.eos_id, *p.suppress, *forced, *banned])
+        ids = [p.eos_id, *p.suppress, *forced, *banned, *p.begin_suppress]
+        columns = None if p.reads_history or sampling else candidates.columns_of(ids)
         if columns is None:
             return _View(candidates.expand(log_probs, state.beams), p, None)
-        col = dict(zip([p.eos_id, *p.suppress, *forced, *banned],
-                       (int(c) for c in columns), strict=True))
+        col = dict(zip(ids, (int(c) for c in columns), strict=True))
         return _View(log_probs, replace(
             p, eos_id=col[p.eos_id], suppress=tuple(col[t] for t in p.suppress),
             forced_eos=col.get(p.forced_eos, NO_TOKEN),
-            bad_words=tuple((col[t],) for t in banned)), candidates)
+            bad_words=tuple((col[t],) for t in banned),
+            begin_suppress=tuple(col[t] for t in p.begin_suppress)), candidates)
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         raise NotImplementedError

@@ -337,3 +337,38 @@ def test_shortlist_and_full_requests_in_one_generate(packages: dict[str, Path]) 
         assert mixed[i][0].token_ids == alone[0].token_ids
     with pytest.raises(ValueError, match="cannot join"):
         engine.start_batch(2, shortlist=False).admit([engine.request(0, srcs[0], on)])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_shortlist_applies_the_models_processors_independently_of_the_batch(
+        packages: dict[str, Path], tmp_path: Path, beam: int) -> None:
+    """A package whose generation suppresses tokens at the first step, raises EOS
+    exponentially and renormalizes (generation keys a Hugging Face folder may set):
+    over the shortlist each source decodes as alone in any batch and joining at
+    any step, its first token never a begin-suppressed one."""
+    plain = Engine(packages["fp32"], RunnerConfig(provider="cpu", intra_op_threads=1),
+                   default_limits())
+    srcs = sources(plain, 12, seed=5)
+    options = DecodingOptions(beam_size=beam, num_hypotheses=min(beam, 2), max_length=20,
+                              shortlist=True)
+    firsts = [h.token_ids[0] for r in plain.generate(srcs, options) for h in r if h.token_ids]
+    banned = sorted(set(firsts), key=firsts.count)[-2:]  # the commonest first tokens
+    package = tmp_path / "package"
+    shutil.copytree(packages["fp32"], package)
+    manifest = json.loads((package / "manifest.json").read_text())
+    manifest["generation"].update(begin_suppress_tokens=banned, exponential_decay_start=2,
+                                  exponential_decay_factor=1.5, renormalize_logits=True)
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    engine = Engine(package, RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
+    resolved = engine.resolve(options)
+    alone = [result_key(engine.generate([s], resolved)[0]) for s in srcs]
+    assert all(not h or h[0] not in banned for r in alone for h, _ in r)
+    assert alone != [result_key(r) for r in plain.generate(srcs, options)]
+    together = engine.generate(srcs, resolved)
+    assert [result_key(r) for r in together] == alone
+    rng = random.Random(beam)
+    order = list(range(len(srcs)))
+    rng.shuffle(order)
+    running = engine.start_batch(beam, shortlist=True)
+    assert decode_joining(engine, running, srcs, resolved, order, rng) == dict(enumerate(alone))
