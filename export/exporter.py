@@ -23,7 +23,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type info
 
 from seq2serve.export.sources import SAMPLE_TEXTS, load_source
 from seq2serve.model.config import ModelConfig
-from seq2serve.model.families.generation import generate_settings, without_keys
+from seq2serve.model.families.generation import without_keys
 from seq2serve.model.families.generation_keys import KNOWN, refused_keys
 from seq2serve.model.families.registry import families_help
 from seq2serve.model.families.source import Source, SourceError
@@ -299,23 +299,19 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
     problems += [f"--ignore-generation-key {key}: not a key of transformers' "
                  "GenerationConfig" for key in ignored if key not in KNOWN]
     if source is not None and str(source.origin.get("format", "")).startswith("huggingface"):
-        source = _generation_keys(source_dir, source, ignored, problems)
+        source = _generation_keys(source, ignored, problems)
     if problems or source is None:
         raise SourceError(source_dir, problems)
     return source
 
 
-def _generation_keys(source_dir: Path, source: Source, ignored: tuple[str, ...],
+def _generation_keys(source: Source, ignored: tuple[str, ...],
                      problems: list[str]) -> Source:
     """The source with its folder's refused generation keys (those that change
     generate()'s tokens and the package does not apply) ignored where `ignored`
     names them; a problem naming each other one."""
     cfg = source.model.cfg
-    # generate()'s settings for the package's task: the folder's, with the task's
-    # task_specific_params entry over them (families/tasks.py), as the loader applied.
-    entry = source.origin.get("task_specific_params") or {}
-    settings = {**generate_settings(source_dir, []), **entry.get("applied", {})}
-    refused = refused_keys(settings, cfg.decoder_start_id, cfg.eos_id)
+    refused = refused_keys(source.hf_generation, cfg.decoder_start_id, cfg.eos_id)
     problems += [f"generation settings: {why} (export anyway, without it, with "
                  f"--ignore-generation-key {key})"
                  for key, why in sorted(refused.items()) if key not in ignored]

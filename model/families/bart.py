@@ -435,6 +435,7 @@ def load_source(path: Path, task: TaskRequest | None = None,
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
+        hf_generation=settings,
         origin={"format": f"huggingface-{layout.model_type}", **resolved.origin()},
         input_prefix=resolved.prefix,
     )

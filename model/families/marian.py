@@ -200,5 +200,6 @@ def load_source(path: Path, task: TaskRequest | None = None) -> Source:
         vocab=vocab,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
+        hf_generation=settings,
         origin={"format": "huggingface-marian"},
     )

@@ -166,6 +166,7 @@ def load_source(path: Path, task: TaskRequest | None, layout: bart.Layout, schem
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
+        hf_generation=settings,
         origin={"format": f"huggingface-{layout.model_type}", "tokenizer": scheme.name},
         languages=languages,
     )

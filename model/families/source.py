@@ -46,6 +46,10 @@ class Source:
     # folder says what generate() suppresses (families/generation.py).
     suppress: tuple[int, ...] | None = None
     origin: dict[str, Any] = field(default_factory=dict)
+    # A Hugging Face folder's generate() settings as its loader read them
+    # (generation_config.json, the task's task_specific_params entry over it):
+    # export refuses the keys among them the package does not apply.
+    hf_generation: dict[str, Any] = field(default_factory=dict)
     # The longest source (tokens, EOS included) the model was trained on, where
     # known; the package's max_source_length is no more than this.
     trained_source_length: int | None = None

@@ -333,6 +333,7 @@ def load_source(path: Path, task: TaskRequest | None = None) -> Source:
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
+        hf_generation=settings,
         origin={"format": f"huggingface-{hf.get('model_type')}", **resolved.origin()},
         input_prefix=resolved.prefix,
     )
