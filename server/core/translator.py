@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
+from seq2serve.server.core.alignment import compose, text_links
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
 from seq2serve.server.core.errors import (
@@ -35,10 +36,11 @@ from seq2serve.server.core.errors import (
     Unavailable,
     check_unicode,
 )
+from seq2serve.server.core.formatting import Link, carry_over, model_text, split
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
-from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
+from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
     Call,
@@ -109,6 +111,14 @@ class _Text:
     plan: Plan
     head_score: float | None = 0.0
     head_repaired: bool = False
+    # A chain's text with formatting: the first leg's links and English, as written.
+    head_links: tuple[Link, ...] = ()
+    head_text: str = ""
+
+    @property
+    def formatted(self) -> bool:
+        """Whether the text has paired tags, placed by the alignment (core/formatting.py)."""
+        return split(self.masked) is not None
 
 
 class Translator:
@@ -144,7 +154,8 @@ class Translator:
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
                                   [p.source_ids for t in ready for p in t.plan.pieces], call,
-                                  forced_bos=_target_token(job.leg))
+                                  forced_bos=_target_token(job.leg),
+                                  aligned=_per_piece(ready))
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
@@ -205,7 +216,8 @@ class Translator:
                               call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))],
-                              forced_bos=_target_token(job.leg))
+                              forced_bos=_target_token(job.leg),
+                              aligned=[ready.formatted] * len(planned.pieces))
         events.watch(futures)
         streamed = StreamedText(planned, job.handle.tokenizer.decode)
         waiter = _gathered(futures)
@@ -340,7 +352,8 @@ class Translator:
         """The text as the model that reads it sees it (placeholders and terms
         masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
-        return masked, _plan(job.reader, masked.text,
+        # Paired tags are not sent: the model reads the plain text (core/formatting.py).
+        return masked, _plan(job.reader, model_text(masked),
                              job.leg if job.first is None else job.first.leg)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
@@ -353,7 +366,8 @@ class Translator:
         first = job.first
         futures = self._queue(first.handle, first.options,
                               [p.source_ids for _, pl in prepared for p in pl.pieces], call,
-                              forced_bos=_target_token(first.leg))
+                              forced_bos=_target_token(first.leg),
+                              aligned=_per_piece([_Text(m, pl) for m, pl in prepared]))
         results = await _gather(futures, call)
         _check_call(call)  # the second leg never queues for a call that has ended
 
@@ -361,21 +375,26 @@ class Translator:
             it = iter(results)
             out = []
             for masked, planned in prepared:
-                [head] = join(planned, [_enough(next(it).hypotheses, 1) for _ in planned.pieces],
-                              1, first.handle.tokenizer.decode)
-                middle, repaired = carry(masked, head.text)
+                chosen = [_enough(next(it).hypotheses, 1)[0] for _ in planned.pieces]
+                [head] = join(planned, [[h] for h in chosen], 1, first.handle.tokenizer.decode)
+                middle, repaired = carry_over(masked, head.text)
+                links = (tuple(text_links(first.handle, planned, first.leg, chosen))
+                         if split(masked) is not None else ())
                 out.append(_Text(masked, _plan(job.handle, middle, job.leg),
-                                 head.score if planned.pieces else 0.0, repaired))
+                                 head.score if planned.pieces else 0.0, repaired,
+                                 links, head.text))
             return out
 
         return await off_loop(replan)
 
     def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
                call: Call, on_token: Sequence[Callable[[int], None] | None] = (),
-               forced_bos: int | None = None) -> list[asyncio.Future[Result]]:
+               forced_bos: int | None = None,
+               aligned: Sequence[bool] = ()) -> list[asyncio.Future[Result]]:
         """All of a request's work items for one model enter its queue together, or
         none does. forced_bos: every hypothesis's first token (a multilingual model's
-        target language)."""
+        target language). aligned: the sources whose alignment the core needs (a text
+        with formatting) whether or not the request asked for it."""
         scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
@@ -384,7 +403,10 @@ class Translator:
                                   "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
-        items = [WorkItem(source=src, options=options, deliver=deliver_to_future(loop, fut),
+        with_alignment = dataclasses.replace(options, return_alignment=True)
+        items = [WorkItem(source=src,
+                          options=with_alignment if aligned and aligned[i] else options,
+                          deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
                           on_token=on_token[i] if on_token else None, forced_bos=forced_bos)
                  for i, (src, fut) in enumerate(zip(sources, futures, strict=True))]
@@ -435,6 +457,11 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
         truncated.append(len(ids) > limit)
         sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
     return sources, truncated
+
+
+def _per_piece(texts: Sequence[_Text]) -> list[bool]:
+    """For each piece of `texts`, whether its text has formatting (needs alignment)."""
+    return [flag for t in texts for flag in [t.formatted] * len(t.plan.pieces)]
 
 
 def _one_text(texts: Sequence[str]) -> None:
@@ -497,9 +524,23 @@ def _translation(job: _Job, text: _Text, results: Sequence[Result]) -> Translati
     leg's n-best over the first leg's best; each score adds the first leg's best's
     (the log-probability of the whole route), and a repair in either leg counts."""
     planned, masked = text.plan, text.masked
-    joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
-                                job.count, job.handle.tokenizer.decode)
-    if masked.changed and planned.pieces:
+    nbests = [_enough(r.hypotheses, job.count) for r in results]
+    joined: list[Joined] = join(planned, nbests, job.count, job.handle.tokenizer.decode)
+    formatting = split(masked)
+    if formatting is not None and planned.pieces:
+        restored = []
+        for i, j in enumerate(joined):
+            links = text_links(job.handle, planned, job.leg,
+                               [n[min(i, len(n) - 1)] for n in nbests])
+            if job.first is not None:
+                links = compose(links, planned.segmented.original, text.head_text,
+                                text.head_links)
+            restored.append(formatting.restore(j.text, links))
+        joined = [dataclasses.replace(j, text=r.text, repaired=r.repaired)
+                  for j, r in zip(joined, restored, strict=True)]
+        if not job.options.return_alignment:  # asked for by the core, not the client
+            joined = [dataclasses.replace(j, alignment=None) for j in joined]
+    elif masked.changed and planned.pieces:
         restored = [restore(masked, j.text) for j in joined]
         joined = [dataclasses.replace(j, text=r.text, repaired=r.repaired)
                   for j, r in zip(joined, restored, strict=True)]
