@@ -1,0 +1,125 @@
+"""Formatting never changes the words, on the shipped models and in every format that has
+formatting: a formatted sentence's translation, its tags taken off, is the translation of
+its plain text (issue 53 item 3: "it is <i>quite expensive</i> for" came back "es <i>ist</i>
+für", the italic words gone). HTML through /translate format=html (direct and through
+English), a Word document's runs, a .po message's and an XLIFF unit's inline tags."""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import docx
+import httpx
+import pytest
+from serving import RunningServer, free_port, server_config
+from translate.storage import po
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+PAIRS = ("en-de", "de-en", "en-fr")
+TAG = re.compile(r"<[^>]*>")
+# One to three spans: bold, italic, links, code (kept as it is: a placeholder).
+SENTENCES = [
+    "The new printer is fast, but it is <i>quite expensive</i> for a small office.",
+    'Please fill in <a href="/contact">the contact form</a> before you call us.',
+    "My name is <b>Michael</b> and I live in <i>Berlin</i>.",
+    "The <b>meeting</b> starts at <i>nine o'clock</i> tomorrow morning.",
+    'The children play in the <b>park</b> every <i>afternoon</i> with their '
+    '<a href="/dog">dog</a>.',
+    "Run <code>make install</code> as the <b>administrator</b>.",
+    "Tom &amp; Jerry <b>run</b> through the <i>big</i> house.",
+]
+
+pytestmark = pytest.mark.skipif(not all((MODELS / p).is_dir() for p in PAIRS),
+                                reason="the shipped models/" + ", models/".join(PAIRS))
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    root = tmp_path_factory.mktemp("formatting")
+    for pair in PAIRS:
+        (root / pair).symlink_to(MODELS / pair)
+    running = RunningServer(server_config(root, http_port=free_port(), threads=1))
+    assert running.http_url is not None
+    with httpx.Client(base_url=running.http_url, timeout=300) as client:
+        yield client
+    running.stop()
+
+
+def plain(fragment: str) -> str:
+    return html.unescape(TAG.sub("", fragment))
+
+
+def translate(http: httpx.Client, text: str, source: str = "en", target: str = "de",
+              **fields: object) -> dict:
+    answer = http.post("/translate", json={"q": text, "source": source, "target": target,
+                                           **fields})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def kept(fragment: str) -> list[str]:
+    """What a fragment keeps as it is (its code): a do-not-translate term in plain text."""
+    return [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", fragment)]
+
+
+@pytest.mark.parametrize("fragment", SENTENCES)
+def test_html_words_are_the_plain_texts_translation(http: httpx.Client, fragment: str) -> None:
+    formatted = translate(http, fragment, format="html")
+    text = translate(http, plain(fragment), format="text", do_not_translate=kept(fragment))
+    assert plain(formatted["translatedText"]) == text["translatedText"]
+    assert not formatted.get("placeholdersRepaired")
+    assert len(TAG.findall(formatted["translatedText"])) == len(TAG.findall(fragment))
+
+
+def test_through_english_too(http: httpx.Client) -> None:
+    fragment = "Das <b>Buch</b> liegt auf dem <i>Tisch</i>, nicht im <a href='/r'>Regal</a>."
+    formatted = translate(http, fragment, "de", "fr", format="html")
+    text = translate(http, plain(fragment), "de", "fr", format="text")
+    assert plain(formatted["translatedText"]) == text["translatedText"]
+    assert len(TAG.findall(formatted["translatedText"])) == 6
+
+
+def upload(http: httpx.Client, name: str, data: bytes) -> bytes:
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": (name, data)})
+    assert answer.status_code == 200, answer.text
+    return http.get(answer.json()["translatedFileUrl"]).content
+
+
+def test_a_word_documents_runs(http: httpx.Client) -> None:
+    document = docx.Document()
+    paragraph = document.add_paragraph("The new printer is fast, but it is ")
+    paragraph.add_run("quite expensive").italic = True
+    paragraph.add_run(" for a ")
+    paragraph.add_run("small").bold = True
+    paragraph.add_run(" office.")
+    buffer = io.BytesIO()
+    document.save(buffer)
+    out = docx.Document(io.BytesIO(upload(http, "printer.docx", buffer.getvalue())))
+    [translated] = [p for p in out.paragraphs if p.text]
+    assert translated.text == translate(http, paragraph.text)["translatedText"]
+    assert any(r.italic for r in translated.runs) and any(r.bold for r in translated.runs)
+
+
+def test_a_po_message_and_an_xliff_units_inline_tags(http: httpx.Client) -> None:
+    catalog = ('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+               'msgid "Click <b>Save</b> to keep your <i>changes</i>."\nmsgstr ""\n')
+    [unit] = [u for u in po.pofile(upload(http, "app.po", catalog.encode())).units
+              if u.source]
+    assert plain(unit.target) == translate(http, "Click Save to keep your changes.")[
+        "translatedText"]
+    assert "<b>" in unit.target and "</i>" in unit.target
+    xliff = ('<?xml version="1.0" encoding="UTF-8"?>\n'
+             '<xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2">'
+             '<file original="a" source-language="en" target-language="de" datatype="plaintext">'
+             '<body><trans-unit id="1"><source>Read the <g id="1">manual</g> before you '
+             '<g id="2">start</g> the machine.</source></trans-unit></body></file></xliff>\n')
+    out = upload(http, "app.xlf", xliff.encode()).decode()
+    target = re.search(r"<target[^>]*>(.*?)</target>", out, re.S)
+    assert target is not None and target[1].count("<g id=") == 2
+    assert plain(target[1]) == translate(http, "Read the manual before you start the "
+                                         "machine.")["translatedText"]
