@@ -6,7 +6,8 @@
 For each line of the sample (a pair and an HTML sentence with one to three spans:
 bold, italic, links, code) the shipped models serve, this asks the server's
 LibreTranslate `/translate` twice: the fragment with format=html, and its plain
-text (tags taken off, entities resolved) with format=text. It reports how many
+text (tags taken off, entities resolved; its code as do-not-translate terms, which
+the core masks as it masks kept HTML) with format=text. It reports how many
 answers' plain text (the HTML answer with its tags taken off and its entities
 resolved) is the plain answer exactly, how many came back `placeholdersRepaired`,
 and prints each HTML answer beside the plain one, for the spans to be judged by
@@ -37,6 +38,12 @@ _TAG = re.compile(r"<[^>]*>")
 def plain(fragment: str) -> str:
     """The text of an HTML sentence: its tags taken off, its entities resolved."""
     return html.unescape(_TAG.sub("", fragment))
+
+
+def kept(fragment: str) -> list[str]:
+    """What an HTML sentence keeps as it is (its code, a placeholder the model carries):
+    in the plain text, do-not-translate terms, which the core masks the same way."""
+    return [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", fragment)]
 
 
 def read_sample(path: Path) -> list[tuple[str, str]]:
@@ -99,7 +106,8 @@ def _ask(url: str, sample: list[tuple[str, str]]) -> list[dict[str, object]]:
             formatted = client.post("/translate", json={**asked, "q": fragment,
                                                         "format": "html"}).json()
             text = client.post("/translate", json={**asked, "q": plain(fragment),
-                                                   "format": "text"}).json()
+                                                   "format": "text",
+                                                   "do_not_translate": kept(fragment)}).json()
             answer = formatted["translatedText"]
             rows.append({"pair": pair, "source": fragment, "html": answer,
                          "plain": text["translatedText"],

@@ -31,6 +31,7 @@ from __future__ import annotations
 import html
 import re
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,8 +80,8 @@ class Formatting:
         renumbered as the full text numbers them."""
         target = [m.span() for m in _UNIT.finditer(output)]
         source = [m.span() for m in _UNIT.finditer(self.plain.text)]
-        linked = _unit_links(links, target, source)
-        ranges = _nested(self.pairs, [self._range(p, target, source, linked, output)
+        counts = _unit_links(links, target, source)
+        ranges = _nested(self.pairs, [self._range(p, target, source, counts, output)
                                       for p in self.pairs])
         inserts: list[tuple[int, int, int, str]] = []  # (char, order, rank, sentinel)
         for rank, (pair, (first, last)) in enumerate(sorted(
@@ -112,16 +113,18 @@ class Formatting:
         return "".join(out)
 
     def _range(self, pair: _Pair, target: list[Chars], source: list[Chars],
-               linked: list[set[int]], output: str) -> tuple[int, int]:
+               counts: list[Counter[int]], output: str) -> tuple[int, int]:
         """The first and last target word of a pair (unit indices)."""
         if not target:
             raise ValueError("a translation without a word cannot hold formatting")
         inside = {i for i, (a, b) in enumerate(source) if a < pair.end and pair.start < b}
         if inside and len(inside) == len(source):
             return 0, len(target) - 1
+        linked = [set(c) for c in counts]
         hits = [t for t, s in enumerate(linked) if s & inside]
         if hits:
-            return min(hits), max(hits)
+            first, last = _densest(hits[0], hits[-1], inside, counts)
+            return _trimmed(first, last, inside, linked, source, self.plain.text)
         # No word of the translation is linked to the pair's: the nearest source word
         # that has a linked target word decides, else the same relative place.
         by_source: dict[int, list[int]] = {}
@@ -232,9 +235,10 @@ def _escaped(text: str, spans: Sequence[Span]) -> bool:
 
 
 def _unit_links(links: Sequence[Link], target: list[Chars],
-                source: list[Chars]) -> list[set[int]]:
-    """For each target unit, the source units linked to it."""
-    linked: list[set[int]] = [set() for _ in target]
+                source: list[Chars]) -> list[Counter[int]]:
+    """For each target unit, the source units linked to it, each with the number of
+    links (a word of several tokens has one per token)."""
+    linked: list[Counter[int]] = [Counter() for _ in target]
     for (t0, t1), (s0, s1) in links:
         sources = _overlapping(source, s0, s1)
         if not sources:
@@ -253,6 +257,54 @@ def _overlapping(units: list[Chars], start: int, end: int) -> list[int]:
             out.append(i)
         i += 1
     return out
+
+
+def _densest(first: int, last: int, inside: set[int],
+             counts: list[Counter[int]]) -> tuple[int, int]:
+    """The run of target words in [first, last] with the most links into the pair less
+    those out of it (the widest of the best): a stray link ("Wir" linked to "Sundays")
+    does not stretch a span over words that translate others."""
+    best = (0, 0, first, first)  # (score, width, start, end)
+    score, start = 0, first
+    for t in range(first, last + 1):
+        into = sum(n for i, n in counts[t].items() if i in inside)
+        weight = into - (sum(counts[t].values()) - into)
+        if score < 0:
+            score, start = 0, t
+        score += weight
+        if into and (score, t - start) > best[:2]:
+            best = (score, t - start, start, t)
+    _, _, begin, end = best
+    while not any(i in inside for i in counts[begin]):  # a run starts and ends on a hit
+        begin += 1
+    return begin, end
+
+
+def _trimmed(first: int, last: int, inside: set[int], linked: list[set[int]],
+             source: list[Chars], text: str) -> tuple[int, int]:
+    """A range's edge word given to the source word beside the pair when that word has
+    no link of its own, the edge word none outside the pair, and the range more words
+    than the pair: an article or a preposition ("La <b>maison</b>" -> "The house")
+    whose target word the attention gave to the noun it agrees with."""
+    anywhere: set[int] = set().union(*linked)
+
+    def word(units: list[Chars], i: int, of: str) -> bool:
+        return bool(_WORD.fullmatch(of[units[i][0]:units[i][1]]))
+
+    def unlinked_word(i: int) -> bool:
+        return 0 <= i < len(source) and i not in anywhere and word(source, i, text)
+
+    def more_words(first: int, last: int) -> bool:
+        words = sum(bool(linked[t]) for t in range(first, last + 1))
+        return words > sum(word(source, i, text) for i in inside)
+
+    if (first < last and unlinked_word(min(inside) - 1) and linked[first] <= inside
+            and more_words(first, last)):
+        first += 1
+    if (first < last and unlinked_word(max(inside) + 1) and linked[last] <= inside
+            and more_words(first, last)):
+        last -= 1
+    return first, last
 
 
 def _middle(pair: _Pair, source: list[Chars]) -> int:

@@ -108,3 +108,37 @@ def test_a_chain_composes_its_legs_links_through_the_english():
     # The English the second leg read differs from the first's output (a repair):
     # characters are matched where the two agree.
     assert compose([((0, 5), (2, 7))], "A house", "The house", first) == [((0, 5), (4, 8))]
+
+
+def test_a_stray_link_does_not_stretch_a_span_over_words_that_translate_others():
+    # The attention gave "Wir" to "Sundays" too: the span keeps to the run of words
+    # with the most links into it (a link per token: "Sonn", "tags"), and does not
+    # swallow "arbeiten nie am".
+    formatting = split(mask("We <b>never</b> work on <i>Sundays</i>."))
+    assert formatting is not None
+    source = formatting.plain.text
+    output = "Wir arbeiten nie am Sonntags."
+    links = [link(output, "Wir", source, "Sundays"), link(output, "arbeiten", source, "work"),
+             link(output, "nie", source, "never"), link(output, "am", source, "on"),
+             link(output, "Sonn", source, "Sundays"), link(output, "tags", source, "Sundays")]
+    assert formatting.restore(output, links).text == \
+        "Wir arbeiten <b>nie</b> am <i>Sonntags</i>."
+
+
+def test_an_article_given_to_the_noun_goes_back_to_the_unlinked_article():
+    formatting = split(mask("La <b>maison</b> est très <i>grande</i>."))
+    assert formatting is not None
+    source = formatting.plain.text
+    output = "The house is very big."
+    # "The" attended to "maison" (the noun it agrees with); "La" got no link.
+    links = [link(output, "The", source, "maison"), link(output, "house", source, "maison"),
+             link(output, "is", source, "est"), link(output, "very", source, "très"),
+             link(output, "big", source, "grande")]
+    assert formatting.restore(output, links).text == "The <b>house</b> is very <i>big</i>."
+    # Not when the pair has as many words as its range: "<i>old chair</i>" keeps both.
+    formatting = split(mask("on the <i>old chair</i>"))
+    assert formatting is not None
+    output = "sur la vieille chaise"
+    links = [link(output, "vieille", formatting.plain.text, "old"),
+             link(output, "chaise", formatting.plain.text, "chair")]
+    assert formatting.restore(output, links).text == "sur la <i>vieille chaise</i>"
