@@ -6,8 +6,9 @@
 For each line of the sample (a pair and an HTML sentence with one to three spans:
 bold, italic, links, code) the shipped models serve, this asks the server's
 LibreTranslate `/translate` twice: the fragment with format=html, and its plain
-text (tags taken off, entities resolved; its code as do-not-translate terms, which
-the core masks as it masks kept HTML) with format=text. It reports how many
+text (tags taken off, entities resolved; its code, which HTML keeps as it is, as a
+`{k}` placeholder, which the core masks as it masks kept HTML) with format=text.
+It reports how many
 answers' plain text (the HTML answer with its tags taken off and its entities
 resolved) is the plain answer exactly, how many came back `placeholdersRepaired`,
 and prints each HTML answer beside the plain one, for the spans to be judged by
@@ -40,10 +41,16 @@ def plain(fragment: str) -> str:
     return html.unescape(_TAG.sub("", fragment))
 
 
-def kept(fragment: str) -> list[str]:
-    """What an HTML sentence keeps as it is (its code, a placeholder the model carries):
-    in the plain text, do-not-translate terms, which the core masks the same way."""
-    return [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", fragment)]
+def plain_with_placeholders(fragment: str) -> tuple[str, list[str]]:
+    """The plain text of an HTML sentence whose code (kept as it is: a placeholder the
+    model carries, as the core masks it) is written `{k}`, and the code of each k."""
+    codes: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        codes.append(html.unescape(match[1]))
+        return f"{{{len(codes) - 1}}}"
+
+    return plain(re.sub(r"<code>(.*?)</code>", number, fragment)), codes
 
 
 def read_sample(path: Path) -> list[tuple[str, str]]:
@@ -105,13 +112,15 @@ def _ask(url: str, sample: list[tuple[str, str]]) -> list[dict[str, object]]:
             asked = {"source": source, "target": target}
             formatted = client.post("/translate", json={**asked, "q": fragment,
                                                         "format": "html"}).json()
-            text = client.post("/translate", json={**asked, "q": plain(fragment),
-                                                   "format": "text",
-                                                   "do_not_translate": kept(fragment)}).json()
+            reference, codes = plain_with_placeholders(fragment)
+            text = client.post("/translate", json={**asked, "q": reference,
+                                                   "format": "text"}).json()
+            expected = re.sub(r"\{(\d+)\}", lambda m: codes[int(m[1])],
+                              text["translatedText"])
             answer = formatted["translatedText"]
             rows.append({"pair": pair, "source": fragment, "html": answer,
-                         "plain": text["translatedText"],
-                         "same_words": plain(answer) == text["translatedText"],
+                         "plain": expected,
+                         "same_words": plain(answer) == expected,
                          "repaired": bool(formatted.get("placeholdersRepaired"))})
     return rows
 

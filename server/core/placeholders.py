@@ -20,8 +20,10 @@ through (docs/placeholders.md).
 Every brace placeholder of the source is masked too, so a `{k}` in the masked
 text is always a sentinel.
 
-Paired tags are masked as two sentinels around the text they hold, which is
-translated with the sentence; tags stay paired and in order (the repair rule).
+Paired tags are masked as two sentinels around the text they hold; tags stay
+paired and in order (the repair rule). The translator sends the model no pair:
+core/formatting.py takes them off (`assemble` builds its text) and puts them back by
+the alignment, `restore(..., placed=True)`.
 
 The repair rule (`restore`), applied to the model's output before the sentinels
 are expanded: a sentinel the source does not have is removed, and so is a
