@@ -53,6 +53,11 @@ def plain_with_placeholders(fragment: str) -> tuple[str, list[str]]:
     return plain(re.sub(r"<code>(.*?)</code>", number, fragment)), codes
 
 
+def put_back(text: str, codes: list[str]) -> str:
+    """`text` with each `{k}` written as the code it stood for."""
+    return re.sub(r"\{(\d+)\}", lambda m: codes[int(m[1])], text)
+
+
 def read_sample(path: Path) -> list[tuple[str, str]]:
     lines = [line.split("\t", 1) for line in path.read_text(encoding="utf-8").splitlines()
              if line.strip() and not line.startswith("#")]
@@ -115,8 +120,7 @@ def _ask(url: str, sample: list[tuple[str, str]]) -> list[dict[str, object]]:
             reference, codes = plain_with_placeholders(fragment)
             text = client.post("/translate", json={**asked, "q": reference,
                                                    "format": "text"}).json()
-            expected = re.sub(r"\{(\d+)\}", lambda m: codes[int(m[1])],
-                              text["translatedText"])
+            expected = put_back(text["translatedText"], codes)
             answer = formatted["translatedText"]
             rows.append({"pair": pair, "source": fragment, "html": answer,
                          "plain": expected,
