@@ -3,6 +3,7 @@ alignment into the words formatting is placed on (core/alignment.py)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ def test_sentencepiece_source_and_target_spans(text: str) -> None:
     ids = tokenizer.encode(text)
     spans = tokenizer.source_spans(text)
     assert len(spans) == len(ids) and spans[-1] == (len(text), len(text))  # EOS: none
-    assert all(a <= b <= c for (a, b), (c, _) in zip(spans, spans[1:]))  # in order
-    for i, (a, b) in zip(ids, spans[:-1]):
+    assert all(a <= b <= c for (a, b), (c, _) in pairwise(spans))  # in order
+    for i, (a, b) in zip(ids[:-1], spans[:-1], strict=True):
         piece = tokenizer.id_to_piece[i].replace("\u2581", "")  # type: ignore[attr-defined]
         if text[a:b].strip().isascii():  # (NFKC turns "ﬁ" into "fi")
             assert text[a:b].strip() == piece
@@ -49,7 +50,7 @@ def test_tokenizer_json_source_and_target_spans(tmp_path: Path) -> None:
         ids = tokenizer.encode(text)
         spans = tokenizer.source_spans(text)
         assert len(spans) == len(ids)
-        assert all(a <= c for (a, _), (c, _) in zip(spans, spans[1:]))  # in order
+        assert all(a <= c for (a, _), (c, _) in pairwise(spans))  # in order
         # Every character is some token's (a character of several byte-level tokens is
         # each of theirs).
         covered = {k for a, b in spans for k in range(a, b)}
