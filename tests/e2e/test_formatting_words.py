@@ -2,7 +2,8 @@
 formatting: a formatted sentence's translation, its tags taken off, is the translation of
 its plain text (issue 53 item 3: "it is <i>quite expensive</i> for" came back "es <i>ist</i>
 für", the italic words gone). HTML through /translate format=html (direct and through
-English), a Word document's runs, a .po message's and an XLIFF unit's inline tags."""
+English), a Word document's runs, a .po message's and an XLIFF unit's inline tags, and
+gRPC's n-best and stream."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import docx
+import grpc
 import httpx
 import pytest
 from serving import RunningServer, free_port, server_config
 from translate.storage import po
+
+from seq2serve.protos import translator_pb2 as pb
+from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 PAIRS = ("en-de", "de-en", "en-fr")
@@ -39,15 +44,25 @@ pytestmark = pytest.mark.skipif(not all((MODELS / p).is_dir() for p in PAIRS),
 
 
 @pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("formatting")
     for pair in PAIRS:
         (root / pair).symlink_to(MODELS / pair)
     running = RunningServer(server_config(root, http_port=free_port(), threads=1))
-    assert running.http_url is not None
-    with httpx.Client(base_url=running.http_url, timeout=300) as client:
-        yield client
+    yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    assert server.http_url is not None
+    with httpx.Client(base_url=server.http_url, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def grpc_target(server: RunningServer) -> str:
+    return server.target
 
 
 def plain(fragment: str) -> str:
@@ -133,3 +148,29 @@ def test_a_po_message_and_an_xliff_units_inline_tags(http: httpx.Client) -> None
     assert target is not None and target[1].count("<g id=") == 2
     assert plain(target[1]) == translate(http, "Read the manual before you start the "
                                          "machine.")["translatedText"]
+
+
+def test_grpc_n_best_and_the_stream_keep_the_words(grpc_target: str) -> None:
+    text = "Please fill in <b>the contact form</b> before you <i>call</i> us."
+    plain_text = plain(text)
+    with grpc.insecure_channel(grpc_target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+
+        def ask(texts: list[str], **options: object) -> list[pb.Hypothesis]:
+            answer = stub.Translate(pb.TranslateRequest(
+                texts=texts, source_language="en", target_language="de",
+                options=pb.DecodingOptions(**options)), timeout=300)  # type: ignore[arg-type]
+            return list(answer.translations[0].hypotheses)
+
+        formatted = ask([text], beam_size=4, num_hypotheses=3)
+        plain_answer = ask([plain_text], beam_size=4, num_hypotheses=3)
+        assert [plain(h.text) for h in formatted] == [h.text for h in plain_answer]
+        assert all(h.text.count("<b>") == 1 and h.text.count("</i>") == 1 for h in formatted)
+        # Not asked for, the alignment the core used is not in the answer; asked for, it
+        # is the plain text's.
+        assert not formatted[0].alignment
+        aligned = ask([text], return_alignment=True)[0].alignment
+        assert list(aligned) == list(ask([plain_text], return_alignment=True)[0].alignment)
+        [*_, final] = stub.TranslateStream(pb.TranslateRequest(
+            texts=[text], source_language="en", target_language="de"), timeout=300)
+        assert final.translation.hypotheses[0].text == ask([text])[0].text
