@@ -80,6 +80,9 @@ class Formatting:
         renumbered as the full text numbers them."""
         target = [m.span() for m in _UNIT.finditer(output)]
         source = [m.span() for m in _UNIT.finditer(self.plain.text)]
+        if not target:  # nothing to hold them (an empty translation): the pairs, empty
+            pairs = "".join(sentinel(p.opening) + sentinel(p.closing) for p in self.pairs)
+            return self._text(output) + pairs
         counts = _unit_links(links, target, source)
         ranges = _nested(self.pairs, [self._range(p, target, source, counts, output)
                                       for p in self.pairs])
@@ -115,8 +118,6 @@ class Formatting:
     def _range(self, pair: _Pair, target: list[Chars], source: list[Chars],
                counts: list[Counter[int]], output: str) -> tuple[int, int]:
         """The first and last target word of a pair (unit indices)."""
-        if not target:
-            raise ValueError("a translation without a word cannot hold formatting")
         inside = {i for i, (a, b) in enumerate(source) if a < pair.end and pair.start < b}
         if inside and len(inside) == len(source):
             return 0, len(target) - 1

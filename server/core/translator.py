@@ -527,7 +527,11 @@ def _translation(job: _Job, text: _Text, results: Sequence[Result]) -> Translati
     nbests = [_enough(r.hypotheses, job.count) for r in results]
     joined: list[Joined] = join(planned, nbests, job.count, job.handle.tokenizer.decode)
     formatting = split(masked)
-    if formatting is not None and planned.pieces:
+    if formatting is not None and not formatting.plain.text.strip():
+        # Tags around nothing but spaces: no words to translate, the text as it was.
+        joined = [dataclasses.replace(j, text=restore(masked, masked.text).text)
+                  for j in joined]
+    elif formatting is not None:
         restored = []
         for i, j in enumerate(joined):
             links = text_links(job.handle, planned, job.leg,

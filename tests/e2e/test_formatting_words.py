@@ -174,3 +174,8 @@ def test_grpc_n_best_and_the_stream_keep_the_words(grpc_target: str) -> None:
         [*_, final] = stub.TranslateStream(pb.TranslateRequest(
             texts=[text], source_language="en", target_language="de"), timeout=300)
         assert final.translation.hypotheses[0].text == ask([text])[0].text
+
+
+def test_tags_around_nothing_come_back_as_they_were(http: httpx.Client) -> None:
+    answer = translate(http, "<b> </b>", format="text")
+    assert answer["translatedText"] == "<b> </b>"

@@ -142,3 +142,12 @@ def test_an_article_given_to_the_noun_goes_back_to_the_unlinked_article():
     links = [link(output, "vieille", formatting.plain.text, "old"),
              link(output, "chaise", formatting.plain.text, "chair")]
     assert formatting.restore(output, links).text == "sur la <i>vieille chaise</i>"
+
+
+def test_pairs_around_nothing_come_back_whatever_the_translation():
+    formatting = split(mask("<b> </b>"))
+    assert formatting is not None and formatting.plain.text == " "
+    assert formatting.restore("", []).text == "<b></b>"
+    formatting = split(mask("A <i>b</i> c"))
+    assert formatting is not None
+    assert formatting.restore("", []).text == "<i></i>"
