@@ -235,17 +235,23 @@ def split_accelerator(text: str) -> tuple[str, Accelerator | None]:
 def mask(text: str, terms: Terms = Terms(), *, placeholders: bool = True) -> Masked:
     """`text` with each placeholder, tag and term replaced by its sentinel.
 
-    With `placeholders` off only the terms are masked (and any literal `{k}`,
-    which would otherwise read as a sentinel)."""
+    With `placeholders` off only the terms and the paired tags are masked (and any
+    literal `{k}`, which would otherwise read as a sentinel)."""
     accelerator = None
     if placeholders:
         text, accelerator = split_accelerator(text)
         found = find(text)
-    elif terms:
-        found = [Span(m.start(), m.end(), Kind.BRACE, m.group(), m.group())
-                 for m in SENTINEL.finditer(text)]
     else:
-        return Masked(text, (), None, text)
+        # Paired tags are formatting, not placeholders: masked whatever `placeholders`
+        # says, so that the words never depend on them (core/formatting.py).
+        tags = _pair_tags([Span(s.start, s.end, s.kind, s.text, s.replacement)
+                           for s in find(text) if s.partner is not None])
+        if not tags and not terms:
+            return Masked(text, (), None, text)
+        inside = [(s.start, s.end) for s in tags]
+        found = tags + [Span(m.start(), m.end(), Kind.BRACE, m.group(), m.group())
+                        for m in SENTINEL.finditer(text)
+                        if not any(a <= m.start() < b for a, b in inside)]
     merged = sorted([(s, i) for i, s in enumerate(found)]
                     + [(s, -1) for s in _find_terms(text, found, terms)],
                     key=lambda pair: pair[0].start)

@@ -179,3 +179,11 @@ def test_grpc_n_best_and_the_stream_keep_the_words(grpc_target: str) -> None:
 def test_tags_around_nothing_come_back_as_they_were(http: httpx.Client) -> None:
     answer = translate(http, "<b> </b>", format="text")
     assert answer["translatedText"] == "<b> </b>"
+
+
+def test_without_placeholder_protection_too(http: httpx.Client) -> None:
+    fragment = SENTENCES[0]
+    formatted = translate(http, fragment, format="html", protect_placeholders=False)
+    text = translate(http, plain(fragment), format="text", protect_placeholders=False)
+    assert plain(formatted["translatedText"]) == text["translatedText"]
+    assert "<i>" in formatted["translatedText"]

@@ -151,3 +151,10 @@ def test_pairs_around_nothing_come_back_whatever_the_translation():
     formatting = split(mask("A <i>b</i> c"))
     assert formatting is not None
     assert formatting.restore("", []).text == "<i></i>"
+
+
+def test_formatting_is_taken_off_without_placeholder_protection_too():
+    # protect_placeholders off leaves `%s` and `_now` to the model, never the pairs.
+    masked = mask("Open <b>%s</b> _now {0}", placeholders=False)
+    assert model_text(masked) == "Open %s _now {0}"
+    assert not split(mask("Open %s <br/> _now", placeholders=False))
