@@ -12,10 +12,9 @@ chain's two legs compose through the English text between them
 from __future__ import annotations
 
 from collections.abc import Sequence
-from difflib import SequenceMatcher
 from itertools import accumulate
 
-from seq2serve.server.core.formatting import Link
+from seq2serve.server.core.formatting import Link, char_map
 from seq2serve.server.core.pieces import PieceHypothesis, Plan
 from seq2serve.server.core.registry import Leg, ModelHandle
 
@@ -60,11 +59,7 @@ def compose(second: Sequence[Link], middle: str, first_output: str,
     the first leg's (`first_output`, the English it wrote, which `middle` is after the
     repair rule -> the source). Characters of `middle` map to `first_output`'s where the
     two texts agree."""
-    mapped: list[int | None] = [None] * len(middle)
-    matcher = SequenceMatcher(None, middle, first_output, autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            mapped[block.a + k] = block.b + k
+    mapped = char_map(middle, first_output)
     by_char: list[list[tuple[int, int]]] = [[] for _ in first_output]
     for (e0, e1), source in first:
         for k in range(max(e0, 0), min(e1, len(first_output))):

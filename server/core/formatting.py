@@ -34,6 +34,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 from seq2serve.server.core.placeholders import (
     SENTINEL,
@@ -43,6 +44,7 @@ from seq2serve.server.core.placeholders import (
     Span,
     assemble,
     carry,
+    repair,
     restore,
     sentinel,
 )
@@ -143,9 +145,25 @@ class Formatting:
         return word, word
 
     def restore(self, output: str, links: Sequence[Link]) -> Restored:
-        """`output` placed (above), then restored as any masked text: the repair rule for
-        the other placeholders, the accelerator, every sentinel expanded."""
-        return restore(self.full, self.place(output, links), placed=True)
+        """`output` with the repair rule applied as to the plain text's (so a placeholder
+        the model dropped goes where it goes without formatting), placed (above), then
+        restored as any masked text: the accelerator, every sentinel expanded."""
+        fixed, repaired = repair(self.plain, output)
+        if fixed != output:
+            where = char_map(output, fixed)
+            links = [((min(m), max(m) + 1), source) for (a, b), source in links
+                     if (m := [k for k in where[a:b] if k is not None])]
+        restored = restore(self.full, self.place(fixed, links), placed=True)
+        return Restored(restored.text, repaired or restored.repaired)
+
+
+def char_map(old: str, new: str) -> list[int | None]:
+    """For each character of `old`, where it is in `new` (None where the two differ)."""
+    mapped: list[int | None] = [None] * len(old)
+    for block in SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            mapped[block.a + k] = block.b + k
+    return mapped
 
 
 def split(masked: Masked) -> Formatting | None:

@@ -68,10 +68,13 @@ class Kind(str, Enum):
 
 
 _TRAIL = r"[^\s<>\"'.,;:!?)\]]"  # a URL does not end in sentence punctuation
+# Nor does it hold `<`, `>` or a quote escaped (`&lt;URL:http://x.org&gt;` in HTML text):
+# it ends where the character would, so a text's URLs are the same escaped or not.
+_UNESC = r"(?!&(?:lt|gt|quot|apos|#0*3[49]|#[xX]0*2[27]);)"
 _PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in (
     ("tag", r"</?[A-Za-z][\w:.-]*(?:\s+[^<>]*?)?\s*/?>"),
-    ("url", rf"\b(?:https?|ftp|file)://[^\s<>\"']*{_TRAIL}|\bwww\.[\w-]+(?:\.[\w-]+)+"
-            rf"(?:[/?#][^\s<>\"']*{_TRAIL})?"),
+    ("url", rf"\b(?:https?|ftp|file)://(?:{_UNESC}[^\s<>\"'])*{_UNESC}{_TRAIL}"
+            rf"|\bwww\.[\w-]+(?:\.[\w-]+)+(?:[/?#](?:{_UNESC}[^\s<>\"'])*{_UNESC}{_TRAIL})?"),
     ("email", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
     ("entity", r"&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);"),
     ("printf", r"%%|%(?:\d+\$)?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|ll|[hlLqjzt]|I64|I)?"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import io
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
+DDTP = Path(__file__).resolve().parents[1] / "fixtures" / "ddtp_en_test_sample.txt"
 PAIRS = ("en-de", "de-en", "en-fr")
 TAG = re.compile(r"<[^>]*>")
 # One to three spans: bold, italic, links, code (kept as it is: a placeholder).
@@ -187,3 +189,24 @@ def test_without_placeholder_protection_too(http: httpx.Client) -> None:
     text = translate(http, plain(fragment), format="text", protect_placeholders=False)
     assert plain(formatted["translatedText"]) == text["translatedText"]
     assert "<i>" in formatted["translatedText"]
+
+
+def test_random_spans_on_package_descriptions(http: httpx.Client) -> None:
+    """Spans put on random words of real text (1-3, some nested in a link), entities and
+    URLs in it: the words are always the plain text's translation."""
+    rng = random.Random(53)
+    lines = [line.strip() for line in DDTP.read_text(encoding="utf-8").splitlines()
+             if 20 < len(line.strip()) < 160][:40]
+    for line in lines:
+        words = html.escape(line, quote=False).split(" ")
+        starts = sorted(rng.sample(range(len(words)), min(rng.randint(1, 3), len(words))))
+        for start, after in zip(starts, [*starts[1:], len(words)], strict=True):
+            end = min(start + rng.randint(0, 2), after - 1)
+            tag = rng.choice(["b", "i", "em"])
+            words[start] = f"<{tag}>" + words[start]
+            words[end] = words[end] + f"</{tag}>"
+        fragment = " ".join(words)
+        if rng.random() < 0.3:
+            fragment = f'<a href="/d">{fragment}</a> (more)'
+        formatted = translate(http, fragment, format="html")["translatedText"]
+        assert plain(formatted) == reference(http, fragment), fragment

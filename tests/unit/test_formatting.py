@@ -158,3 +158,17 @@ def test_formatting_is_taken_off_without_placeholder_protection_too():
     masked = mask("Open <b>%s</b> _now {0}", placeholders=False)
     assert model_text(masked) == "Open %s _now {0}"
     assert not split(mask("Open %s <br/> _now", placeholders=False))
+
+
+def test_a_placeholder_the_model_drops_goes_where_it_goes_without_formatting():
+    from seq2serve.server.core.placeholders import restore
+
+    output = "Besuchen Sie die Seite heute."  # the model dropped {0}
+    plain_text = restore(mask("Visit the site at {0} today."), output)
+    formatting = split(mask("Visit <b>the site</b> at {0} today."))
+    assert formatting is not None
+    source = formatting.plain.text
+    formatted = formatting.restore(output, [link(output, "Seite", source, "site")])
+    assert _TAGS.sub("", formatted.text) == plain_text.text
+    assert formatted.repaired and plain_text.repaired
+    assert "<b>" in formatted.text
