@@ -22,7 +22,9 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type info
 
 from seq2serve.export.sources import SAMPLE_TEXTS, load_source
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families.registry import families_help
 from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.package.manifest import (
     ATTENTIONS,
     DECODER_FILE,
@@ -33,7 +35,6 @@ from seq2serve.model.package.manifest import (
     PRECISIONS,
     SHORTLIST_DECODER_FILE,
     SHORTLIST_FILE,
-    TASKS,
     Manifest,
     ShortlistSpec,
     SpecialTokens,
@@ -177,8 +178,12 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     a mix's directory whose corpus.json lists its parts) to learn a vocabulary
     shortlist from (package format 8, model/package/shortlist.py), with `shortlist`'s
     settings, used by default when `shortlist_default`.
-    task: the package's task (one of TASKS), overriding the one the folder says
-    (a BART or Pegasus folder that says none needs it).
+    task: the package's task ("summarize", "translate" or "translate:SRC-TGT";
+    model/families/tasks.py), overriding the one the folder says (a folder that says
+    none, or several, needs it).
+    name: the package's model name; by default the source's, with the precision
+    after it where that is not fp32 (`default_name`), so that the fp32 and int8
+    packages of one folder can be served side by side.
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -265,12 +270,15 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
             problems.append(f"--shortlist-from {shortlist_from}: not a directory")
     elif shortlist_default:
         problems.append("--shortlist-default needs --shortlist-from")
-    if task is not None and task not in TASKS:
-        problems.append(f"--task must be one of {TASKS}, got {task!r}")
-        task = None
+    asked: TaskRequest | None = None
+    if task is not None:
+        try:
+            asked = TaskRequest.parse(task)
+        except ValueError as e:
+            problems.append(str(e))
     source: Source | None = None
     try:
-        source = load_source(source_dir, task)
+        source = load_source(source_dir, asked)
     except SourceError as e:
         problems.extend(e.problems)
     if source is not None and attention == "fused" and source.model.cfg.decoder_head_dim % 8:
@@ -369,6 +377,13 @@ def _verify_precision(model: Any, tmp: Path, samples: list[list[int]], precision
     return deviation
 
 
+def default_name(source_name: str, precision: str) -> str:
+    """A package's model name when `--name` gives none: the source's, and its
+    precision where that is not fp32 ("bart-large-cnn-int8"): one server serves each
+    name once, so one folder's packages at two precisions need two names."""
+    return source_name if precision == "fp32" else f"{source_name}-{precision}"
+
+
 def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
               precision: str, opset: int, attention: str,
               shortlist_spec: ShortlistSpec | None, shortlist_default: bool,
@@ -384,7 +399,7 @@ def _manifest(tmp: Path, source: Source, cfg: ModelConfig, *, name: str | None,
             cfg.decoder_layers, opset, shortlist_dtypes))
         generation = dataclasses.replace(generation, shortlist=shortlist_default)
     return Manifest(
-        name=name or source.name,
+        name=name or default_name(source.name, precision),
         task=source.task,
         source_language=source.source_language,
         target_language=source.target_language,
@@ -453,23 +468,26 @@ def _write_shortlist(tmp: Path, model: Any, tokenizer: Any, data: Path,
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path,
-                        help="a seq2serve checkpoint directory, or a Hugging Face model "
+                        help="a seq2serve checkpoint directory, a Hugging Face model "
                         "directory (config.json, model.safetensors or pytorch_model.bin, the "
-                        "tokenizer's files): Marian (OPUS-MT: source.spm, target.spm, "
-                        "vocab.json), BART (tokenizer.json or vocab.json + merges.txt), "
-                        "Pegasus, T5, Flan-T5, mT5 (tokenizer.json or spiece.model), M2M100 "
-                        "(sentencepiece.bpe.model + vocab.json), NLLB-200 (tokenizer.json) "
-                        "or mBART-50 (tokenizer.json or sentencepiece.bpe.model)")
+                        f"tokenizer's files) of one of the families {families_help()}, or a "
+                        "Hugging Face hub id (ORG/NAME: downloaded into the hub's cache, or "
+                        "read from it with HF_HUB_OFFLINE=1)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), fp16 (for CUDA) or int8 (dynamic "
                         "quantization, for CPU)")
     parser.add_argument("--name", help="model name in the manifest (default: the source "
-                        "directory's name)")
-    parser.add_argument("--task", choices=TASKS, help="the package's task, overriding the "
-                        "one the folder says (task_specific_params); a BART, Pegasus or T5 "
-                        "folder that says none needs it")
+                        "directory's or hub repository's name, with the precision after it "
+                        "where that is not fp32: bart-large-cnn-int8)")
+    parser.add_argument("--task", metavar="TASK", help="the package's task: summarize, "
+                        "translate, or translate:SRC-TGT (translate:en-fr: the folder's "
+                        "task_specific_params entry for that pair, or the pair of a folder "
+                        "that names none); by default the one task the folder names "
+                        "(task_specific_params), refused with the list where it names "
+                        "several. The entry's parameters are the package's defaults, as "
+                        "transformers' pipeline applied them")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     parser.add_argument("--attention", choices=ATTENTIONS, default=DEFAULT_ATTENTION,
                         help="fused: ONNX Runtime's MultiHeadAttention and GroupQueryAttention, "

@@ -13,8 +13,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from seq2serve.model.families.registry import FAMILIES, model_type
+from seq2serve.export.hub import hub_folder, is_hub_id
+from seq2serve.model.families.registry import FAMILIES, families_help, read_model_type
 from seq2serve.model.families.source import Source, SourceError, default_generation
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.package.tokenizer import PackageTokenizer
 
 # Sentences for the export-time check of ONNX Runtime against PyTorch.
@@ -61,20 +63,37 @@ def is_checkpoint(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == "seq2serve-checkpoint"
 
 
-def load_source(path: str | Path, task: str | None = None) -> Source:
-    """The source in the folder `path`; `task` (export --task) overrides the task
-    the folder says."""
+def load_source(path: str | Path, task: TaskRequest | None = None) -> Source:
+    """The source in the folder `path`, or in the hub's snapshot of the repository
+    `path` names where no such folder exists (hub.py); `task` (export --task)
+    overrides the task the folder says."""
     root = Path(path)
     if not root.is_dir():
-        raise SourceError(root, [f"{root}: not a directory"])
+        if not is_hub_id(str(path)):
+            raise SourceError(root, [f"{root}: not a directory (nor a Hugging Face hub id "
+                                     "such as facebook/bart-large-cnn)"])
+        folder = hub_folder(str(path))
+        source = load_source(folder, task)
+        hub = {"repo_id": str(path), "commit": folder.name}
+        return dataclasses.replace(source, origin={**source.origin, "hub": hub})
     if is_checkpoint(root):
-        source = load_seq2serve(root)
-        return dataclasses.replace(source, task=task) if task else source
-    kind = model_type(root)
-    if kind not in FAMILIES:
-        found = f"model_type {kind!r}" if kind else "no model_type"
-        raise SourceError(root, [
-            f"config.json: missing, unreadable, or of an unknown architecture ({found}; "
-            f"expected a seq2serve checkpoint or a Hugging Face folder with model_type one "
-            f"of {', '.join(repr(k) for k in sorted(FAMILIES))})"])
-    return FAMILIES[kind](root, task)
+        return _with_task(load_seq2serve(root), task)
+    kind, why = read_model_type(root)
+    if kind is None:
+        raise SourceError(root, [f"{why}; expected a seq2serve checkpoint or a Hugging Face "
+                                 f"folder ({families_help()})"])
+    family = FAMILIES.get(kind)
+    if family is None:
+        known = ", ".join(repr(k) for k in sorted(FAMILIES))
+        raise SourceError(root, [f"config.json: model_type {kind!r} is an architecture "
+                                 f"export does not take (it takes {known})"])
+    return family.load(root, task)
+
+
+def _with_task(source: Source, task: TaskRequest | None) -> Source:
+    """Our own checkpoint under the task `export --task` asks (its languages too)."""
+    if task is None:
+        return source
+    pair = task.pair or (source.source_language, source.target_language)
+    return dataclasses.replace(source, task=task.kind, source_language=pair[0],
+                               target_language=pair[1])

@@ -96,8 +96,9 @@ def check_bindable(host: str, port: int, what: str) -> None:
 
 def document_limits(config: ServerConfig) -> Limits:
     """What one /translate_file upload may hold (HTTP 413 past it)."""
-    return Limits(members=config.max_document_members,
+    return Limits(file_bytes=config.max_document_bytes, members=config.max_document_members,
                   unpacked_bytes=config.max_document_unpacked_bytes,
+                  elements=config.max_document_elements,
                   characters=config.max_document_characters,
                   paragraphs=config.max_document_paragraphs)
 
@@ -160,7 +161,7 @@ class Server:
     def __init__(self, config: ServerConfig, metrics: Metrics | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.registry = ModelRegistry(config.prefer_multilingual)
+        self.registry = ModelRegistry(config.prefer_multilingual, config.preferred_models())
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else \
             health.HealthServicer()
         limit = config.max_message_bytes
@@ -254,7 +255,8 @@ class Server:
             libre=LibreSettings(char_limit=config.max_text_chars,
                                 batch_limit=config.max_texts_per_request,
                                 alternatives_limit=config.max_beam_size - 1,
-                                document_limits=document_limits(config)),
+                                document_limits=document_limits(config),
+                                documents_in_flight=config.max_documents_in_flight),
             max_body_bytes=config.max_message_bytes,
             cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()),
             timeout_s=config.http_timeout_s or None)

@@ -141,12 +141,14 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
             continue
         name = package.manifest.name
         if name in names:
-            broken.append(BrokenPackage(path, f"model name {name!r} is already "
-                                              f"served from {names[name]}"))
+            broken.append(BrokenPackage(path, f"model name {name!r} is already served from "
+                                              f"{names[name]}: export one with another "
+                                              f"--name (seq2serve export --name NAME)"))
             continue
         names[name] = path
         packages.append(package)
     _check(config, models_dir, len(paths), broken)
+    _check_preferred(config, models_dir, names)
     for package in packages:
         try:
             registry.add(build_handle(package, config, metrics))
@@ -162,6 +164,19 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
                   package_problem.problem)
     metrics.broken_packages.set(len(broken))
     registry.loaded()
+
+
+def _check_preferred(config: ServerConfig, models_dir: Path, names: dict[str, Path]) -> None:
+    """--prefer-model names models served here (a name of none is a typo); with
+    --serve-valid-models a broken package's name is only logged."""
+    unknown = [name for name in config.preferred_models() if name not in names]
+    if not unknown:
+        return
+    message = (f"--prefer-model names {', '.join(map(repr, unknown))}, which no valid package "
+               f"in {models_dir} is; the models: {', '.join(sorted(names)) or 'none'}")
+    if not config.serve_valid_models:
+        raise ModelLoadError(message)
+    log.error("%s", message)
 
 
 def _check(config: ServerConfig, models_dir: Path, candidates: int,

@@ -33,6 +33,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
 PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", *TLS_FILES)
+# Settings a flag may repeat, each time adding to a comma-separated list.
+REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -73,6 +75,11 @@ class ServerConfig:
     prefer_multilingual: bool = field(default=False, metadata=_meta(
         "where a multilingual model (NLLB-200, M2M100, mBART-50) and a model of one pair "
         "both serve a pair, the multilingual one serves it (default: the one-pair model)"))
+    prefer_model: str = field(default="", metadata=_meta(
+        "where several models of the preferred kind (--prefer-multilingual) serve a pair, "
+        "this one serves it; repeat the flag (or comma-separate the names) for an order, "
+        "the first named first; otherwise a model that has both codes exactly, then the "
+        "first by name", "NAME"))
     host: str = field(default="0.0.0.0", metadata=_meta(
         "address the gRPC server listens on", "HOST"))
     port: int = field(default=50051, metadata=_meta("gRPC port", "PORT"))
@@ -170,21 +177,34 @@ class ServerConfig:
     max_length_cap: int = field(default=512, metadata=_meta(
         "largest max_length (new tokens) accepted", "N"))
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata=_meta(
-        "largest gRPC message received or sent, and largest HTTP body (a /translate_file "
-        "upload included)", "BYTES"))
-    # The limits on one file of /translate_file (core/documents/package.py's Limits, whose
+        "largest gRPC message received or sent, and largest HTTP body (except a "
+        "/translate_file upload's: --max-document-bytes)", "BYTES"))
+    # The limits on one file of /translate_file (core/documents/limits.py's Limits, whose
     # defaults these are; tests/unit/test_config.py holds them equal). Past one: HTTP 413.
+    # The upload may be larger than a request (images are copied byte for byte); what it
+    # unpacks to and asks to translate is bounded by the others, counted while reading.
+    max_document_bytes: int = field(default=32 * 1024 * 1024, metadata=_meta(
+        "largest file /translate_file takes (its HTTP body may be this and 64 KiB more)",
+        "BYTES"))
     max_document_members: int = field(default=5000, metadata=_meta(
         "most files in an uploaded document's archive (.docx, .pptx, .odt, .odp, .epub)",
         "N"))
     max_document_unpacked_bytes: int = field(default=64 * 1024 * 1024, metadata=_meta(
         "most bytes an uploaded document's archive may unpack to, all its files together "
         "(declared and counted while inflating)", "BYTES"))
+    max_document_elements: int = field(default=500_000, metadata=_meta(
+        "most XML elements in the parts of an uploaded file read for translation (an "
+        "HTML tag or a line of a text file counts as one), counted while reading; about "
+        "150 bytes of memory each", "N"))
     max_document_characters: int = field(default=1_000_000, metadata=_meta(
         "most characters of text to translate in one uploaded file", "N"))
     max_document_paragraphs: int = field(default=50_000, metadata=_meta(
         "most texts (paragraphs, entries, lines) to translate in one uploaded file; a "
-        "document's cost about 2 KB of memory each while it is translated", "N"))
+        "package's paragraph elements, empty or not, counted while reading; about 2 KB of "
+        "memory each while translated", "N"))
+    max_documents_in_flight: int = field(default=4, metadata=_meta(
+        "most /translate_file uploads read or translated at once; past it: HTTP 503 with "
+        "Retry-After (each holds up to about 100 MB while read)", "N"))
     drain_delay_s: float = field(default=5.0, metadata=_meta(
         "on SIGTERM, how long health says NOT_SERVING while new calls are still served, so "
         "load balancers stop routing here before the port closes", "SECONDS"))
@@ -207,6 +227,7 @@ class ServerConfig:
             float_problem("cache_mb", self.cache_mb, 0.0, 1_048_576.0),
             int_problem("rate_limit", self.rate_limit, 0, note="0 = unlimited"),
             self._trusted_proxies_problem(),
+            self._prefer_model_problem(),
             self._api_keys_problem(),
             self._glossary_dir_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
@@ -218,8 +239,9 @@ class ServerConfig:
             *(int_problem(name, getattr(self, name), 1) for name in (
                 "max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
                 "max_texts_per_request", "max_text_chars", "max_length_cap",
-                "max_document_members", "max_document_unpacked_bytes",
-                "max_document_characters", "max_document_paragraphs")),
+                "max_document_bytes", "max_document_members", "max_document_unpacked_bytes",
+                "max_document_elements", "max_document_characters", "max_document_paragraphs",
+                "max_documents_in_flight")),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
             float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),
@@ -262,6 +284,21 @@ class ServerConfig:
         except ValueError as e:
             return Problem("trusted_proxies", "trusted_proxies must be comma-separated "
                            f"networks such as 10.0.0.0/8: {e}")
+        return None
+
+    def preferred_models(self) -> tuple[str, ...]:
+        """--prefer-model's names, in order."""
+        return tuple(name.strip() for name in self.prefer_model.split(",") if name.strip())
+
+    def _prefer_model_problem(self) -> Problem | None:
+        wrong = _text_problem("prefer_model", self.prefer_model, "model names, comma-separated")
+        if wrong is not None:
+            return wrong
+        names = self.preferred_models()
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            return Problem("prefer_model", f"prefer_model must name each model once, got "
+                           f"{', '.join(twice)} more than once")
         return None
 
     def _api_keys_problem(self) -> Problem | None:
@@ -342,6 +379,12 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def setting_names(name: str) -> str:
+    """How an operator sets the field `name`, for a message about a limit it imposes:
+    "the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"."""
+    return f"the server's {flag_name(name)} ({env_name(name)})"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field. Flags default to None so `from_args` can tell a flag
     given on the command line from one left to the environment or the default."""
@@ -355,6 +398,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif f.name == "metrics_host":
             default = "the --host address"
         help_text = f"{f.metadata['help']} (env {env_name(f.name)}; default {default})"
+        if f.name in REPEATED_FIELDS:
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
+                                metavar=f.metadata["metavar"], action="append",
+                                help=f"{help_text}; repeatable")
+            continue
         if f.type == "bool":
             # --reflection / --no-reflection; the variable takes true/false, 1/0, yes/no.
             parser.add_argument(flag_name(f.name), dest=f.name, default=None,
@@ -377,6 +425,8 @@ def from_args(args: argparse.Namespace | None = None,
     for f in dataclasses.fields(ServerConfig):
         flag_value = getattr(args, f.name, None) if args is not None else None
         raw = environ.get(env_name(f.name), "")
+        if isinstance(flag_value, list):  # a repeated flag: its values in order
+            flag_value = ",".join(flag_value)
         if flag_value is not None:
             values[f.name] = flag_value
         elif raw.strip():

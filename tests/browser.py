@@ -3,9 +3,14 @@ download a browser here)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import system_tools
 
-CHROMIUM = Path("/usr/bin/chromium")
+
+def chromium() -> str:
+    """Debian's chromium, for a test marked `needs("chromium")`."""
+    return system_tools.path("chromium")
+
+
 # Chromium as CI runs it: headless, no sandbox (root in a container), and nothing of
 # its own on the network (updates, sync, QUIC probes), so that every request seen
 # is the page's.

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import system_tools
 import torch
 
 # One intra-op thread: the models here are tiny, and OpenMP's spinning threads
@@ -173,10 +174,29 @@ class Box:
 
 def msgfmt_check(path: Path) -> None:
     """gettext's own `msgfmt --check` accepts the .po file (formats, plural forms,
-    header); skips only where gettext is not installed (.ci/run installs it)."""
-    msgfmt = shutil.which("msgfmt")
-    if msgfmt is None:
-        pytest.skip("msgfmt (gettext) is not installed; .ci/run installs it")
-    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
+    header): for a test marked `needs("msgfmt")`."""
+    result = subprocess.run([system_tools.path("msgfmt"), "--check", "-o", "/dev/null",
+                             str(path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+# -- system tools (tests/system_tools.py) ----------------------------------------------
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(*tools): runs these system tools (tests/system_tools.py's table); "
+        "skipped, naming the install command, where one is missing or hidden "
+        f"({system_tools.HIDE_VARIABLE})")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    names = tuple(n for mark in item.iter_markers("needs") for n in mark.args)
+    unknown = sorted(set(names) - set(system_tools.TOOLS))
+    if unknown:
+        pytest.fail(f"needs({', '.join(map(repr, unknown))}): not in tests/system_tools.py's "
+                    "table", pytrace=False)
+    system_tools.declare(set(names))
+    why = system_tools.missing(names)
+    if why is not None:
+        pytest.skip(why)

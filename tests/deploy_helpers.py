@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import system_tools
 from serving import free_port
 
 from seq2serve.server.client import Seq2ServeClient
@@ -25,7 +26,6 @@ from seq2serve.server.client import Seq2ServeClient
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 SHIPPED = ROOT / "models"
-BIN = Path(sys.executable).parent  # the venv's console scripts (hadolint, grpcurl, ...)
 TEST_BASE_IMAGE = "seq2serve-test-base:bookworm"
 
 
@@ -39,14 +39,6 @@ def stop_process(process: subprocess.Popen, timeout: float,
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait(10)
-
-
-def tool(name: str, why: str) -> str:
-    """The path of a command-line tool, or skip naming it (`.ci/run` installs them)."""
-    path = shutil.which(name) or shutil.which(name, path=str(BIN))
-    if path is None:
-        pytest.skip(f"{name} is not installed ({why}); .ci/run installs it")
-    return path
 
 
 def models_dir(tmp: Path, names: Sequence[str] = ("en-de",)) -> Path:
@@ -141,8 +133,8 @@ class Docker:
 
     def run(self, *args: str, check: bool = True, timeout: float = 600,
             capture: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(["docker", *args], env=self.env, text=True, timeout=timeout,
-                                capture_output=capture)
+        result = subprocess.run([system_tools.path("docker"), *args], env=self.env, text=True,
+                                timeout=timeout, capture_output=capture)
         if check and result.returncode != 0:
             raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}):\n"
                                  f"{result.stdout}\n{result.stderr}")
@@ -154,8 +146,8 @@ class Docker:
 
 def _engine_answers(env: dict[str, str]) -> bool:
     try:
-        return subprocess.run(["docker", "version"], env=env, capture_output=True,
-                              timeout=20).returncode == 0
+        return subprocess.run([system_tools.path("docker"), "version"], env=env,
+                              capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -164,7 +156,7 @@ def _engine_answers(env: dict[str, str]) -> bool:
 def docker_engine(tmp: Path) -> Iterator[Docker]:
     """DOCKER_HOST's engine when one is set and answers; otherwise a dockerd of our
     own (vfs storage, no iptables, no bridge: containers use the host's loopback)."""
-    tool("docker", "the Docker client, Debian docker.io")
+    system_tools.path("docker")
     # The classic builder: this machine has no buildx plugin for BuildKit.
     env = {**os.environ, "DOCKER_BUILDKIT": os.environ.get("DOCKER_BUILDKIT", "0")}
     if env.get("DOCKER_HOST"):
@@ -172,7 +164,7 @@ def docker_engine(tmp: Path) -> Iterator[Docker]:
             pytest.fail(f"DOCKER_HOST={env['DOCKER_HOST']} is set but no engine answers there")
         yield Docker(env)
         return
-    dockerd = tool("dockerd", "the Docker engine, Debian docker.io")
+    dockerd = system_tools.path("dockerd")
     if os.geteuid() != 0:
         pytest.skip("starting a Docker engine needs root (or set DOCKER_HOST)")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -210,7 +202,7 @@ def debian_base_image(docker: Docker, tmp: Path) -> str:
         return named
     if docker.has_image(TEST_BASE_IMAGE):
         return TEST_BASE_IMAGE
-    debootstrap = tool("debootstrap", "builds the Debian base image")
+    debootstrap = system_tools.path("debootstrap")
     rootfs = tmp / "rootfs"
     subprocess.run([debootstrap, "--variant=minbase", "--include=python3", "bookworm",
                     str(rootfs)], check=True, capture_output=True, timeout=900)
@@ -220,7 +212,7 @@ def debian_base_image(docker: Docker, tmp: Path) -> str:
          "--exclude=./var/lib/apt/lists/*", "--exclude=./usr/share/doc/*",
          "--exclude=./usr/share/man/*", "--exclude=./usr/share/locale/*", "-c", "."],
         stdout=subprocess.PIPE)
-    subprocess.run(["docker", "import", "-", TEST_BASE_IMAGE], stdin=tar.stdout,
+    subprocess.run([system_tools.path("docker"), "import", "-", TEST_BASE_IMAGE], stdin=tar.stdout,
                    env=docker.env, check=True, capture_output=True, timeout=600)
     assert tar.wait(60) == 0
     shutil.rmtree(rootfs, ignore_errors=True)

@@ -143,12 +143,38 @@ def check_served_summarize(package: Path, name: str, engine: Any, tmp_path: Path
                                            return_token_ids=True)), timeout=60)
         answer = httpx.post(f"{server.http_url}/summarize", data={"q": text},
                             timeout=60).json()
+        # `echo "$TEXT" | seq2serve summarize -`: the CLI summarizes the same text.
+        piped = [_cli_summary(server.target, name, text + ending) for ending in ("\n", "\r\n")]
     finally:
         server.stop()
     best = response.summaries[0].hypotheses[0]
     assert list(best.token_ids) == expected.token_ids
     assert best.text == tokenizer.decode(expected.token_ids)
-    assert answer == {"summary": tokenizer.decode(defaults.token_ids)}
+    assert answer == {"summary": tokenizer.decode(defaults.token_ids), "truncated": False,
+                      "tokensKept": len(source), "tokensDropped": 0}
+    assert piped == [answer["summary"]] * 2
+
+
+def _cli_summary(target: str, model: str, stdin: str) -> str:
+    """What `seq2serve summarize --model MODEL -` prints, given `stdin`."""
+    import argparse
+    import contextlib
+    import io
+    import sys
+    from unittest import mock
+
+    from seq2serve.server.cli import summarize
+
+    parser = argparse.ArgumentParser()
+    summarize.configure(parser)
+    args = parser.parse_args(["-", "--server", target, "--model", model])
+    stream = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8", newline="")
+    with mock.patch.object(sys, "stdin", stream), \
+            contextlib.redirect_stdout(io.StringIO()) as out:
+        assert summarize.run(args) == 0
+    printed = out.getvalue()
+    assert printed.endswith("\n")
+    return printed[:-1]
 
 
 # -- the engine's properties, for every family ------------------------------------------

@@ -1,16 +1,23 @@
-"""Office documents and e-books made on the spot with the libraries people make them
-with (python-docx, python-pptx, odfpy, ebooklib), for the whole-file tests."""
+"""Office documents, spreadsheets and e-books made on the spot with the libraries people
+make them with (python-docx, python-pptx, openpyxl, odfpy, ebooklib), for the whole-file
+tests."""
 
 from __future__ import annotations
 
+import datetime
 import io
 
 import docx
+import openpyxl
 import pptx
 from ebooklib import epub
 from lxml import etree
-from odf import draw, presentation, style, text
-from odf.opendocument import OpenDocumentPresentation, OpenDocumentText
+from odf import draw, office, presentation, style, table, text
+from odf.opendocument import OpenDocumentPresentation, OpenDocumentSpreadsheet, OpenDocumentText
+from openpyxl.cell.rich_text import CellRichText, TextBlock
+from openpyxl.cell.text import InlineFont
+from openpyxl.chart import BarChart, Reference
+from openpyxl.comments import Comment
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 
@@ -146,3 +153,138 @@ def book_file() -> bytes:
     buffer = io.BytesIO()
     epub.write_epub(buffer, book)
     return buffer.getvalue()
+
+
+WHEN = datetime.datetime(2026, 1, 15, 9, 30)
+
+
+def workbook_file() -> bytes:
+    book = openpyxl.Workbook()
+    sales = book.active
+    sales.title = "Sales"
+    for row in (("Region", "Revenue", "Since", "Label"), ("North", 1500, WHEN, '=A2&" office"'),
+                ("South", 2500.5, WHEN.date(), '=A3&" office"'), ("Total", "=SUM(B2:B3)")):
+        sales.append(row)
+    sales["A2"].comment = Comment("Check this figure", "Ann")
+    chart = BarChart()
+    chart.title = "Revenue by region"
+    chart.x_axis.title = "Region"
+    chart.y_axis.title = "Revenue in euros"
+    chart.add_data(Reference(sales, min_col=2, min_row=1, max_row=3), titles_from_data=True)
+    chart.set_categories(Reference(sales, min_col=1, min_row=2, max_row=3))
+    sales.add_chart(chart, "F2")
+    summary = book.create_sheet("Summary")
+    summary.append(("Total revenue", "=Sales!B4"))
+    notes = book.create_sheet("Notes")
+    notes["A1"] = CellRichText("Read ", TextBlock(InlineFont(b=True), "this first"), " please.")
+    notes["A2"] = "12:30"
+    book.properties.title = "Quarterly figures"
+    return saved(book)
+
+
+def spreadsheet_file() -> bytes:
+    document = OpenDocumentSpreadsheet()
+    sales = table.Table(name="Sales")
+    rows: list[list[table.TableCell]] = []
+    header = [table.TableCell(valuetype="string") for _ in range(3)]
+    for cell, words in zip(header, ("Region", "Revenue", "Since"), strict=True):
+        cell.addElement(text.P(text=words))
+    rows.append(header)
+    for region, value in (("North", "1500"), ("South", "2500.5")):
+        name = table.TableCell(valuetype="string")
+        name.addElement(text.P(text=region))
+        number = table.TableCell(valuetype="float", value=value)
+        number.addElement(text.P(text=value))
+        date = table.TableCell(valuetype="date", datevalue="2026-01-15")
+        date.addElement(text.P(text="Jan 15, 2026"))
+        rows.append([name, number, date])
+    note = office.Annotation()
+    note.addElement(text.P(text="Check this figure"))
+    rows[1][0].addElement(note)
+    total = table.TableCell(valuetype="float", value="4000.5", formula="of:=[.B2]+[.B3]")
+    total.addElement(text.P(text="4000.5"))
+    flag = table.TableCell(valuetype="boolean", booleanvalue="true")
+    flag.addElement(text.P(text="TRUE"))
+    rows.append([table.TableCell(), total, flag])
+    for cells in rows:
+        row = table.TableRow()
+        for cell in cells:
+            row.addElement(cell)
+        sales.addElement(row)
+    document.spreadsheet.addElement(sales)
+    for name, words, formula in (("Summary", "Total revenue", "of:=[Sales.B4]"),
+                                 ("Notes", "Read this first", None)):
+        sheet = table.Table(name=name)
+        row = table.TableRow()
+        cell = table.TableCell(valuetype="string")
+        cell.addElement(text.P(text=words))
+        row.addElement(cell)
+        if formula:
+            row.addElement(table.TableCell(valuetype="float", value="4000.5", formula=formula))
+        sheet.addElement(row)
+        document.spreadsheet.addElement(sheet)
+    return saved(document)
+
+
+DATE = "2026-01-01T00:00:00Z"
+
+
+def element(parent: etree._Element, tag: str, text: str | None = None,
+        **attributes: str) -> etree._Element:
+    made = etree.SubElement(parent, W + tag, {W + k: v for k, v in attributes.items()})
+    if text is not None:
+        made.text = text
+    return made
+
+
+def run(parent: etree._Element, words: str, tag: str = "t") -> etree._Element:
+    made = element(parent, "r")
+    element(made, tag, words)
+    return made
+
+
+def reviewed_word_file() -> bytes:
+    """A reviewed document: an insertion and a deletion mid-sentence, a whole inserted
+    paragraph, a moved paragraph, a content-control paragraph, an inline content
+    control, a link field, and a paragraph deleted whole."""
+    d = docx.Document()
+    p = d.add_paragraph("The meeting starts ")
+    run(element(p._p, "del", id="1", author="A", date=DATE), "at noon", "delText")
+    run(element(p._p, "ins", id="2", author="A", date=DATE), "early in the morning")
+    run(p._p, " on Monday.")
+    inserted = d.add_paragraph()
+    element(element(element(inserted._p, "pPr"), "rPr"), "ins", id="3", author="A", date=DATE)
+    run(element(inserted._p, "ins", id="4", author="A", date=DATE), "A whole new paragraph.")
+    moved_from = d.add_paragraph()
+    element(moved_from._p, "moveFromRangeStart", id="5", author="A", date=DATE, name="move1")
+    run(element(moved_from._p, "moveFrom", id="6", author="A", date=DATE), "This part moved.")
+    element(moved_from._p, "moveFromRangeEnd", id="5")
+    control = element(d.element.body, "sdt")
+    element(element(control, "sdtPr"), "alias", val="Summary")
+    block = element(element(control, "sdtContent"), "p")
+    run(block, "Write the summary here.")
+    d.element.body.remove(control)
+    d.element.body.insert(0, control)
+    inline = d.add_paragraph("Please sign ")
+    sdt = element(inline._p, "sdt")
+    element(element(sdt, "sdtPr"), "tag", val="signer")
+    run(element(sdt, "sdtContent"), "the form")
+    inline.add_run(" before Friday.")
+    linked = d.add_paragraph("Read ")
+    for kind, code in (("begin", None), (None, ' HYPERLINK "https://example.org/" '),
+                       ("separate", None), (None, None), ("end", None)):
+        field_run = element(linked._p, "r")
+        if kind is not None:
+            element(field_run, "fldChar", fldCharType=kind)
+        elif code is not None:
+            element(field_run, "instrText", code)
+        else:
+            element(field_run, "t", "the guide")
+    linked.add_run(" first.")
+    moved_to = d.add_paragraph()
+    element(moved_to._p, "moveToRangeStart", id="7", author="A", date=DATE, name="move1")
+    run(element(moved_to._p, "moveTo", id="8", author="A", date=DATE), "This part moved.")
+    element(moved_to._p, "moveToRangeEnd", id="7")
+    deleted = d.add_paragraph()
+    run(element(deleted._p, "del", id="9", author="A", date=DATE), "Gone for good.", "delText")
+    return saved(d)

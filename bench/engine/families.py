@@ -190,7 +190,8 @@ FAMILY_SHAPES = {s.name: s for s in [
     FamilyShape("tiny-nllb", "nllb", {**_bart_like(320, 32, 2, 4, 64), **_M2M100,
                                       "max_position_embeddings": 128}, Draw(noise=1.0)),
 ]}
-FAMILIES = ("bart", "pegasus", "t5", "flan-t5", "m2m100", "nllb")
+# The public shapes (`seq2serve bench --family`), in the order above.
+FAMILIES = tuple(name for name in FAMILY_SHAPES if not name.startswith("tiny-"))
 # The languages of a multilingual family's sources (in turn) and their one target, in
 # the family's own codes.
 LANGUAGES = {"m2m100": (("en", "fr", "zh"), "de"),
@@ -204,11 +205,17 @@ CT2_LEGACY_KEYS = {
     "pegasus": dict(normalize_before=True, normalize_embedding=False),
 }
 
-_M2M100_CLASSES = ("M2M100Config", "M2M100ForConditionalGeneration")
-_MODEL_CLASSES = {"bart": ("BartConfig", "BartForConditionalGeneration"),
-                  "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
-                  "t5": ("T5Config", "T5ForConditionalGeneration"),
-                  "m2m100": _M2M100_CLASSES, "nllb": _M2M100_CLASSES}
+# A shape's family -> the model_type its folder says; the exporter's table of
+# families (model/families/registry.py) has the rest.
+MODEL_TYPES = {"bart": "bart", "pegasus": "pegasus", "t5": "t5", "m2m100": "m2m_100",
+               "nllb": "m2m_100"}
+
+
+def model_classes(family: str) -> tuple[str, str]:
+    """transformers' config and model class a shape's folder is built with."""
+    from seq2serve.model.families.registry import FAMILIES as ARCHITECTURES
+
+    return ARCHITECTURES[MODEL_TYPES[family]].transformers_classes
 
 
 def _train_spm(out: Path, prefix: str, model_type: str, **ids: int) -> Path:
@@ -318,7 +325,7 @@ def build_folder(out: Path, shape: FamilyShape, seed: int) -> Path:
             _multilingual_tokenizer(tmp, shape.family, shape.config["vocab_size"])
         else:
             _spm_tokenizer(tmp, shape.family)
-        config_name, model_name = _MODEL_CLASSES[shape.family]
+        config_name, model_name = model_classes(shape.family)
         # The summarization task (the families' exporters need a folder to say its
         # task); T5's input prefix with it, nothing that changes decoding. A
         # multilingual model translates, as its exporter knows.

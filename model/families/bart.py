@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families import tasks
 from seq2serve.model.families.generation import (
     generate_settings,
     generation_from_hf,
@@ -70,7 +71,8 @@ from seq2serve.model.families.hf import (
 from seq2serve.model.families.hf import (
     tokenizer_json as hf_tokenizer_json,
 )
-from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.source import Source, SourceError, folder_name
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' BartConfig defaults: a config.json that omits a field means these.
@@ -116,13 +118,14 @@ POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding looks position p up at row
 
 @dataclass(frozen=True)
 class Layout:
-    """What a family of BART's layout fixes (BART's: `BART`, below; Pegasus's in
-    pegasus.py): config.json's defaults, the old keys it refuses (key -> the value
-    its structure has), the ModelConfig fields its architecture fixes, its
-    tokenizer files (transformers' `tokenizer_class` builds tokenizer.json from
-    them at export where absent), and two hooks: `stack_tensors` (each stack's
-    tensors outside its layers by our name, and the HF names to cite) and
-    `fallback_unk` (the unk id where neither config.json nor tokenizer.json says)."""
+    """What a family of BART's layout fixes (BART's: `BART`, below; Marian's,
+    Pegasus's, mBART's, M2M100's in their modules): config.json's defaults, the old
+    keys it refuses (key -> the value its structure has), the ModelConfig fields its
+    architecture fixes, its tokenizer files (transformers' `tokenizer_class` builds
+    tokenizer.json from them at export where absent), and two hooks: `stack_tensors`
+    (each stack's tensors outside its layers by our name, and the HF names to cite)
+    and `fallback_unk` (the unk id where neither config.json nor tokenizer.json
+    says)."""
 
     name: str  # in messages
     model_type: str
@@ -135,6 +138,11 @@ class Layout:
     fallback_unk: Callable[[Path | None], tuple[int, str]]
     tokenizer_files: tuple[str, ...]
     tokenizer_class: str
+    # Marian's: the config key that says whether encoder and decoder share one
+    # embedding (None: they always do, as BART's), and the one of a decoder
+    # vocabulary of its own (None: the encoder's).
+    share_key: str | None = None
+    decoder_vocab_key: str | None = None
 
 
 # -- config ----------------------------------------------------------------------
@@ -178,6 +186,28 @@ def _unk_id(path: Path | None, hf: Mapping[str, Any], layout: Layout,
     return layout.fallback_unk(path)
 
 
+def _vocabularies(hf: Mapping[str, Any], ints: Mapping[str, int], layout: Layout,
+                  problems: list[str]) -> tuple[bool, int]:
+    """(whether encoder and decoder share one embedding, the decoder's vocabulary
+    size) under `layout`'s keys; the pad id within the source vocabulary, whose
+    embedding has it as padding_idx too (ModelConfig checks the target's)."""
+    share = bool(hf[layout.share_key]) if layout.share_key is not None else True
+    decoder_vocab = ints["vocab_size"]
+    key = layout.decoder_vocab_key
+    if key is not None and hf.get(key) is not None:
+        if is_int(hf[key]):
+            decoder_vocab = hf[key]
+        else:
+            problems.append(f"{key} must be an integer, got {hf[key]!r}")
+    if share and decoder_vocab != ints["vocab_size"]:
+        problems.append(f"{layout.share_key} needs {key} == vocab_size, got {decoder_vocab} "
+                        f"and {ints['vocab_size']}")
+    if ints["pad_token_id"] >= ints["vocab_size"]:
+        problems.append(f"pad_token_id ({ints['pad_token_id']}) must be < vocab_size "
+                        f"({ints['vocab_size']})")
+    return share, decoder_vocab
+
+
 def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
                 path: Path | None = None, layout: Layout | None = None,
                 tokenizer_json: Path | None = None) -> ModelConfig:
@@ -202,9 +232,11 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
                             "encoder_attention_heads", "decoder_attention_heads",
                             "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
                             "pad_token_id", "decoder_start_token_id"), found)
-    # A family without BOS (Pegasus) has the decoder start in its place (Marian's rule).
-    bos = hf.get("bos_token_id", ints["decoder_start_token_id"])
-    if not is_int(bos):
+    # A family without BOS (Marian, Pegasus) has the decoder start in its place.
+    bos = hf.get("bos_token_id")
+    if bos is None:
+        bos = ints["decoder_start_token_id"]
+    elif not is_int(bos):
         found.append(f"bos_token_id must be an integer, got {bos!r}")
         bos = ints["decoder_start_token_id"]
     eos = one_eos(hf, layout.hf_defaults["eos_token_id"], found)
@@ -213,10 +245,11 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
         found.append(f"activation_function must be one of {sorted(ACTIVATION_MAP)}, "
                      f"got {hf['activation_function']!r}")
         activation = "gelu"
+    share, decoder_vocab = _vocabularies(hf, ints, layout, found)
     unk, unk_source = _unk_id(path, hf_config, layout, tokenizer_json)
     cfg = ModelConfig(
         src_vocab_size=ints["vocab_size"],
-        tgt_vocab_size=ints["vocab_size"],
+        tgt_vocab_size=decoder_vocab,
         d_model=ints["d_model"],
         encoder_layers=ints["encoder_layers"],
         decoder_layers=ints["decoder_layers"],
@@ -231,8 +264,9 @@ def bart_config(hf_config: Mapping[str, Any], problems: list[str] | None = None,
         activation=activation,
         layer_norm_eps=1e-5,  # transformers' nn.LayerNorm default, not configurable
         scale_embedding=bool(hf["scale_embedding"]),
+        # transformers 5 unties everything when tie_word_embeddings is false;
         # convert_bart() shares/ties where the stored tensors are equal
-        share_embeddings=bool(hf["tie_word_embeddings"]),
+        share_embeddings=share and bool(hf["tie_word_embeddings"]),
         tie_output=bool(hf["tie_word_embeddings"]),
         final_logits_bias=True,
         **layout.structure,
@@ -318,10 +352,15 @@ def convert_bart(path: str | Path, layout: Layout | None = None,
     prefix = hf_prefix(stored)
     weights = Weights(stored)
     tie = hf.get("tie_word_embeddings")
-    embeddings = tied_embeddings(weights, prefix, share=True,
+    share = layout.share_key is None or bool(hf.get(layout.share_key, True))
+    embeddings = tied_embeddings(weights, prefix, share=share,
                                  tie=True if tie is None else bool(tie), problems=problems)
     enc, dec, out = embeddings.source, embeddings.target, embeddings.output
-    cfg = dataclasses.replace(cfg, share_embeddings=same(enc, dec), tie_output=same(out, dec))
+    # Share/tie in our model exactly where the matrices are equal: same outputs, less
+    # memory (only where the vocabularies agree: wrong shapes are reported below).
+    cfg = dataclasses.replace(
+        cfg, share_embeddings=same(enc, dec) and cfg.src_vocab_size == cfg.tgt_vocab_size,
+        tie_output=same(out, dec))
     sd: dict[str, Tensor | None] = {"src_embed.weight": enc, "tgt_embed.weight": dec,
                                     "output.weight": out}
     bias = logits_bias(weights)
@@ -355,33 +394,23 @@ def load_bart(path: str | Path, dtype: torch.dtype = torch.float32,
 # -- the exporter's source ----------------------------------------------------------
 
 
-def _task(hf: Mapping[str, Any]) -> str | None:
-    """The task the folder says it is for (task_specific_params' keys). Its values
-    are the summarization pipeline's, not generate()'s: the package decodes as
-    generate() does under the folder's generation_config.json."""
-    params = hf.get("task_specific_params")
-    if isinstance(params, dict) and any(key.startswith("summarization") for key in params):
-        return "summarize"
-    return None
-
-
-def load_source(path: Path, task: str | None = None, layout: Layout | None = None) -> Source:
+def load_source(path: Path, task: TaskRequest | None = None,
+                layout: Layout | None = None) -> Source:
     """A BART folder (or one of `layout`'s family) as the exporter takes it: the
     model, its tokenizer.json, its task (`task`, as `export --task` asks, else the
-    folder's: task_specific_params must name summarization) and generation defaults."""
+    one task_specific_params names; tasks.py) and generation defaults (the
+    folder's generation_config, the task's entry applied over it as the pipeline
+    applied it)."""
     layout = layout or BART
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
-        hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        loaded = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        hf = loaded if isinstance(loaded, dict) else {}
     except (OSError, ValueError):
         pass  # load_bart reports it
-    said = _task(hf if isinstance(hf, dict) else {})
-    task = task or said
-    if task is None:
-        problems.append("config.json: task_specific_params names no summarization task and "
-                        f"a {layout.name} folder must say its task: export it with --task "
-                        "(summarize or translate)")
+    resolved = tasks.resolve(hf, task, (tasks.SUMMARIZE, tasks.TRANSLATE), layout.name,
+                             problems)
     tokenizer_json = hf_tokenizer_json(path, problems, layout.tokenizer_files,
                                        layout.tokenizer_class, layout.name)
     model = None
@@ -391,20 +420,21 @@ def load_source(path: Path, task: str | None = None, layout: Layout | None = Non
         problems.extend(e.problems)
     if tokenizer_json is not None and model is not None:
         check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, layout.name, problems)
-    if problems or model is None or tokenizer_json is None:
+    if problems or model is None or tokenizer_json is None or resolved is None:
         raise SourceError(path, problems)
-    settings = generate_settings(path, problems)
+    settings = resolved.generation_settings(generate_settings(path, problems))
     if problems:
         raise SourceError(path, problems)
     return Source(
         kind=layout.model_type,
         model=model,
-        name=path.resolve().name,
-        task=task,
-        source_language="en",
-        target_language="en",
+        name=folder_name(path),
+        task=resolved.kind,
+        source_language=resolved.source_language,
+        target_language=resolved.target_language,
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
-        origin={"format": f"huggingface-{layout.model_type}"},
+        origin={"format": f"huggingface-{layout.model_type}", **resolved.origin()},
+        input_prefix=resolved.prefix,
     )

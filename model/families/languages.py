@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from seq2serve.model.package.languages import Languages
+from seq2serve.model.package.languages import Languages, distinct_names, english_name
 
 # Regional tags whose likely script picks between a model's scripts of one language.
 REGIONAL_TAGS = ("zh-CN", "zh-SG", "zh-TW", "zh-HK", "zh-MO")
@@ -118,21 +118,15 @@ def family_languages(tokens: Mapping[str, int], tag_of: Callable[[str], str],
                      preferred: Mapping[str, str] | None = None,
                      source_token: str = "prefix") -> Languages:
     """A package's `Languages`: the model's codes with their token ids (`tokens`, in
-    the model's order), the request codes mapped to them, and each language's English
-    name (CLDR's, through langcodes: "Chinese (Traditional)", "Achinese (Arabic)")."""
+    the model's order), the request codes mapped to them, and each listed language's
+    English name: CLDR's name of the listed code, with its script or region where the
+    code has one ("Chinese (Traditional)" for zh-Hant, "Persian (Afghanistan)" for
+    fa-AF), else of the model's own code; no name twice (`distinct_names`)."""
     bare = Languages(tokens=dict(tokens), codes=request_codes(tokens, tag_of, preferred),
                      source_token=source_token)
     listed = bare.listed()  # each language's first request code, strongest first
+    names = {code: english_name(code) or english_name(tag_of(own)) or own
+             for code, own in listed.items()}
     return Languages(tokens=bare.tokens, codes=bare.codes, source_token=source_token,
                      listing={own: code for code, own in listed.items()},
-                     names={code: english_name(tag_of(own)) for code, own in listed.items()})
-
-
-def english_name(tag: str) -> str:
-    """A BCP 47 tag's English name (CLDR's; the tag itself where it has none)."""
-    lc = _langcodes()
-    try:
-        name = lc.Language.get(tag).display_name()
-    except (ValueError, LookupError, lc.tag_parser.LanguageTagError):
-        return tag
-    return str(name) if name and not name.lower().startswith("unknown") else tag
+                     names=distinct_names(names))

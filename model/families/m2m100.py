@@ -45,6 +45,7 @@ from seq2serve.model.config import ModelConfig
 from seq2serve.model.families import bart, multilingual
 from seq2serve.model.families.hf import TOKENIZER_JSON, Weights
 from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' M2M100Config defaults: a config.json that omits a field means these
@@ -210,7 +211,7 @@ def scheme_of(path: Path, problems: list[str]) -> multilingual.Scheme | None:
     return None
 
 
-def load_source(path: Path, task: str | None = None) -> Source:
+def load_source(path: Path, task: TaskRequest | None = None) -> Source:
     """An M2M100 or NLLB-200 folder as the exporter takes it: a multilingual
     translation package (every pair of its languages)."""
     problems: list[str] = []

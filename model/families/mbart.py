@@ -33,6 +33,7 @@ from seq2serve.model.config import ModelConfig
 from seq2serve.model.families import bart, multilingual
 from seq2serve.model.families.hf import Weights
 from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' MBartConfig defaults: a config.json that omits a field means these.
@@ -86,7 +87,7 @@ def load_mbart(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqT
     return bart.load_bart(path, dtype, MBART)
 
 
-def load_source(path: Path, task: str | None = None) -> Source:
+def load_source(path: Path, task: TaskRequest | None = None) -> Source:
     """An mBART-50 folder as the exporter takes it: a multilingual translation package
     (every pair of its languages). Other mBART tokenizers are refused."""
     cls = multilingual.tokenizer_config(path).get("tokenizer_class")

@@ -37,7 +37,8 @@ from seq2serve.model.families.hf import (
 )
 from seq2serve.model.families.hf import tokenizer_json as hf_tokenizer_json
 from seq2serve.model.families.languages import family_languages
-from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.source import Source, SourceError, folder_name
+from seq2serve.model.families.tasks import TRANSLATE, TaskRequest
 from seq2serve.model.package.languages import MULTILINGUAL, Languages
 
 SPM_FILE = "sentencepiece.bpe.model"
@@ -99,14 +100,16 @@ def _language_tokens(scheme: Scheme, tokens: Mapping[str, int], vocab_size: int,
     return found
 
 
-def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Scheme,
+def load_source(path: Path, task: TaskRequest | None, layout: bart.Layout, scheme: Scheme,
                 source_token: str = "prefix") -> Source:
     """A multilingual folder as the exporter takes it: the model (`layout`), its
     tokenizer (`scheme`), its languages, and generation defaults (the folder's
-    generation_config, as every family's). It translates: `task` may only say so."""
+    generation_config, as every family's). It translates every pair of its
+    languages: `task` may only say "translate", a request names the pair."""
     problems: list[str] = []
-    if task not in (None, "translate"):
-        problems.append(f"--task {task}: a {scheme.name} model translates (--task translate)")
+    if task is not None and (task.kind != TRANSLATE or task.pair is not None):
+        problems.append(f"--task {task}: a {scheme.name} model translates every pair of its "
+                        "languages, each request naming its own (--task translate)")
     tokenizer_json: Path | None = None
     vocab: dict[str, int] = {}
     if scheme.kind == "tokenizers":
@@ -153,8 +156,8 @@ def load_source(path: Path, task: str | None, layout: bart.Layout, scheme: Schem
     return Source(
         kind=layout.model_type,
         model=model,
-        name=path.resolve().name,
-        task="translate",
+        name=folder_name(path),
+        task=TRANSLATE,
         source_language=MULTILINGUAL,
         target_language=MULTILINGUAL,
         source_spm=None if tokenizer_json else path / SPM_FILE,

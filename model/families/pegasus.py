@@ -1,8 +1,9 @@
 """Load a Hugging Face Pegasus directory (PegasusForConditionalGeneration, e.g.
 google/pegasus-xsum, pegasus-cnn_dailymail) into `Seq2SeqTransformer`, as a
 family of BART's layout: bart.py reads the config, maps the weights, finds the
-task and generation defaults and builds the exporter's source; this module says
-what Pegasus fixes (`PEGASUS`, a `bart.Layout`).
+task and generation defaults and builds the exporter's source (`bart.convert_bart`,
+`bart.load_bart`, `bart.load_source` with `layout=PEGASUS`); this module says what
+Pegasus fixes (`PEGASUS`, a `bart.Layout`).
 
 Exactness notes (checked against transformers 5.24 `modeling_pegasus.py`):
 - Pre-norm layers (LayerNorm before each sub-layer, eps 1e-5) and a final
@@ -40,14 +41,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
 from seq2serve.model.families import bart
 from seq2serve.model.families.hf import Weights, check_sinusoid_positions
-from seq2serve.model.families.source import Source
-from seq2serve.model.transformer import Seq2SeqTransformer
 
 # transformers' PegasusConfig defaults: a config.json that omits a field means these.
 # PegasusConfig has no bos_token_id: the decoder start stands in.
@@ -107,28 +105,3 @@ PEGASUS = bart.Layout(
                "layernorm_embedding": False},
     stack_tensors=_stack_tensors, fallback_unk=_fallback_unk,
     tokenizer_files=("spiece.model",), tokenizer_class="PegasusTokenizer")
-
-
-def pegasus_config(hf_config: dict[str, Any], problems: list[str] | None = None,
-                   path: Path | None = None) -> ModelConfig:
-    """Our `ModelConfig` for a Pegasus config.json; raises a `ConversionError`
-    listing every problem (without `problems`) or appends to `problems`."""
-    return bart.bart_config(hf_config, problems, path, PEGASUS)
-
-
-def convert_pegasus(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """(ModelConfig, state dict for `Seq2SeqTransformer`) from a Pegasus directory,
-    or one `ConversionError` listing every problem found."""
-    return bart.convert_bart(path, PEGASUS)
-
-
-def load_pegasus(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTransformer:
-    """A `Seq2SeqTransformer` in eval mode with the Pegasus checkpoint's weights."""
-    return bart.load_bart(path, dtype, PEGASUS)
-
-
-def load_source(path: Path, task: str | None = None) -> Source:
-    """A Pegasus folder as the exporter takes it: the model, its tokenizer.json
-    (built from spiece.model where absent), its task (`task`, as `export --task`
-    asks, else task_specific_params' `summarization*`) and generation defaults."""
-    return bart.load_source(path, task, PEGASUS)

@@ -83,6 +83,17 @@ class Source:
                                 languages=languages)
 
 
+def folder_name(path: Path) -> str:
+    """A folder's model name: its own, or for a snapshot in the Hugging Face hub's
+    cache (models--ORG--NAME/snapshots/COMMIT, the folder `snapshot_download` gives)
+    the repository's NAME (a repository id never holds "--")."""
+    folder = path.resolve()
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.split("--")[-1]
+    return folder.name
+
+
 def default_generation(max_positions: int, beam_size: int = 4) -> GenerationDefaults:
     return GenerationDefaults(beam_size=beam_size, num_hypotheses=1, length_penalty=1.0,
                               max_length=min(256, max_positions), max_length_ratio=2.0,

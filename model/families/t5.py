@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from seq2serve.model.config import ModelConfig
+from seq2serve.model.families import tasks
 from seq2serve.model.families.generation import (
     generate_settings,
     generation_from_hf,
@@ -61,7 +62,8 @@ from seq2serve.model.families.hf import (
 from seq2serve.model.families.hf import (
     tokenizer_json as hf_tokenizer_json,
 )
-from seq2serve.model.families.source import Source, SourceError
+from seq2serve.model.families.source import Source, SourceError, folder_name
+from seq2serve.model.families.tasks import TaskRequest
 from seq2serve.model.transformer import Seq2SeqTransformer
 
 MODEL_TYPES = ("t5", "mt5")
@@ -211,6 +213,44 @@ def _names(cfg: ModelConfig, gated: bool) -> dict[str, str]:
     return names
 
 
+SHARED = "shared.weight"
+ENCODER_EMBEDDING = "encoder.embed_tokens.weight"
+DECODER_EMBEDDING = "decoder.embed_tokens.weight"
+OUTPUT = "lm_head.weight"
+
+
+def tied_as_transformers(weights: Weights) -> tuple[dict[str, Tensor | None], dict[str, str]]:
+    """The matrices T5's encoder, decoder and output read, as transformers 5 loads
+    them (`PreTrainedModel.tie_weights` during from_pretrained, T5Config and MT5Config
+    forcing tie_word_embeddings): each of encoder.embed_tokens, decoder.embed_tokens
+    and lm_head is tied to `shared` unless the checkpoint stores both with different
+    values (then each keeps its own: a T5 trained untied, transformers' "will NOT tie
+    them"); a tie whose source is missing reads the target instead (swapped), or
+    another stored target of the same source. Returns (HF name -> tensor, our name ->
+    the HF names to cite)."""
+    names = (SHARED, ENCODER_EMBEDDING, DECODER_EMBEDDING, OUTPUT)
+    value = {name: weights.take(name) for name in names}
+    missing = {name for name in names if value[name] is None}
+    pairs = [(ENCODER_EMBEDDING, SHARED), (DECODER_EMBEDDING, SHARED), (OUTPUT, SHARED)]
+    cited = {name: name for name in names}
+    for i, (target, source) in enumerate(pairs):
+        if source not in missing and target not in missing:
+            if not same(value[source], value[target]):
+                continue  # held apart: transformers does not tie them
+        elif target not in missing:
+            target, source = source, target
+        elif source in missing:
+            source = next((t for t, s in pairs[i + 1:] if s == source and t not in missing),
+                          source)
+            if source in missing:
+                continue  # nothing to read: reported as a missing tensor
+        value[target] = value[source]
+        cited[target] = f"{target} (tied to {source})"
+        missing.discard(target)
+    return value, {"src_embed.weight": cited[ENCODER_EMBEDDING],
+                   "tgt_embed.weight": cited[DECODER_EMBEDDING], "output.weight": cited[OUTPUT]}
+
+
 def convert_t5(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
     """(ModelConfig, state dict for `Seq2SeqTransformer`) from a T5 / mT5 directory,
     or one `ConversionError` listing every problem found."""
@@ -221,25 +261,16 @@ def convert_t5(path: str | Path) -> tuple[ModelConfig, dict[str, Tensor]]:
         raise ConversionError(path, problems)
     # A bare T5Model's tensors carry no prefix; ...ForConditionalGeneration's neither.
     weights = Weights(stored)
-    group = ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
-    present = [name for name in group if name in weights]
-    for name in present[1:]:
-        weights.used.add(name)
-        if not same(weights.tensors[name], weights.tensors[present[0]]):
-            problems.append(f"{name} differs from {present[0]} (T5 shares one embedding)")
-    shared = weights.take(*present) if present else None
-    output = weights.take("lm_head.weight")
-    if output is None:
-        output = shared
+    tied, hf_names = tied_as_transformers(weights)
     # Hugging Face stores (and ignores) a relative bias for the first cross-attention.
     weights.take("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
-    sd: dict[str, Tensor | None] = {"src_embed.weight": shared, "tgt_embed.weight": shared,
-                                    "output.weight": output}
-    hf_names = {"src_embed.weight": " = ".join(present or group),
-                "tgt_embed.weight": " = ".join(present or group),
-                "output.weight": "lm_head.weight" if "lm_head.weight" in weights else
-                " = ".join(present or group)}
-    cfg.tie_output = same(output, shared)
+    sd: dict[str, Tensor | None] = {
+        ours: tied[theirs] for ours, theirs in (("src_embed.weight", ENCODER_EMBEDDING),
+                                                ("tgt_embed.weight", DECODER_EMBEDDING),
+                                                ("output.weight", OUTPUT))}
+    # Share and tie in our model exactly where the matrices are equal (one copy each).
+    cfg.share_embeddings = same(sd["src_embed.weight"], sd["tgt_embed.weight"])
+    cfg.tie_output = same(sd["output.weight"], sd["tgt_embed.weight"])
     names = _names(cfg, cfg.ffn_gated)
     for ours, theirs in names.items():
         sd[ours] = weights.take(theirs)
@@ -262,46 +293,13 @@ def load_t5(path: str | Path, dtype: torch.dtype = torch.float32) -> Seq2SeqTran
 # -- the exporter's source ----------------------------------------------------------
 
 
-def _task(hf: Mapping[str, Any]) -> tuple[str | None, str | None, str | None, dict[str, Any]]:
-    """(task, source language, target language, that task's parameters) from
-    task_specific_params: summarization, or translation_X_to_Y (the first in
-    sorted order when there are several; `export --task` picks the kind)."""
-    params = hf.get("task_specific_params")
-    if not isinstance(params, dict):
-        return None, None, None, {}
-    for key in sorted(params):
-        value = params[key] if isinstance(params[key], dict) else {}
-        if key.startswith("summarization"):
-            return "summarize", "en", "en", value
-    for key in sorted(params):
-        value = params[key] if isinstance(params[key], dict) else {}
-        parts = key.split("_")
-        if len(parts) == 4 and parts[0] == "translation" and parts[2] == "to":
-            return "translate", parts[1], parts[3], value
-    return None, None, None, {}
-
-
-def _task_for(hf: Mapping[str, Any], task: str) -> tuple[str, str, dict[str, Any]]:
-    """The languages and parameters of the folder's entry for `task`, where it has one."""
-    params = hf.get("task_specific_params")
-    if isinstance(params, dict):
-        for key in sorted(params):
-            value = params[key] if isinstance(params[key], dict) else {}
-            if task == "summarize" and key.startswith("summarization"):
-                return "en", "en", value
-            parts = key.split("_")
-            if (task == "translate" and len(parts) == 4 and parts[0] == "translation"
-                    and parts[2] == "to"):
-                return parts[1], parts[3], value
-    return "en", "en", {}
-
-
-def load_source(path: Path, task: str | None = None) -> Source:
+def load_source(path: Path, task: TaskRequest | None = None) -> Source:
     """A T5 / mT5 folder as the exporter takes it: the model, its tokenizer.json,
-    its task (`task`, as `export --task` asks, else the folder's
-    task_specific_params: summarization or translation_X_to_Y) and generation
-    defaults. The task's input prefix ("summarize: ") becomes the manifest's
-    input_prefix, which the server adds before every text."""
+    its task (`task`, as `export --task` asks, else the one task_specific_params
+    names: summarization or translation_X_to_Y; tasks.py) and generation defaults
+    (the folder's generation_config, the task's entry applied over it as the
+    pipeline applied it). The entry's input prefix ("summarize: ") becomes the
+    manifest's input_prefix, which the server adds before every text."""
     problems: list[str] = []
     hf: dict[str, Any] = {}
     try:
@@ -309,14 +307,8 @@ def load_source(path: Path, task: str | None = None) -> Source:
         hf = loaded if isinstance(loaded, dict) else {}
     except (OSError, ValueError):
         pass  # load_t5 reports it
-    said, src_lang, tgt_lang, task_params = _task(hf)
-    if task is not None and task != said:
-        src_lang, tgt_lang, task_params = _task_for(hf, task)
-    task = task or said
-    if task is None:
-        problems.append("config.json: task_specific_params names no summarization or "
-                        "translation task and a T5 folder must say its task: export it "
-                        "with --task (summarize or translate)")
+    resolved = tasks.resolve(hf, task, (tasks.SUMMARIZE, tasks.TRANSLATE),
+                             "mT5" if hf.get("model_type") == "mt5" else "T5", problems)
     tokenizer_json = hf_tokenizer_json(path, problems, ("spiece.model",), "T5TokenizerFast",
                                        "T5")
     model = None
@@ -326,22 +318,21 @@ def load_source(path: Path, task: str | None = None) -> Source:
         problems.extend(e.problems)
     if tokenizer_json is not None and model is not None:
         check_tokenizer_ids(tokenizer_json, model.cfg.tgt_vocab_size, "T5", problems)
-    if problems or model is None or tokenizer_json is None or task is None:
+    if problems or model is None or tokenizer_json is None or resolved is None:
         raise SourceError(path, problems)
-    settings = generate_settings(path, problems)
+    settings = resolved.generation_settings(generate_settings(path, problems))
     if problems:
         raise SourceError(path, problems)
-    prefix = task_params.get("prefix")
     return Source(
         kind=str(hf.get("model_type")),
         model=model,
-        name=path.resolve().name,
-        task=task,
-        source_language=src_lang or "en",
-        target_language=tgt_lang or "en",
+        name=folder_name(path),
+        task=resolved.kind,
+        source_language=resolved.source_language,
+        target_language=resolved.target_language,
         tokenizer_json=tokenizer_json,
         generation=generation_from_hf(settings, model.cfg.max_positions),
         suppress=suppressed_by_hf(settings),
-        origin={"format": f"huggingface-{hf.get('model_type')}"},
-        input_prefix=prefix if isinstance(prefix, str) else "",
+        origin={"format": f"huggingface-{hf.get('model_type')}", **resolved.origin()},
+        input_prefix=resolved.prefix,
     )

@@ -18,8 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "translation from the gettext message catalogs of its programs, and their mix"),
     "train": ("seq2serve.model.train.trainer", "train a tokenizer and a transformer on a corpus "
               "(resumable)"),
-    "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint or a Hugging Face "
-               "folder (Marian, BART, Pegasus, T5, mT5, M2M100, NLLB-200, mBART-50) to a "
+    # The families are listed by `seq2serve export --help` (model/families/registry.py),
+    # which this module may not import: client commands never load the model side.
+    "export": ("seq2serve.export.exporter", "export a seq2serve checkpoint, or a Hugging "
+               "Face folder or hub id of a supported family (see its --help), to a "
                "verified ONNX model package"),
     "shortlist-gate": ("seq2serve.bench.quality.shortlist_gate", "decode test splits with a "
                        "package over its vocabulary shortlist and over the whole vocabulary: "

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         with Seq2ServeClient(args.server, args.timeout) as client:
             if args.wait > 0:
                 client.wait_until_serving(args.wait)
+            number = 0
             for batch in _batches(_texts(args.text), args.batch_size):
                 for hyps in client.translate(batch, args.model, args.source_language,
                                              args.target_language, software,
@@ -68,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
                         print()
                     first = False
                     print("\n".join(hypothesis_lines(hyps, n_best, args.scores)), flush=True)
+                    number += 1
+                    if hyps and hyps[0].finish_reason == "length":
+                        print(f"{PROG}: note: text {number} stopped at its length limit "
+                              "(max_length): its translation is cut", file=sys.stderr)
     except grpc.RpcError as error:
         return report_rpc_error(PROG, error)
     except TimeoutError as error:

@@ -5,7 +5,7 @@
     seq2serve translate-file app.xlf --to de --overwrite -o app.de.xlf
 
 The file is read here (core/documents/: gettext .po/.pot, XLIFF 1.2 and 2.x,
-.srt, .txt, .html, .docx, .pptx, .odt, .odp, .epub) and its texts go to the server
+.srt, .txt, .html, .docx, .pptx, .xlsx, .odt, .odp, .ods, .epub) and its texts go to the server
 over gRPC as `seq2serve translate` sends them: in chunks of the server's
 `max_texts_per_request`, a few chunks in flight at once so that they batch with
 each other there. Entries already translated are kept byte for byte
@@ -118,6 +118,10 @@ def _model(models: Sequence[ModelInfo], name: str | None, source: str, target: s
         for route_source, route_target, names in routes:
             if (route_source, route_target) == (source, target) and names:
                 return next((m for m in translators if m.name == names[-1]), None)
+        # Codes the routes do not list as written (zh-TW, iw, en-US) may still reach a
+        # model's languages: the server routes the pair by its rule (or refuses it), and
+        # the limits read here are the server's, the same for every model.
+        return translators[0] if translators else None
     return next((m for m in translators if m.target_language == target
                  and source in ("", m.source_language)), None)
 

@@ -64,13 +64,6 @@ def _lingua_language(code: str) -> Language | None:
         return None
 
 
-def language_name(code: str) -> str:
-    """The English name of a language code ("de" -> "German"), as /languages shows it;
-    the code itself when lingua does not know it."""
-    language = _lingua_language(code)
-    return language.name.title() if language is not None else code
-
-
 class Detector:
     """Identifies which of the served languages a text is written in."""
 

@@ -19,6 +19,12 @@ from seq2serve.server.core.segment import Segmented, reassemble, segment, split_
 Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
 
+# The output tokens a piece may need per source token: what the shipped models'
+# packages allow (their max_length_ratio), between fairseq's and Marian NMT's
+# (--max-length-factor 3) defaults. A piece of a long text is never given a
+# smaller output limit than this times its input (unless the request set its own).
+OUTPUT_PER_SOURCE_TOKEN = 2
+
 
 class PieceHypothesis(Protocol):
     """What the engine returns per hypothesis of one piece (engine.Hypothesis fits)."""
@@ -66,14 +72,33 @@ class Joined:
     repaired: bool = False
 
 
-def plan(text: str, language: str, encode: Encode, limit: int) -> Plan:
+def piece_limit(max_source_length: int, max_output: int) -> int:
+    """The most source tokens one piece of a long text may have: what the model reads,
+    and no more than `max_output` (the most output tokens a piece may be given) holds
+    at OUTPUT_PER_SOURCE_TOKEN tokens out per token in."""
+    return max(1, min(max_source_length, max_output // OUTPUT_PER_SOURCE_TOKEN))
+
+
+def output_limit(default: int, max_output: int, source_length: int) -> int:
+    """A piece's max_length when the request left it to the model: the model's
+    `default`, raised to OUTPUT_PER_SOURCE_TOKEN times the piece's source length, within
+    `max_output` (the server's cap and the model's positions). generate() applies the
+    default to a whole sentence; a page without sentence ends, cut into pieces of
+    `piece_limit` tokens, must not lose the end of every piece to it."""
+    return min(max_output, max(default, OUTPUT_PER_SOURCE_TOKEN * source_length))
+
+
+def plan(text: str, language: str, encode: Encode, limit: int,
+         max_source_length: int | None = None) -> Plan:
     """Sentences of `text` (in `language`), each cut to at most `limit` source tokens.
 
     Pieces longer than `limit` are split at clauses and words first; what is still
-    longer (one character past the limit) is cut to `limit` token ids.
+    longer (one character past the limit) is sent whole when the model reads it
+    (`max_source_length`, by default `limit`), else cut to that many token ids.
     """
     segmented = split_long(segment(text, language), lambda t: len(encode(t)), limit)
-    return Plan(segmented, tuple(Piece(t, encode(t)[:limit]) for t in segmented.pieces))
+    most = limit if max_source_length is None else max(limit, max_source_length)
+    return Plan(segmented, tuple(Piece(t, encode(t)[:most]) for t in segmented.pieces))
 
 
 def join(plan: Plan, nbests: Sequence[Sequence[PieceHypothesis]], count: int,

@@ -8,9 +8,21 @@ served is not known yet. `generation` counts the changes to what is served, so t
 what a door derives from it is derived again when it moves.
 
 A multilingual model (its manifest's `languages`: NLLB-200, M2M100, mBART-50) serves
-every ordered pair of its languages. Where a bilingual model serves a pair too, the
-bilingual one wins (`prefer_multilingual` turns that round); chains through English
-are only for pairs no model serves.
+every ordered pair of its languages; a model of one pair, that pair. A request's codes
+reach a model's languages by CLDR's rules (model/package/languages.py: aliases such as
+iw for he, a region dropped, nb for no, never another script). One rule chooses the
+model of a pair for every door (`route`; `routes` lists its choice for every pair):
+
+1. the candidates: each model of the task that has both languages (after its own
+   mapping of the codes, so that a model that would change the script is none);
+2. of a bilingual and a multilingual candidate, the bilingual one
+   (`prefer_multilingual` turns that round);
+3. among the rest, the first of `prefer_models` (`--prefer-model`, in its order);
+4. then a model that has both codes exactly (fa-AF: NLLB's Dari) before one that has
+   only their languages (M2M100's Persian);
+5. then by model name.
+
+Chains through English are only for pairs no model serves.
 """
 
 from __future__ import annotations
@@ -18,10 +30,18 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from seq2serve.model.package.languages import Languages
+from seq2serve.model.package.languages import (
+    MULTILINGUAL,
+    UNDETERMINED,
+    CodeTable,
+    Languages,
+    Match,
+    english_name,
+)
 from seq2serve.model.package.manifest import Manifest, ModelPackage
 from seq2serve.model.package.tokenizer import Tokenizer
 from seq2serve.server.batching.scheduler import Scheduler
@@ -88,22 +108,43 @@ class ModelHandle:
         return list(dict.fromkeys((self.manifest.source_language,
                                    self.manifest.target_language)))
 
-    def listed_code(self, code: str) -> str | None:
-        """A request's language code as this model lists it (a multilingual model
-        takes ISO, BCP 47 and its own codes), or None where it does not have it."""
-        if self.languages is None:
-            return code if code in (self.manifest.source_language,
-                                    self.manifest.target_language) else None
-        return self.languages.listed_code(code)
+    @functools.cached_property
+    def codes(self) -> CodeTable:
+        """This model's languages by every code a request may use."""
+        if self.languages is not None:
+            return self.languages.table
+        return CodeTable.of(self.language_codes())
 
-    def serves(self, source: str, target: str) -> bool:
-        """Whether this model translates source -> target (either "" matches any)."""
+    def match(self, code: str) -> Match | None:
+        """A request's code as this model has it, or None where it has not."""
+        return self.codes.find(code)
+
+    def listed_code(self, code: str) -> str | None:
+        """A request's language code as this model lists it, or None where it does not
+        have it."""
+        found = self.match(code)
+        if found is None:
+            return None
+        return found.own if self.languages is None else self.languages.listed_code(found.own)
+
+    def pair(self, source: str, target: str) -> tuple[Leg, bool] | None:
+        """This model's leg for source -> target and whether it has both codes exactly;
+        None where it does not translate that pair ("": a model of one pair's own
+        language; a multilingual model needs both)."""
         if self.languages is None:
-            return ((not source or self.manifest.source_language == source)
-                    and (not target or self.manifest.target_language == target))
-        return bool(source and target) and all(
-            self.languages.model_code(code) is not None for code in (source, target)) \
-            and self.languages.model_code(source) != self.languages.model_code(target)
+            found = []
+            for code, own in ((source, self.manifest.source_language),
+                              (target, self.manifest.target_language)):
+                match = self.match(code) if code else Match(own, True)
+                if match is None or match.own != own:
+                    return None
+                found.append(match.exact)
+            return _leg(self, source, target), all(found)
+        a = self.match(source) if source else None
+        b = self.match(target) if target else None
+        if a is None or b is None or a.own == b.own:
+            return None
+        return _leg(self, source, target), a.exact and b.exact
 
     @property
     def provider(self) -> str:
@@ -168,10 +209,13 @@ class Route:
 
 
 class ModelRegistry:
-    def __init__(self, prefer_multilingual: bool = False) -> None:
+    def __init__(self, prefer_multilingual: bool = False,
+                 prefer_models: Sequence[str] = ()) -> None:
         self._handles: dict[str, ModelHandle] = {}
         # Whether a multilingual model serving a pair wins over a bilingual one.
         self.prefer_multilingual = prefer_multilingual
+        # The models that win a pair among several of the preferred kind, first first.
+        self.prefer_models = tuple(prefer_models)
         self._routes: tuple[int, list[Route]] | None = None  # (generation, routes)
         self.ready = False
         # Counts the changes to what is served (a model added, loading finished): what
@@ -206,10 +250,12 @@ class ModelRegistry:
 
     def route(self, task: str, name: str, source_language: str = "",
               target_language: str = "", *, chains: bool = True) -> Route:
-        """How a request is served: the model it names; else the one model of its
-        pair (a direct model always wins); else, for translation, a chain of two
-        through English (de->fr = de->en, en->fr); else source and target the same
-        served language (`Route.models` empty: the text comes back unchanged)."""
+        """How a request is served: the model it names (its languages checked); else,
+        both languages given, the model the rule chooses (the module's docstring);
+        else, for translation, a chain of two through English (de->fr = de->en,
+        en->fr); else source and target the same served language (`Route.models`
+        empty: the text comes back unchanged). A request without both languages (a
+        summary) gets the one model of its task that fits, or is told to name one."""
         self.require_ready()
         if name:
             handle = self._handles.get(name)
@@ -220,13 +266,19 @@ class ModelRegistry:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
                                       f"{task}")
             return _direct_route(handle, source_language, target_language)
-        candidates = self._direct(task, source_language, target_language)
-        if len(candidates) == 1:
-            return _direct_route(candidates[0], source_language, target_language)
-        if len(candidates) > 1:
-            raise InvalidArgument(f"model is required: {len(candidates)} {task} models match "
-                                  f"(set model, or source_language and target_language); "
-                                  f"available: {self._served()}")
+        if source_language and target_language:
+            leg = self._choose(task, source_language, target_language)
+            if leg is not None:
+                return Route(leg.source_language, leg.target_language, (leg,))
+        else:
+            found = self._candidates(task, source_language, target_language)
+            if len(found) == 1:
+                return Route(found[0][0].source_language, found[0][0].target_language,
+                             (found[0][0],))
+            if len(found) > 1:
+                raise InvalidArgument(
+                    f"model is required: {len(found)} {task} models match (set model, or "
+                    f"source_language and target_language); available: {self._served()}")
         if chains and task == "translate" and source_language and target_language:
             same = self._same_language(source_language, target_language)
             if same is not None:
@@ -238,13 +290,27 @@ class ModelRegistry:
                        f"target_language={echo(target_language)}; available: "
                        f"{self._served(chains=chains and task == 'translate') or 'none'}")
 
-    def _direct(self, task: str, source: str, target: str) -> list[ModelHandle]:
-        """The models of `task` that serve the pair: of the preferred kind
-        (bilingual, unless prefer_multilingual) where both kinds do."""
-        found = [h for h in self._handles.values() if h.manifest.task == task
-                 and h.serves(source, target)]
-        preferred = [h for h in found if (h.languages is not None) == self.prefer_multilingual]
-        return preferred or found
+    def _candidates(self, task: str, source: str, target: str) -> list[tuple[Leg, bool]]:
+        """Each model of `task` that translates source -> target as it maps the codes,
+        with its leg and whether it has both codes exactly."""
+        return [found for h in self._handles.values() if h.manifest.task == task
+                and (found := h.pair(source, target)) is not None]
+
+    def _choose(self, task: str, source: str, target: str) -> Leg | None:
+        """The rule (the module's docstring): the leg of the model that serves the
+        pair, or None where none does."""
+        found = self._candidates(task, source, target)
+        kind = [c for c in found
+                if (c[0].handle.languages is not None) == self.prefer_multilingual] or found
+        if not kind:
+            return None
+        return min(kind, key=lambda c: (self._preference(c[0].handle.name), not c[1],
+                                        c[0].handle.name))[0]
+
+    def _preference(self, name: str) -> int:
+        """A model's place in `prefer_models` (those not named after them all)."""
+        return self.prefer_models.index(name) if name in self.prefer_models \
+            else len(self.prefer_models)
 
     def _same_language(self, source: str, target: str) -> str | None:
         """The listed code where source and target name one served language."""
@@ -256,32 +322,36 @@ class ModelRegistry:
         return None
 
     def _chain(self, source: str, target: str) -> Route | None:
-        """source -> PIVOT -> target with one model for each leg, or None. Never a
-        model chained with itself, and never through a pivot that is an end."""
+        """source -> PIVOT -> target, each leg's model chosen by the rule, or None.
+        Never a model chained with itself, and never through a pivot that is an end."""
         if PIVOT in (source, target) or source == target:
             return None
-        first = self._direct("translate", source, PIVOT)
-        second = self._direct("translate", PIVOT, target)
-        if len(first) != 1 or len(second) != 1 or first[0] is second[0]:
+        first = self._choose("translate", source, PIVOT)
+        second = self._choose("translate", PIVOT, target)
+        if first is None or second is None or first.handle is second.handle:
             return None
-        return Route(source, target, (_leg(first[0], source, PIVOT),
-                                      _leg(second[0], PIVOT, target)))
+        return Route(source, target, (first, second))
 
     def listed_code(self, code: str) -> str:
         """A request's language code as the served models list it (a multilingual
-        model's pt-BR or por_Latn is its pt); the code itself where none has it."""
-        for handle in self._handles.values():
-            if handle.manifest.task == "translate" and (listed := handle.listed_code(code)):
-                return listed
-        return code
+        model's pt-BR or por_Latn is its pt): a model's that has the code exactly
+        first, then by model name; the code itself where none has it."""
+        found = [(not m.exact, h.name, h) for h in self._handles.values()
+                 if h.manifest.task == "translate" and (m := h.match(code)) is not None]
+        if not found:
+            return code
+        listed = min(found, key=lambda f: f[:2])[2].listed_code(code)
+        return code if listed is None else listed
 
     def language_name(self, code: str) -> str | None:
-        """The English name a multilingual package gives the language, or None."""
+        """A listed code's English name: CLDR's (with its script or region: "Chinese
+        (Traditional)", "Persian (Afghanistan)"), else the one a package lists it with."""
+        name = english_name(code)
+        if name is not None:
+            return name
         for handle in self._handles.values():
-            languages = handle.languages
-            if languages is not None and (listed := languages.listed_code(code)):
-                if name := languages.names.get(listed):
-                    return name
+            if handle.languages is not None and (name := handle.languages.names.get(code)):
+                return name
         return None
 
     def languages(self) -> set[str]:
@@ -291,32 +361,35 @@ class ModelRegistry:
 
     def routes(self) -> list[Route]:
         """Every translation pair served, direct or chained through English, sorted
-        by pair: each pair's direct models of the preferred kind (a pair with several
-        lists each), else its chain. Computed once per `generation` (a 200-language
-        model has 40,000 pairs)."""
+        by pair: each pair a model lists, with the model the rule chooses for it
+        (`route` answers the same for a request of that pair), else its chain.
+        Computed once per `generation` (a 200-language model has 40,000 pairs)."""
         cached = self._routes
         if cached is None or cached[0] != self.generation:
             cached = self._routes = (self.generation, self._all_routes())
         return list(cached[1])
 
     def _all_routes(self) -> list[Route]:
-        translators = [h for h in self._handles.values() if h.manifest.task == "translate"]
-        by_pair: dict[tuple[str, str], list[ModelHandle]] = {}
-        for h in translators:
-            codes = h.language_codes()
-            pairs = ([(a, b) for a in codes for b in codes if a != b] if h.languages is not None
-                     else [(h.manifest.source_language, h.manifest.target_language)])
-            for pair in pairs:
-                by_pair.setdefault(pair, []).append(h)
-        out = []
-        for (source, target), handles in by_pair.items():
-            preferred = [h for h in handles
-                         if (h.languages is not None) == self.prefer_multilingual]
-            out += [_leg_route(h, source, target) for h in preferred or handles]
+        listed: set[tuple[str, str]] = set()
+        for h in self._handles.values():
+            if h.manifest.task == "translate":
+                codes = h.language_codes()
+                listed.update([(a, b) for a in codes for b in codes if a != b]
+                              if h.languages is not None
+                              else [(h.manifest.source_language, h.manifest.target_language)])
+        out = [Route(source, target, (leg,)) for source, target in listed
+               if (leg := self._choose("translate", source, target)) is not None]
+        # Two codes no one model lists together: a model may still have both (NLLB's
+        # nb is M2M100's listed no), else a chain may serve them.
         languages = sorted(self.languages())
         for source in languages:
             for target in languages:
-                if (source, target) not in by_pair and (chain := self._chain(source, target)):
+                if (source == target or (source, target) in listed
+                        or self._same_language(source, target) is not None):
+                    continue
+                if (leg := self._choose("translate", source, target)) is not None:
+                    out.append(Route(source, target, (leg,)))
+                elif chain := self._chain(source, target):
                     out.append(chain)
         return sorted(out, key=lambda r: (r.source_language, r.target_language, r.name))
 
@@ -371,26 +444,58 @@ def _leg(handle: ModelHandle, source: str, target: str) -> Leg:
                handle.listed_code(target) or target)
 
 
-def _leg_route(handle: ModelHandle, source: str, target: str) -> Route:
-    leg = _leg(handle, source, target)
-    return Route(leg.source_language, leg.target_language, (leg,))
-
-
 def _direct_route(handle: ModelHandle, source: str, target: str) -> Route:
-    """`handle` alone for the request's pair. A multilingual model needs both
-    languages, each one it has (else InvalidArgument naming the field)."""
+    """`handle` alone for the request's pair, each language one it has (else
+    InvalidArgument naming the field and the model's languages). A multilingual model
+    needs both; a model of one pair takes "" for its own language, and any code for a
+    language its folder did not say (und)."""
     if handle.languages is not None:
         for field, code in (("source_language", source), ("target_language", target)):
             if not code:
                 raise InvalidArgument(
                     f"{field} is required: model {handle.name!r} is multilingual (its "
-                    "languages: /languages, or ListModels)")
-            if handle.listed_code(code) is None:
+                    f"languages: {_listing(handle.language_codes())})")
+            if handle.match(code) is None:
+                why = handle.codes.refusal(code)
                 raise InvalidArgument(
-                    f"{field}={echo(code)} is not a language of model {handle.name!r} "
-                    "(its languages: /languages, or ListModels)")
+                    f"{field}={echo(code)} is not a language of model {handle.name!r} ("
+                    f"{why + '; ' if why else ''}its languages: "
+                    f"{_listing(handle.language_codes())})")
         if handle.listed_code(source) == handle.listed_code(target):
             raise InvalidArgument(
                 f"source_language and target_language are the same language "
                 f"({echo(source)}); model {handle.name!r} translates between two")
-    return _leg_route(handle, source, target)
+    else:
+        manifest = handle.manifest
+        for side, code, own in (("source", source, manifest.source_language),
+                                ("target", target, manifest.target_language)):
+            found = handle.match(code) if code else None
+            if code and own not in (UNDETERMINED, MULTILINGUAL) and (
+                    found is None or found.own != own):
+                raise InvalidArgument(
+                    f"{side}_language={echo(code)} is not the {side} language of model "
+                    f"{handle.name!r}{_because(handle, code)}, which translates "
+                    f"{manifest.source_language}->{manifest.target_language}: "
+                    f"{side}_language must be {own!r} or empty")
+    leg = _leg(handle, source, target)
+    return Route(leg.source_language, leg.target_language, (leg,))
+
+
+# Most languages an error message names one by one.
+LISTED_LANGUAGES = 12
+
+
+def _listing(codes: Sequence[str]) -> str:
+    """A model's languages for a message: all of a few; the first of many, with where
+    to find the rest."""
+    if len(codes) <= LISTED_LANGUAGES:
+        return ", ".join(codes)
+    return (f"{', '.join(codes[:LISTED_LANGUAGES])} and {len(codes) - LISTED_LANGUAGES} more: "
+            "ListModels, /languages")
+
+
+def _because(handle: ModelHandle, code: str) -> str:
+    """Why a code is not the model's, where another script is why (" (written in
+    Latn, the model's sr in Cyrl)"); "" else."""
+    why = handle.codes.refusal(code)
+    return f" ({why})" if why else ""

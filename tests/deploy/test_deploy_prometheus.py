@@ -27,8 +27,9 @@ from typing import Any
 
 import grpc
 import pytest
+import system_tools
 import yaml
-from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process, tool
+from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process
 from served_series import http_front_door, reads_front_door
 
 from seq2serve.server.client import Seq2ServeClient
@@ -45,7 +46,7 @@ LOAD_SECONDS = 40.0
 
 
 def promtool() -> str:
-    return tool("promtool", "Debian prometheus")
+    return system_tools.path("promtool")
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -75,6 +76,7 @@ def file_sd_config(out: Path, targets: Path, fast: bool) -> Path:
     return path
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_check_config(tmp_path: Path) -> None:
     committed = run_promtool("check", "config", str(PROMETHEUS / "prometheus.yml"))
     if committed.returncode != 0:
@@ -90,6 +92,7 @@ def test_promtool_check_config(tmp_path: Path) -> None:
         assert "SUCCESS" in derived.stdout + derived.stderr
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_check_rules() -> None:
     out = run_promtool("check", "rules", str(PROMETHEUS / "rules.yml"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -98,6 +101,7 @@ def test_promtool_check_rules() -> None:
     assert f"SUCCESS: {count} rules found" in out.stdout
 
 
+@pytest.mark.needs("promtool")
 def test_promtool_test_rules() -> None:
     out = run_promtool("test", "rules", str(PROMETHEUS / "rules_test.yml"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -226,7 +230,7 @@ def _load(members: list[Replica]) -> dict[str, int]:
 
 @contextlib.contextmanager
 def prometheus_process(tmp: Path, config: Path) -> Iterator[Prometheus]:
-    binary = tool("prometheus", "Debian prometheus")
+    binary = system_tools.path("prometheus")
     port = free_port()
     log = tmp / "prometheus.log"
     with open(log, "wb") as out:
@@ -252,7 +256,7 @@ def prometheus_process(tmp: Path, config: Path) -> Iterator[Prometheus]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tool("prometheus", "Debian prometheus")
+    system_tools.path("prometheus")
     tmp = tmp_path_factory.mktemp("fleet")
     with replicas(tmp, REPLICAS) as members:
         targets = tmp / "targets.json"
@@ -282,6 +286,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             yield Fleet(prometheus, members, calls)
 
 
+@pytest.mark.needs("prometheus")
 def test_scrape_config_keeps_exactly_the_replicas_metrics_ports(fleet: Fleet) -> None:
     assert fleet.calls["ok"] > 0 and fleet.calls["invalid"] > 0
     if http_front_door():
@@ -296,6 +301,7 @@ def test_scrape_config_keeps_exactly_the_replicas_metrics_ports(fleet: Fleet) ->
     assert len(active) == REPLICAS
 
 
+@pytest.mark.needs("prometheus")
 def test_autoscaler_series_has_data_for_every_pod(fleet: Fleet) -> None:
     series = "namespace_pod:seq2serve_queue_duration_seconds:mean2m"
     result = fleet.prometheus.wait(
@@ -315,6 +321,7 @@ def test_autoscaler_series_has_data_for_every_pod(fleet: Fleet) -> None:
     assert sorted(s["metric"]["pod"] for s in answered) == pods.split("|")
 
 
+@pytest.mark.needs("prometheus")
 def test_recording_rules_have_data(fleet: Fleet) -> None:
     rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
     records = [r["record"] for g in rules["groups"] for r in g["rules"]
@@ -327,6 +334,7 @@ def test_recording_rules_have_data(fleet: Fleet) -> None:
     assert float(ratio["value"][1]) == 0  # bad requests are not server errors
 
 
+@pytest.mark.needs("prometheus")
 def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
     """Each query of deploy/grafana/seq2serve.json, with the variables set to All
     as Grafana sends them, over the last two minutes. (Before the server has its
@@ -350,6 +358,7 @@ def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
     assert checked + skipped >= len([p for p in dashboard["panels"] if p["type"] != "row"])
 
 
+@pytest.mark.needs("prometheus")
 def test_killing_a_replica_fires_replica_down(fleet: Fleet) -> None:
     victim = fleet.replicas[1]
     victim.process.send_signal(signal.SIGKILL)

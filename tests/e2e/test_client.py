@@ -28,9 +28,12 @@ class FakeTranslator(pb_grpc.TranslatorServicer):
 
     def _nbest(self, text: str, options: pb.DecodingOptions) -> list[pb.Hypothesis]:
         count = options.num_hypotheses if options.HasField("num_hypotheses") else 1
+        # A text that says "cut" stops at its length limit (others leave it unset).
+        reason = pb.FINISH_REASON_LENGTH if "cut" in text else pb.FINISH_REASON_UNSPECIFIED
         return [pb.Hypothesis(text=text.upper() + ("" if i == 0 else f" #{i}"),
                               score=-0.5 * (i + 1) if options.return_scores else 0.0,
-                              token_ids=[7, 8] if options.return_token_ids else [])
+                              token_ids=[7, 8] if options.return_token_ids else [],
+                              finish_reason=reason)
                 for i in range(count)]
 
     def Translate(self, request: pb.TranslateRequest, context: grpc.ServicerContext
@@ -197,6 +200,39 @@ def test_summarize_command(fake: tuple[FakeTranslator, str], tmp_path,
     captured = capsys.readouterr()
     assert captured.out == "A LONG DOCUMENT ABOUT FILES\n"
     assert "was cut to the model's input limit" in captured.err
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_summarize_command_leaves_the_final_line_break_out(
+        fake: tuple[FakeTranslator, str], tmp_path, ending: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file's or standard input's final line break ends its last line; it is not part
+    of the text (`echo "$TEXT" | seq2serve summarize -` sends $TEXT, as /summarize would
+    get it). Only that one: the line breaks inside, and a blank line before it, stay."""
+    servicer, target = fake
+    text = f"First line.{ending}{ending}Last line."
+    doc = tmp_path / "doc.txt"
+    doc.write_bytes(f"{text}{ending}".encode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{text}{ending}".encode()),
+                                                        encoding="utf-8", newline=""))
+    assert _run(summarize_cli, [str(doc), "-", "--server", target]) == 0
+    assert list(servicer.requests[-1].texts) == [text, text]
+
+
+def test_the_commands_say_when_an_answer_stopped_at_its_length_limit(
+        fake: tuple[FakeTranslator, str], tmp_path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, target = fake
+    assert _run(translate_cli, ["whole", "cut short", "--server", target]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "WHOLE\nCUT SHORT\n"
+    assert captured.err == ("seq2serve translate: note: text 2 stopped at its length limit "
+                            "(max_length): its translation is cut\n")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("It was cut. More.", encoding="utf-8")
+    assert _run(summarize_cli, [str(doc), "--server", target]) == 0
+    assert capsys.readouterr().err == (f"seq2serve summarize: note: {doc}'s summary stopped "
+                                       "at its length limit (max_length)\n")
 
 
 def test_summarize_command_missing_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -187,9 +187,11 @@ def test_both_front_doors_share_the_cache(server: RunningServer, http: httpx.Cli
     (json.dumps({"q": 5, "source": "en", "target": "de"}).encode(),
      {"content-type": "application/json"}, 400, "q must be a string or a list of strings"),
     (json.dumps({"q": ["x"] * 10_000, "source": "en", "target": "de"}).encode(),
-     {"content-type": "application/json"}, 400, "request (10000) exceeds text limit (16)"),
+     {"content-type": "application/json"}, 400, "request (10000) exceeds text limit (16); "
+     "the limit is the server's --max-texts-per-request (SEQ2SERVE_MAX_TEXTS_PER_REQUEST)"),
     (json.dumps({"q": "x" * 2001, "source": "en", "target": "de"}).encode(),
-     {"content-type": "application/json"}, 400, "exceeds character limit (2000)"),
+     {"content-type": "application/json"}, 400, "exceeds character limit (2000); the limit "
+     "is the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"),
     (json.dumps({"q": "x", "source": "en", "target": "xx"}).encode(),
      {"content-type": "application/json"}, 400, "xx is not supported"),
     (json.dumps({"q": "x", "source": "en"}).encode(),
@@ -245,7 +247,7 @@ def test_files_translate_and_download(http: httpx.Client, grpc_client: Seq2Serve
     download = http.get(url)
     assert download.text == f"{expected[0][0]}\n\n{expected[1][0]}\n"
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
-                    files={"file": ("x.xlsx", b"PK")})
+                    files={"file": ("x.pdf", b"%PDF-1.7")})
     assert bad.status_code == 400 and "file format not supported" in bad.json()["error"]
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("x.docx", b"PK")})

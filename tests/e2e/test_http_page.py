@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS
+from browser import CHROMIUM_ARGS, chromium
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -40,8 +40,7 @@ WAIT_MS = 30_000  # the machine may be loaded; a translation of the tiny model t
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 375, "height": 812}
 
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(),
-                                    reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+needs_chromium = pytest.mark.needs("chromium")
 
 # Records what the CSP blocks, from before the page's own script runs (an init
 # script is injected by the browser, outside the page's policy).
@@ -76,7 +75,7 @@ def api(base_url: str) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM),
+        launched = playwright.chromium.launch(executable_path=chromium(),
                                               args=CHROMIUM_ARGS)
         yield launched
         launched.close()
@@ -323,7 +322,8 @@ def test_a_file_comes_back_translated(open_page: OpenPage, base_url: str,
     page.click("#files-tab")
     source, target = pick_pair(page, api)
     lines = [SENTENCE, "", "Close the file."]
-    notes: FilePayload = {"name": "notes.txt", "mimeType": "text/plain",
+    # A name with what a URL must encode: the link still leads to the file.
+    notes: FilePayload = {"name": "Notes für #2 (50% done?).txt", "mimeType": "text/plain",
                           "buffer": "\n".join(lines).encode("utf-8")}
     page.set_input_files("#file-input", files=[notes])
     page.click("#file-translate")
@@ -332,6 +332,8 @@ def test_a_file_comes_back_translated(open_page: OpenPage, base_url: str,
     expect(page.locator("#error")).to_be_empty()
     href = link.get_attribute("href")
     assert href is not None and urlsplit(href).netloc == urlsplit(base_url).netloc
+    assert not urlsplit(href).query and not urlsplit(href).fragment, href
+    assert link.get_attribute("download") == f"Notes für #2 (50% done?).{target}.txt"
     downloaded = api.get(href)
     assert downloaded.status_code == 200
     texts = [line for line in lines if line]

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS
+from browser import CHROMIUM_ARGS, chromium
 from multilingual_folders import multilingual_package
 from serving import RunningServer, free_port, server_config
 
@@ -165,6 +165,7 @@ def test_a_language_the_model_lacks_is_refused(server: RunningServer) -> None:
     assert answer.status_code == 400 and "tlh" in answer.json()["error"]
 
 
+@pytest.mark.needs("chromium")
 def test_the_page_lists_every_language(server: RunningServer, engine: Engine) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -172,7 +173,7 @@ def test_the_page_lists_every_language(server: RunningServer, engine: Engine) ->
     assert languages is not None
     codes = set(languages.listed())
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(f"{server.http_url}/")

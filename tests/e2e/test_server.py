@@ -203,8 +203,10 @@ BAD = [
      "length_penalty must be in [-1, 10], got -6.0"),
     (dict(options=dict(beam_size=4, length_penalty=-20)),
      "length_penalty must be in [-1, 10], got -20.0"),
-    (dict(texts=["a"] * 9), "at most 8 texts per request, got 9"),
-    (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501"),
+    (dict(texts=["a"] * 9), "at most 8 texts per request, got 9; the limit is the server's "
+     "--max-texts-per-request (SEQ2SERVE_MAX_TEXTS_PER_REQUEST)"),
+    (dict(texts=["a" * 501]), "texts[0] must be at most 500 characters, got 501; the limit is "
+     "the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"),
 ]
 
 
@@ -435,7 +437,8 @@ def test_summarize_refuses_or_truncates_long_input(multi_server: RunningServer) 
     (dict(options=dict(beam_size=2, num_hypotheses=3)), "num_hypotheses must be <= beam_size"),
     (dict(options=dict(sampling_temperature=-1.0)), "sampling_temperature must be >= 0"),
     (dict(texts=["a"] * 65), "at most 64 texts per request, got 65"),  # the default cap
-    (dict(texts=["a" * 10_001]), "texts[0] must be at most 10000 characters, got 10001"),
+    (dict(texts=["a" * 10_001]), "texts[0] must be at most 10000 characters, got 10001; the "
+     "limit is the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"),
     (dict(options=dict(length_penalty=-20)), "length_penalty must be in [-1, 10], got -20.0"),
 ])
 def test_bad_summarize_input_is_invalid_argument(multi_server: RunningServer, fields: dict,

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS
+from browser import CHROMIUM_ARGS, chromium
 from google.protobuf.json_format import MessageToDict
 from serving import ServeProcess, free_port, health, serve_env, wait_serving
 
@@ -156,8 +156,7 @@ def test_requests_during_start_up_get_503_and_change_nothing_after(
         assert "zz-broken" in held.output
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install "
-                    "chromium)")
+@pytest.mark.needs("chromium")
 def test_the_page_opened_during_start_up_waits_and_then_lists_every_language(
         tmp_path: Path, processes: list[ServeProcess]) -> None:
     from playwright.sync_api import expect, sync_playwright
@@ -167,7 +166,7 @@ def test_the_page_opened_during_start_up_waits_and_then_lists_every_language(
     held, target, url = start(models, processes, held=True, release=release)
     held.wait_for_line("holding the start-up")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(url + "/")

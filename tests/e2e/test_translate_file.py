@@ -7,7 +7,7 @@ document made with python-docx comes back a Word document, translated, its bold
 words bold and its table and header kept (over HTTP and the CLI); .pptx, .odt,
 .odp and .epub come back translated and open in their libraries; HTML (format=html and
 .html files) is translated a sentence at a time, its bold and links on the translated
-words."""
+words; .xlsx and .ods come back translated, their numbers and formulas kept."""
 
 from __future__ import annotations
 
@@ -15,17 +15,30 @@ import io
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docx
 import httpx
+import openpyxl
 import pptx
 import pytest
+import system_tools
 from conftest import msgfmt_check
 from ebooklib import epub
+from lxml import etree
 from odf.opendocument import load
-from office_files import book_file, odp_file, odt_file, slides_file
+from office_files import (
+    W,
+    book_file,
+    odp_file,
+    odt_file,
+    reviewed_word_file,
+    slides_file,
+    spreadsheet_file,
+    workbook_file,
+)
 from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
@@ -63,12 +76,14 @@ def upload(http: httpx.Client, name: str, **fields: str) -> httpx.Response:
     return http.get(answer.json()["translatedFileUrl"])
 
 
+@pytest.mark.needs("msgfmt")
 def test_a_po_file_through_http(http: httpx.Client, tmp_path: Path) -> None:
     name = "gnome-power-manager.de.po"
     raw = (CATALOGS / name).read_bytes()
     download = upload(http, name)
     assert download.headers["content-type"].startswith("text/x-gettext-translation")
-    assert download.headers["content-disposition"] == f'attachment; filename="{name}"'
+    assert download.headers["content-disposition"] == (
+        f'attachment; filename="{name}"; filename*=UTF-8\'\'{name}')
     written = tmp_path / name
     written.write_bytes(download.content)
     msgfmt_check(written)
@@ -108,6 +123,7 @@ def test_xliff_and_subtitles_through_http(http: httpx.Client) -> None:
         settings["supportedFilesFormat"])
 
 
+@pytest.mark.needs("msgfmt")
 def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) -> None:
     out = tmp_path / "de.po"
     result = subprocess.run(
@@ -165,13 +181,15 @@ def test_a_word_document_through_http(http: httpx.Client) -> None:
     download = http.get(answer.json()["translatedFileUrl"])
     assert download.headers["content-type"] == (
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document")
-    assert download.headers["content-disposition"] == 'attachment; filename="guide.docx"'
+    assert download.headers["content-disposition"] == (
+        'attachment; filename="guide.docx"; filename*=UTF-8\'\'guide.docx')
     check_word(raw, download.content)
     bad = http.post("/translate_file", data={"source": "en", "target": "de"},
                     files={"file": ("guide.docx", b"not a zip at all")})
     assert bad.status_code == 400 and "guide.docx is not a Word document" in bad.text
     settings = http.get("/frontend/settings").json()
-    assert {".docx", ".pptx", ".odt", ".odp", ".epub"} <= set(settings["supportedFilesFormat"])
+    assert {".docx", ".pptx", ".odt", ".odp", ".epub", ".xlsx", ".ods"} <= set(
+        settings["supportedFilesFormat"])
 
 
 def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Path) -> None:
@@ -198,8 +216,31 @@ def test_the_cli_translates_a_word_document(server: RunningServer, tmp_path: Pat
     assert (tmp_path / "guide.de.docx").stat().st_mode & 0o777 == 0o640
 
 
+def test_a_reviewed_word_file_is_all_german_but_its_deletions(http: httpx.Client) -> None:
+    """Insertions, moves, content controls and a link field come back translated by the
+    shipped en-de inside their changes, controls and field; deletions as they were."""
+    raw = reviewed_word_file()
+    answer = http.post("/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("review.docx", raw)})
+    assert answer.status_code == 200, answer.text
+    out = http.get(answer.json()["translatedFileUrl"]).content
+    before, after = read_document("r.docx", raw, "de").texts, read_document("r.docx", out,
+                                                                           "de").texts
+    assert len(after) == len(before) == 6
+    assert not set(before) & set(after), after
+    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml"))
+    shown = " ".join("".join(e.itertext()) for e in root.iter(W + "ins", W + "moveTo",
+                                                                W + "sdtContent"))
+    assert not {"early", "morning", "whole", "moved", "summary", "form"} & set(
+        re.findall(r"\w+", shown.lower())), shown
+    assert ["".join(e.itertext()) for e in root.iter(W + "del", W + "moveFrom")] == [
+        "at noon", "This part moved.", "Gone for good."]
+
+
 @pytest.mark.parametrize(("name", "make"), [("talk.pptx", slides_file), ("guide.odt", odt_file),
-                                            ("talk.odp", odp_file), ("book.epub", book_file)])
+                                            ("talk.odp", odp_file), ("book.epub", book_file),
+                                            ("figures.xlsx", workbook_file),
+                                            ("figures.ods", spreadsheet_file)])
 def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, name: str,
                                          make: Callable[[], bytes]) -> None:
     raw = make()
@@ -215,17 +256,15 @@ def test_every_other_format_through_http(http: httpx.Client, tmp_path: Path, nam
     opened = {".pptx": lambda p: len(pptx.Presentation(str(p)).slides),
               ".odt": lambda p: len(load(str(p)).text.childNodes),
               ".odp": lambda p: len(load(str(p)).presentation.childNodes),
-              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items()))}
+              ".epub": lambda p: len(list(epub.read_epub(str(p)).get_items())),
+              ".xlsx": lambda p: len(openpyxl.load_workbook(p).worksheets),
+              ".ods": lambda p: len(load(str(p)).spreadsheet.childNodes)}
     suffix = Path(name).suffix
     (tmp_path / f"source{suffix}").write_bytes(raw)
     assert opened[suffix](tmp_path / name) == opened[suffix](tmp_path / f"source{suffix}")
 
 
-EPUBCHECK = Path("/usr/share/java/epubcheck.jar")
-
-
-@pytest.mark.skipif(not EPUBCHECK.exists(), reason=f"{EPUBCHECK} is missing (apt-get install "
-                    "epubcheck)")
+@pytest.mark.needs("epubcheck", "java")
 def test_a_translated_book_passes_the_epub_validator(http: httpx.Client, tmp_path: Path) -> None:
     """The W3C's EPUB validator (Debian's epubcheck, run by java: binfmt may be off)
     finds in the translated book no error or warning that it does not find in the
@@ -238,7 +277,8 @@ def test_a_translated_book_passes_the_epub_validator(http: httpx.Client, tmp_pat
     (tmp_path / "book.epub").write_bytes(raw)
 
     def problems(name: str) -> list[str]:
-        run = subprocess.run(["java", "-jar", str(EPUBCHECK), str(tmp_path / name)],
+        run = subprocess.run([system_tools.path("java"), "-jar", system_tools.path("epubcheck"),
+                              str(tmp_path / name)],
                              capture_output=True, text=True, timeout=300)
         assert "EPUBCheck completed" in run.stdout + run.stderr, run.stdout + run.stderr
         return sorted(line.replace(str(tmp_path / name), "BOOK")

@@ -115,7 +115,7 @@ def test_a_named_multilingual_model_needs_two_of_its_languages() -> None:
         with pytest.raises(ServiceError) as err:
             registry.route("translate", "mul-en+de", source, target)
         assert err.value.kind is ErrorKind.INVALID_ARGUMENT and said in str(err.value)
-        assert "/languages" in str(err.value) or "same" in said
+        assert "(its languages: en, de)" in str(err.value) or "same" in said
 
 
 def test_a_pair_without_a_model_goes_through_english() -> None:
@@ -140,8 +140,14 @@ def test_a_direct_model_always_wins_over_a_chain() -> None:
     assert [(r.source_language, r.target_language, r.names) for r in registry.routes()] == [
         ("de", "en", ("de-en",)), ("de", "fr", ("de-fr",)), ("en", "de", ("en-de",)),
         ("en", "fr", ("en-fr",))]
-    # A model asked for by name is that model, whatever its pair.
-    assert names(registry.route("translate", "de-en", "de", "fr")) == ("de-en",)
+    # A model asked for by name is that model, for its own pair only ("": its own).
+    assert names(registry.route("translate", "de-en", "de", "en")) == ("de-en",)
+    assert names(registry.route("translate", "de-en", "", "")) == ("de-en",)
+    with pytest.raises(ServiceError) as err:
+        registry.route("translate", "de-en", "de", "fr")
+    assert err.value.kind is ErrorKind.INVALID_ARGUMENT and err.value.message == (
+        "target_language='fr' is not the target language of model 'de-en', which translates "
+        "de->en: target_language must be 'en' or empty")
 
 
 def test_a_model_is_never_chained_with_itself() -> None:
@@ -158,14 +164,17 @@ def test_a_model_is_never_chained_with_itself() -> None:
     assert route.models == () and route.kind == "same_language" and route.name == ""
 
 
-def test_chains_never_start_or_end_at_english_and_need_one_model_per_leg() -> None:
+def test_chains_never_start_or_end_at_english_and_each_leg_follows_the_rule() -> None:
     registry = fake_registry("de-en", "en-fr", "en-fr2")
     registry._handles["en-fr2"].manifest.target_language = "fr"  # type: ignore[attr-defined]
-    with pytest.raises(ServiceError) as err:  # two en -> fr models: no one chain
-        registry.route("translate", "", "de", "fr")
-    assert err.value.kind == ErrorKind.NOT_FOUND
-    with pytest.raises(ServiceError) as err:  # the direct case says what to set
-        registry.route("translate", "", "en", "fr")
+    # two en -> fr models: the rule's (by name) serves en -> fr and the chain's second leg
+    assert names(registry.route("translate", "", "en", "fr")) == ("en-fr",)
+    assert names(registry.route("translate", "", "de", "fr")) == ("de-en", "en-fr")
+    registry.prefer_models = ("en-fr2",)
+    assert names(registry.route("translate", "", "en", "fr")) == ("en-fr2",)
+    assert names(registry.route("translate", "", "de", "fr")) == ("de-en", "en-fr2")
+    with pytest.raises(ServiceError) as err:  # one language: the model must be named
+        registry.route("translate", "", "", "fr")
     assert err.value.kind == ErrorKind.INVALID_ARGUMENT and "model is required" in \
         err.value.message
     # A language nobody serves is not "the same language".
@@ -283,9 +292,12 @@ def test_both_legs_go_through_the_queues(registry: ModelRegistry, translator: Tr
             submit(items)
 
         monkeypatch.setattr(scheduler, "submit_many", spy)
-    run(translator.translate(chained((TWO_SENTENCES, CORPUS[3]), beam_size=1), Call()))
-    # Each leg queues all of the request's pieces at once: two sentences and one.
-    assert queued == {CHAIN[0]: [3], CHAIN[1]: [3]}
+    run(translator.translate(chained((TWO_SENTENCES, CORPUS[4]), beam_size=1), Call()))
+    # Each leg queues all of the request's pieces at once: two sentences and one; the
+    # second, the English text's pieces (at most 32 source tokens each here: half the
+    # server's output cap of 64, pieces.piece_limit), at least one per sentence.
+    assert queued[CHAIN[0]] == [3]
+    assert len(queued[CHAIN[1]]) == 1 and queued[CHAIN[1]][0] >= 3
 
 
 def test_a_chained_answer_does_not_depend_on_its_batch_mates(translator: Translator) -> None:
@@ -481,5 +493,5 @@ def test_libretranslate_languages_lists_every_reachable_target(translator: Trans
     assert [(lang["code"], lang["targets"]) for lang in json.loads(response.body)] == [
         ("de", ["en", "fr"]), ("en", ["de", "fr"]), ("fr", ["de", "en"])]
     assert set(api.detector().languages) == {"de", "en", "fr"}
-    assert api._pair("de", "fr").models == CHAIN and api._pair("de", "fr").model == ""
+    assert api._pair("de", "fr").models == CHAIN
     assert api._pair("de", "de").models == ()

@@ -13,6 +13,7 @@ from seq2serve.server.app import document_limits
 from seq2serve.server.assembly import batch_limits, option_limits
 from seq2serve.server.config import ConfigError, ServerConfig
 from seq2serve.server.core.documents import DEFAULT_LIMITS, Limits
+from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT
 from seq2serve.server.problems import Problem
 from seq2serve.server.resources import usable_cores
 
@@ -109,7 +110,10 @@ BAD = {
     "max_beam_size": (129, "max_beam_size must be in [1, 128], got 129"),
     "max_length_cap": (0, "max_length_cap must be >= 1, got 0"),
     "max_message_bytes": (10, "max_message_bytes must be in [1024, 2147483647], got 10"),
+    "max_document_bytes": (0, "max_document_bytes must be >= 1, got 0"),
     "max_document_members": (0, "max_document_members must be >= 1, got 0"),
+    "max_document_elements": (0, "max_document_elements must be >= 1, got 0"),
+    "max_documents_in_flight": (0, "max_documents_in_flight must be >= 1, got 0"),
     "max_document_unpacked_bytes": (0, "max_document_unpacked_bytes must be >= 1, got 0"),
     "max_document_characters": (-1, "max_document_characters must be >= 1, got -1"),
     "max_document_paragraphs": (0, "max_document_paragraphs must be >= 1, got 0"),
@@ -199,12 +203,33 @@ def test_a_value_of_the_wrong_type_is_named() -> None:
     ]
 
 
+def test_prefer_model_repeats_in_order_from_flags_or_env(tmp_path: Path) -> None:
+    models = str(tmp_path)
+    assert load(["--models-dir", models], {}).preferred_models() == ()
+    assert load(["--models-dir", models, "--prefer-model", "nllb", "--prefer-model", "m2m100"],
+                {}).preferred_models() == ("nllb", "m2m100")
+    assert load(["--models-dir", models], {"SEQ2SERVE_PREFER_MODEL": "m2m100, nllb"}
+                ).preferred_models() == ("m2m100", "nllb")
+    assert load(["--models-dir", models, "--prefer-model", "a"],  # the flag beats the variable
+                {"SEQ2SERVE_PREFER_MODEL": "b"}).preferred_models() == ("a",)
+    with pytest.raises(ConfigError) as err:
+        load(["--models-dir", models], {"SEQ2SERVE_PREFER_MODEL": "nllb,nllb"})
+    assert err.value.messages == ["prefer_model must name each model once, got nllb more than "
+                                  "once (from SEQ2SERVE_PREFER_MODEL)"]
+    assert [p.message for p in ServerConfig(models_dir=tmp_path, prefer_model=None  # type: ignore[arg-type]  # as a careless caller passes it
+                                            ).problems()] == [
+        "prefer_model must be model names, comma-separated, got None"]
+
+
 def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Path) -> None:
     # config.py imports no layer, so the defaults are written twice: held equal here.
     assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS
+    assert ServerConfig(models_dir=tmp_path).max_documents_in_flight == DEFAULT_IN_FLIGHT
     c = load(["--models-dir", str(tmp_path), "--max-document-paragraphs", "7"],
              {"SEQ2SERVE_MAX_DOCUMENT_CHARACTERS": "900",
+              "SEQ2SERVE_MAX_DOCUMENT_BYTES": "65536",
+              "SEQ2SERVE_MAX_DOCUMENT_ELEMENTS": "300",
               "SEQ2SERVE_MAX_DOCUMENT_UNPACKED_BYTES": "4096",
               "SEQ2SERVE_MAX_DOCUMENT_MEMBERS": "12"})
-    assert document_limits(c) == Limits(members=12, unpacked_bytes=4096, characters=900,
-                                         paragraphs=7)
+    assert document_limits(c) == Limits(file_bytes=65536, members=12, unpacked_bytes=4096,
+                                         elements=300, characters=900, paragraphs=7)

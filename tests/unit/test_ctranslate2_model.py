@@ -214,8 +214,7 @@ def test_argos_package_layout(tmp_path: Path) -> None:
     assert home.environment()["ARGOS_PACKAGE_INDEX"].startswith("file://")
 
 
-@pytest.mark.skipif(not (ROOT / ".venv-lt" / "bin" / "libretranslate").is_file(),
-                    reason="LibreTranslate is not installed in .venv-lt")
+@pytest.mark.needs("libretranslate")
 def test_libretranslate_serves_the_checkpoint_offline(tmp_path: Path) -> None:
     ckpt = tiny_checkpoint(tmp_path / "tiny")
     settings = libretranslate_peer.PeerSettings(intra_threads=1)

@@ -585,7 +585,8 @@ def test_unknown_architecture_and_missing_dir(tmp_path: Path) -> None:
     other = tmp_path / "gpt2"  # t5 is a family since issue 45
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(SourceError, match="unknown architecture"):
+    with pytest.raises(SourceError, match="model_type 'gpt2' is an architecture export does "
+                       "not take"):
         export(other, tmp_path / "out", progress=False)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lz4.frame
 import pytest
+import system_tools
 from mo_files import mo_bytes, write_tree
 
 from seq2serve.model.data import corpus, debian_debs, messages, messages_data
@@ -170,7 +171,7 @@ def test_download_resumes_and_skips_what_apt_cannot_fetch(
     assert sorted(seen) == [10, 20]
 
 
-@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (Debian)")
+@pytest.mark.needs("dpkg-deb")
 def test_deb_catalogs_reads_only_de_fr_catalogs(tmp_path: Path) -> None:
     root = tmp_path / "tree"
     write_tree(root, "pkg", "de", "hello", [("Hello", "Hallo")])
@@ -178,8 +179,9 @@ def test_deb_catalogs_reads_only_de_fr_catalogs(tmp_path: Path) -> None:
     (root / "pkg" / "DEBIAN").mkdir()
     (root / "pkg" / "DEBIAN" / "control").write_text(
         "Package: pkg\nVersion: 1\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n")
-    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root / "pkg"),
-                    str(tmp_path / "pkg.deb")], check=True, capture_output=True)
+    subprocess.run([system_tools.path("dpkg-deb"), "--build", "--root-owner-group",
+                    str(root / "pkg"), str(tmp_path / "pkg.deb")], check=True,
+                   capture_output=True)
     found = list(debian_debs.deb_catalogs(tmp_path / "pkg.deb"))
     assert [(lang, domain) for lang, domain, _ in found] == [("de", "hello")]
     assert found[0][2] == (root / "pkg/usr/share/locale/de/LC_MESSAGES/hello.mo").read_bytes()

@@ -1,5 +1,5 @@
-"""load_marian() against transformers' MarianMTModel on tiny random checkpoints,
-and the loader's error reporting."""
+"""bart.load_bart(layout=MARIAN) against transformers' MarianMTModel on tiny random
+checkpoints, and the loader's error reporting."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from seq2serve.export.exporter import export
+from seq2serve.model.families.bart import convert_bart, load_bart
 from seq2serve.model.families.generation import generation_from_hf
 from seq2serve.model.families.hf import ConversionError
-from seq2serve.model.families.marian import convert_marian, load_marian, load_source
+from seq2serve.model.families.marian import MARIAN, load_source
 from seq2serve.model.families.source import SourceError
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.core.options import DecodingOptions
@@ -82,7 +83,7 @@ def inputs(model: transformers.MarianMTModel, seed: int = 1) -> tuple[Tensor, Te
 
 
 def assert_parity(hf: transformers.MarianMTModel, path: Path) -> dict[str, float]:
-    return family_checks.assert_parity(hf, load_marian(path), *inputs(hf), TOL)
+    return family_checks.assert_parity(hf, load_bart(path, layout=MARIAN), *inputs(hf), TOL)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -91,7 +92,7 @@ def test_safetensors_parity(case: str, tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
     assert_parity(hf, tmp_path)
-    cfg, _ = convert_marian(tmp_path)
+    cfg, _ = convert_bart(tmp_path, MARIAN)
     assert cfg.position_layout == "split" and not cfg.pre_norm and cfg.final_logits_bias
     assert cfg.decoder_start_id == cfg.pad_id == hf.config.pad_token_id
     assert cfg.tgt_vocab_size == hf.config.decoder_vocab_size
@@ -105,15 +106,15 @@ def test_all_zero_final_logits_bias_is_dropped(tmp_path: Path) -> None:
         hf.final_logits_bias.zero_()
     hf.save_pretrained(tmp_path)
     assert_parity(hf, tmp_path)
-    cfg, state = convert_marian(tmp_path)
+    cfg, state = convert_bart(tmp_path, MARIAN)
     assert not cfg.final_logits_bias and "final_logits_bias" not in state
-    assert load_marian(tmp_path).final_logits_bias is None
+    assert load_bart(tmp_path, layout=MARIAN).final_logits_bias is None
 
 
 def test_ties_follow_the_stored_tensors(tmp_path: Path) -> None:
     hf = hf_model(**CASES["separate_vocab_gelu"])
     hf.save_pretrained(tmp_path)
-    model = load_marian(tmp_path)
+    model = load_bart(tmp_path, layout=MARIAN)
     assert not model.cfg.share_embeddings and model.cfg.tie_output
     assert model.output.weight is model.tgt_embed.weight
 
@@ -133,7 +134,7 @@ def test_pytorch_bin_with_every_key(tmp_path: Path) -> None:
 def test_greedy_tokens_match_generate(tmp_path: Path) -> None:
     hf = hf_model(seed=3, activation_function="swish", scale_embedding=True)
     hf.save_pretrained(tmp_path)
-    ours = load_marian(tmp_path)
+    ours = load_bart(tmp_path, layout=MARIAN)
     src, mask, _ = inputs(hf)
     expected = hf.generate(input_ids=src, attention_mask=mask, max_new_tokens=8, num_beams=1,
                            do_sample=False, min_length=0, forced_eos_token_id=None,
@@ -153,7 +154,7 @@ def saved(tmp_path: Path) -> Path:
 
 def problems_of(path: Path) -> list[str]:
     with pytest.raises(ConversionError) as info:
-        load_marian(path)
+        load_bart(path, layout=MARIAN)
     assert isinstance(info.value, ValueError)
     for p in info.value.problems:
         assert p in str(info.value)

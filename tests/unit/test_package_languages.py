@@ -1,19 +1,22 @@
 """A multilingual package's language codes (model/package/languages.py): the forms a
-request may use, and the one it may not (another script)."""
+request may use (CLDR's aliases and macrolanguages, a region dropped, nb for no), the
+ones it may not (another script), and the English names (CLDR's, one per language)."""
 
 from __future__ import annotations
 
 import pytest
 
-from seq2serve.model.package.languages import Languages
+from seq2serve.model.package.languages import CodeTable, Languages, distinct_names, english_name
 
 LANGUAGES = Languages(
     tokens={"eng_Latn": 5, "por_Latn": 7, "zho_Hans": 9, "zho_Hant": 10, "srp_Cyrl": 11},
     codes={"en": "eng_Latn", "pt": "por_Latn", "zh-Hans": "zho_Hans", "zh": "zho_Hans",
            "zh-Hant": "zho_Hant", "zh-TW": "zho_Hant", "sr": "srp_Cyrl",
            "sr-Cyrl": "srp_Cyrl", "pt-PT": "por_Latn"})
-# A model that lists no script of its languages: a script asked for is its language's.
-PLAIN = Languages(tokens={"zh": 3, "sr": 4}, codes={"zh": "zh", "sr": "sr"})
+# A model that lists no script of its languages (M2M100's): each is written in the
+# script CLDR's likely subtags give it (zh: Hans, sr: Cyrl).
+PLAIN = Languages(tokens={"zh": 3, "sr": 4, "no": 5, "he": 6, "fa": 7},
+                  codes={"zh": "zh", "sr": "sr", "no": "no", "he": "he", "fa": "fa"})
 
 
 @pytest.mark.parametrize(("code", "own"), [
@@ -29,10 +32,50 @@ def test_model_code(code: str, own: str | None) -> None:
     assert LANGUAGES.token(code) == (None if own is None else LANGUAGES.tokens[own])
 
 
-@pytest.mark.parametrize(("code", "own"), [("zh-Hans", "zh"), ("zh-Hant-TW", "zh"),
-                                           ("sr-Latn", "sr"), ("zh-TW", "zh")])
-def test_a_model_without_scripts_serves_any(code: str, own: str) -> None:
+@pytest.mark.parametrize(("code", "own"), [
+    ("zh-Hans", "zh"), ("zh-CN", "zh"), ("zh-SG", "zh"), ("sr-Cyrl", "sr"), ("sr-RS", "sr"),
+    ("zh-Hant", None), ("zh-TW", None), ("zh-HK", None), ("zh-Hant-TW", None),  # Hant
+    ("sr-Latn", None), ("sr-ME", None), ("sh", None)])  # Latin (sh is CLDR's sr-Latn)
+def test_a_model_without_scripts_serves_its_languages_script_only(code: str,
+                                                                  own: str | None) -> None:
     assert PLAIN.model_code(code) == own
+    if own is None:  # the refusal says why
+        assert PLAIN.table.refusal(code).startswith("written in ")
+
+
+@pytest.mark.parametrize(("code", "plain", "nllb"), [
+    ("iw", "he", None), ("IW", "he", None),  # legacy Hebrew (CLDR's alias)
+    ("nb", "no", None), ("nb-NO", "no", None), ("nob", "no", None),  # Bokmål is M2M100's no
+    ("nn", None, None),  # Nynorsk is not (CLDR: 20 apart)
+    ("pes", "fa", None), ("prs", "fa", None), ("fa-AF", "fa", None),  # macrolanguage fa
+    ("cmn", "zh", "zho_Hans"), ("cmn-Hant-TW", None, "zho_Hant"),  # ... and zh
+    ("zh-HK", None, "zho_Hant"), ("zh-MO", None, "zho_Hant"),  # the region's likely script
+])
+def test_cldr_aliases_and_macrolanguages(code: str, plain: str | None,
+                                         nllb: str | None) -> None:
+    assert PLAIN.model_code(code) == plain
+    assert LANGUAGES.model_code(code) == nllb
+
+
+def test_a_model_with_bokmal_takes_norwegian() -> None:
+    """The reverse of nb for no: a model of nb takes no (CLDR: 1 apart, both ways)."""
+    bokmal = CodeTable.of(["en", "nb"])
+    assert bokmal.find("no") is not None and bokmal.find("no").own == "nb"  # type: ignore[union-attr]
+    assert bokmal.find("nn") is None and bokmal.find("da") is None  # da is 8 from nb
+
+
+def test_exact_codes_are_told_from_their_language() -> None:
+    assert [(LANGUAGES.match(c) or None) for c in ("zh-TW", "iw")] == [
+        LANGUAGES.match("zh-Hant"), None]
+    assert LANGUAGES.match("pt-PT").exact and not LANGUAGES.match("pt-BR").exact  # type: ignore[union-attr]
+    assert PLAIN.match("iw").exact and not PLAIN.match("nb").exact  # type: ignore[union-attr]
+
+
+def test_english_names_are_cldrs_with_script_and_region() -> None:
+    assert [english_name(c) for c in ("zh", "zh-Hant", "fa", "fa-AF", "iw", "xx-unknown")] == [
+        "Chinese", "Chinese (Traditional)", "Persian", "Persian (Afghanistan)", "Hebrew", None]
+    assert distinct_names({"a": "X", "b": "Y", "c": "X"}) == {"a": "X [a]", "b": "Y",
+                                                             "c": "X [c]"}
 
 
 def test_listed_codes_and_problems() -> None:

@@ -1,8 +1,9 @@
-"""Pegasus (issue 45): load_pegasus() against transformers' PegasusForConditionalGeneration
-on a tiny random checkpoint with its own SentencePiece unigram tokenizer (trained
-here, loaded by PegasusTokenizer with its offset of 103 and saved as tokenizer.json),
-the export at fp32, int8 and fp16, the engine against generate() token for token,
-the package's tokenizer.json against PegasusTokenizer, and a served summarize request.
+"""Pegasus (issue 45): bart.load_bart(layout=PEGASUS) against transformers'
+PegasusForConditionalGeneration on a tiny random checkpoint with its own SentencePiece
+unigram tokenizer (trained here, loaded by PegasusTokenizer with its offset of 103 and
+saved as tokenizer.json), the export at fp32, int8 and fp16, the engine against
+generate() token for token, the package's tokenizer.json against PegasusTokenizer, and
+a served summarize request.
 
 generate() runs under the folder's own generation settings (PegasusConfig's forced
 EOS included), as the package does.
@@ -34,8 +35,9 @@ from test_bart_parity import MAX_NEW, PARITY, hf_generate, inputs
 from torch import Tensor
 
 from seq2serve.export.exporter import export
+from seq2serve.model.families.bart import convert_bart, load_bart
 from seq2serve.model.families.hf import ConversionError
-from seq2serve.model.families.pegasus import convert_pegasus, load_pegasus
+from seq2serve.model.families.pegasus import PEGASUS
 from seq2serve.model.families.source import SourceError
 from seq2serve.model.package.manifest import load_package
 from seq2serve.model.package.tokenizer import JsonTokenizer, package_tokenizer
@@ -119,7 +121,7 @@ def pegasus_inputs(vocab: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def assert_parity(hf_model: Any, path: Path) -> dict[str, float]:
     batch = pegasus_inputs(hf_model.config.vocab_size)
-    return family_checks.assert_parity(hf_model, load_pegasus(path), *batch, TOL)
+    return family_checks.assert_parity(hf_model, load_bart(path, layout=PEGASUS), *batch, TOL)
 
 
 CASES = {
@@ -136,7 +138,7 @@ def test_pytorch_parity(case: str, tmp_path: Path) -> None:
     model.save_pretrained(tmp_path)
     diffs = assert_parity(model, tmp_path)
     print(case, {k: f"{v:.1e}" for k, v in diffs.items()})
-    cfg, state = convert_pegasus(tmp_path)
+    cfg, state = convert_bart(tmp_path, PEGASUS)
     assert cfg.pre_norm and cfg.positions == "sinusoid" and cfg.position_layout == "split"
     assert not cfg.layernorm_embedding and cfg.final_logits_bias
     assert cfg.decoder_start_id == cfg.pad_id == cfg.bos_id == PAD and cfg.eos_id == EOS
@@ -163,7 +165,7 @@ def test_hub_style_folder(tmp_path: Path) -> None:
         state[name] = state["model.shared.weight"].clone()
     torch.save(state, folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
-    cfg, _ = convert_pegasus(folder)
+    cfg, _ = convert_bart(folder, PEGASUS)
     assert cfg.pre_norm and cfg.bos_id == 0 and cfg.share_embeddings and cfg.tie_output
     export(folder, tmp_path / "out", progress=False)
     generation = load_package(tmp_path / "out").manifest.generation
@@ -189,7 +191,7 @@ def test_refuses_conflicting_old_keys(tmp_path: Path) -> None:
     patch_config(tmp_path, normalize_before=False, add_final_layer_norm=False,
                  static_position_embeddings=False, normalize_embedding=True)
     with pytest.raises(ConversionError) as info:
-        load_pegasus(tmp_path)
+        load_bart(tmp_path, layout=PEGASUS)
     for key in ("normalize_before", "add_final_layer_norm", "static_position_embeddings",
                 "normalize_embedding"):
         assert sum(key in p for p in info.value.problems) == 1, (key, info.value.problems)
@@ -202,7 +204,7 @@ def test_weight_problems_are_listed_together(tmp_path: Path) -> None:
     del state["model.decoder.layer_norm.bias"]
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ConversionError) as info:
-        load_pegasus(tmp_path)
+        load_bart(tmp_path, layout=PEGASUS)
     problems = info.value.problems
     assert any("model.encoder.embed_positions.weight is not Pegasus's sinusoid table" in p
                for p in problems), problems

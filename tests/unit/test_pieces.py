@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from seq2serve.server.core.pieces import (
+    OUTPUT_PER_SOURCE_TOKEN,
     Joined,
     Plan,
     StreamedText,
     join,
+    output_limit,
+    piece_limit,
     plan,
     stream_text,
     whole,
@@ -147,3 +150,32 @@ def test_whole_is_one_hypothesis_decoded() -> None:
     assert whole(Hypothesis([3, 4], -2.0, "length", [1, 0]), _decode) == \
         Joined("<3> <4>", -2.0, [3, 4], [1, 0], "length")
     assert whole(Hypothesis([], 0.0, "eos"), _decode) == Joined("", 0.0, [], None, "eos")
+
+
+def test_a_piece_holds_what_the_models_input_and_output_limits_allow() -> None:
+    assert piece_limit(max_source_length=1024, max_output=512) == 256
+    assert piece_limit(max_source_length=100, max_output=512) == 100
+    assert piece_limit(max_source_length=100, max_output=1) == 1  # always some progress
+
+
+def test_a_pieces_output_limit_rises_with_its_input_within_the_cap() -> None:
+    # NLLB's generation_config says 200 new tokens, the server allows 512: a piece of 10
+    # tokens keeps 200, one of 150 gets twice its input, one of 300 the cap.
+    assert output_limit(200, 512, 10) == 200
+    assert output_limit(200, 512, 150) == 2 * 150 == OUTPUT_PER_SOURCE_TOKEN * 150
+    assert output_limit(200, 512, 300) == 512
+
+
+def test_plan_within_piece_limit_cuts_an_unpunctuated_text_at_spaces() -> None:
+    text = " ".join(["Hello"] * 40)  # no sentence end: one "sentence" of 41 tokens
+    planned = plan(text, "en", _encode, limit=piece_limit(1024, 20))
+    assert all(len(p.source_ids) <= 10 for p in planned.pieces)
+    assert all(p.source_ids == _encode(p.text) for p in planned.pieces)  # nothing cut off
+    assert " ".join(p.text for p in planned.pieces) == text
+
+
+def test_a_character_past_the_piece_limit_is_sent_whole_when_the_model_reads_it() -> None:
+    # "H" alone is 2 tokens (with EOS): above a piece limit of 1, within the model's 4.
+    assert plan("H", "en", _encode, limit=1, max_source_length=4).pieces[0].source_ids == \
+        _encode("H")
+    assert plan("H", "en", _encode, limit=1).pieces[0].source_ids == _encode("H")[:1]

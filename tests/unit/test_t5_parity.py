@@ -283,10 +283,18 @@ def test_export_fp32(t5_case: tuple[str, Path, Path]) -> None:
     assert manifest.config.tgt_vocab_size == VOCAB
     assert manifest.exporter["fp32_deviation"]["log_probs"] <= TOL  # type: ignore[index]
     assert manifest.input_prefix == "summarize: "
-    # generate()'s own settings (task_specific_params are the pipeline's): nothing sets
-    # a length, so its default 20 new tokens, greedy
+    # The folder's one task, its entry applied over generation_config as the summarization
+    # pipeline applied it (GenerationConfig.update), in the engine's terms (new tokens).
+    gen = transformers.GenerationConfig.from_pretrained(str(t5_case[1]))
+    gen.update(**{k: v for k, v in TASK["summarization"].items() if k != "prefix"})
     generation = manifest.generation
-    assert (generation.max_length, generation.min_length, generation.beam_size) == (20, 0, 1)
+    assert (generation.beam_size, generation.max_length, generation.min_length,
+            generation.no_repeat_ngram_size, generation.length_penalty,
+            generation.early_stopping) == (
+        gen.num_beams, gen.max_length - 1, gen.min_length - 1, gen.no_repeat_ngram_size,
+        gen.length_penalty, gen.early_stopping)
+    said = manifest.exporter["source"]["task_specific_params"]  # type: ignore[index]
+    assert said["entry"] == "summarization" and said["prefix"] == "summarize: "
 
 
 @pytest.mark.parametrize("attention,precision", [("plain", "fp32"), ("fused", "fp32"),
@@ -297,6 +305,9 @@ def test_export_plain_and_int8(attention: str, precision: str,
                     progress=False)
     assert report.precision == precision
     assert report.fp32_deviation["log_probs"] <= TOL
+    # One folder's packages at two precisions have two names (one server serves both).
+    name = load_package(tmp_path / "pkg").manifest.name
+    assert name == (t5_case[1].name if precision == "fp32" else f"{t5_case[1].name}-int8")
     check_package_batch_invariance(tmp_path / "pkg", TEXTS, MAX_NEW)
 
 
@@ -408,6 +419,26 @@ def test_engine_matches_generate(case: str, engine: Any, hf: tuple[Any, Any]) ->
     print(case, f"score diff {diff:.1e}")
 
 
+def test_engine_under_the_tasks_defaults_matches_the_pipelines_generate(
+        t5_case: tuple[str, Path, Path], engine: Any, hf: tuple[Any, Any]) -> None:
+    """No request options: the package's defaults, the summarization entry's, decode
+    as generate() under the generation_config the pipeline made (updated with the
+    entry), on the prefixed texts."""
+    from seq2serve.server.core.options import DecodingOptions
+
+    tok = hf[0]
+    model = reload(t5_case[1])
+    params = {k: v for k, v in TASK["summarization"].items() if k != "prefix"}
+    model.generation_config.update(**params)
+    texts = [TASK["summarization"]["prefix"] + t for t in TEXTS]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+               for i in range(len(texts))]
+    ref = reference_nbest(model, batch, use_cache=False)
+    diff = assert_same_nbest(ref, engine.generate(sources, DecodingOptions()), TOL)
+    print(f"task defaults: score diff {diff:.1e}")
+
+
 def test_batch_equals_one_at_a_time(engine: Any, hf: tuple[Any, Any]) -> None:
     tokenizer = hf[0]
     sources = [tokenizer(t)["input_ids"] for t in TEXTS]
@@ -421,6 +452,63 @@ def test_streaming_joining_alignment(engine: Any, hf: tuple[Any, Any]) -> None:
     check_streaming(engine, sources, MAX_NEW)
     check_joining(engine, sources, MAX_NEW)
     check_alignment(engine, model, sources, MAX_NEW)
+
+
+# -- encoder and decoder embeddings held apart (issue 51 item 9) -------------------------
+
+
+def untie_embeddings(folder: Path, seed: int = 11) -> None:
+    """encoder.embed_tokens and decoder.embed_tokens stored beside shared, each with
+    its own values (a T5 trained untied in transformers 5 saves them so)."""
+    weights = load_file(folder / "model.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    shared = weights["shared.weight"]
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        weights[name] = shared + 0.2 * torch.randn(shared.shape, generator=g)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("case", ["t5_v1_1", "mt5"])
+def test_untied_embeddings_as_transformers_loads_them(case: str, tmp_path: Path) -> None:
+    folder = make_t5_dir(tmp_path, case, seed=3)
+    untie_embeddings(folder)
+    hf_model = reload(folder)
+    # transformers 5 keeps each apart ("will NOT tie them"): three distinct matrices
+    shared = hf_model.shared.weight
+    encoder, decoder = hf_model.encoder.embed_tokens.weight, hf_model.decoder.embed_tokens.weight
+    assert not torch.equal(encoder, shared) and not torch.equal(decoder, shared)
+    assert not torch.equal(encoder, decoder)
+    assert_parity(hf_model, folder)
+    cfg, _ = convert_t5(folder)
+    assert not cfg.share_embeddings and not cfg.tie_output
+
+
+def test_untied_embeddings_export_and_decode_as_generate(tmp_path: Path) -> None:
+    """A Flan-T5-style folder whose encoder and decoder embeddings are held apart
+    exports, and the engine's n-best equals generate()'s (greedy and beam 4)."""
+    from seq2serve.server.assembly import default_limits
+    from seq2serve.server.core.options import DecodingOptions
+    from seq2serve.server.engine.engine import Engine
+    from seq2serve.server.engine.runner import RunnerConfig
+
+    folder = make_t5_package_dir(tmp_path / "flan", "t5_v1_1")
+    untie_embeddings(folder)
+    report = export(folder, tmp_path / "pkg", attention="plain", progress=False)
+    assert report.fp32_deviation["log_probs"] <= TOL
+    assert not load_package(tmp_path / "pkg").manifest.config.share_embeddings
+    tok, model = transformers.T5Tokenizer.from_pretrained(str(folder)), reload(folder)
+    engine = Engine(tmp_path / "pkg", RunnerConfig(provider="cpu", intra_op_threads=1),
+                    default_limits())
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
+               for i in range(len(TEXTS))]
+    for hf_kwargs, ours in (PARITY["greedy"], PARITY["beam4_nbest2"]):
+        ref = hf_generate(model, batch, early_stopping=False, **hf_kwargs)
+        options = {"length_penalty": 1.0, "min_length": 0, "no_repeat_ngram_size": 0,
+                   "early_stopping": False, **ours}
+        results = engine.generate(sources, DecodingOptions(
+            max_length=MAX_NEW, max_length_ratio=0, **options))
+        assert_same_nbest(ref, results, TOL)
 
 
 # -- served ----------------------------------------------------------------------------

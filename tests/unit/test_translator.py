@@ -21,8 +21,10 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api import convert
 from seq2serve.server.assembly import load_models
 from seq2serve.server.batching.scheduler import Draining, QueueFull, WorkItem
+from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
 from seq2serve.server.core.options import DecodingOptions
+from seq2serve.server.core.pieces import OUTPUT_PER_SOURCE_TOKEN
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import (
     Call,
@@ -123,11 +125,13 @@ def test_a_list_is_queued_as_one_request(translator: Translator,
         submit_many(items)
 
     monkeypatch.setattr(handle.scheduler, "submit_many", spy)
-    got = translate(translator, [TWO_SENTENCES, CORPUS[3], ""], beam_size=1)
+    # (Each sentence within the 32 source tokens a piece has here: half the server's
+    # output cap of 64, pieces.piece_limit.)
+    got = translate(translator, [TWO_SENTENCES, CORPUS[4], ""], beam_size=1)
     assert submitted == [3]  # two sentences, one, and no piece for the blank text
     assert len(got) == 3 and got[2] == [""]
     # Each text's answer is its own: the same as translated alone.
-    assert translate(translator, [CORPUS[3]], beam_size=1) == [got[1]]
+    assert translate(translator, [CORPUS[4]], beam_size=1) == [got[1]]
 
 
 def test_summarize_refuses_or_truncates_long_input(translator: Translator) -> None:
@@ -145,6 +149,86 @@ def test_summarize_refuses_or_truncates_long_input(translator: Translator) -> No
     cut, empty, short = result.summaries
     assert cut.truncated and not empty.truncated and not short.truncated
     assert cut.hypotheses[0].text and empty.hypotheses[0].text == ""
+
+
+def _queued(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> list[WorkItem]:
+    """The work items the tiny translation model's scheduler receives from now on."""
+    [handle] = [h for h in translator.registry.handles() if h.name == MODEL]
+    queued: list[WorkItem] = []
+    submit_many = handle.scheduler.submit_many
+
+    def spy(items: list[WorkItem]) -> None:
+        queued.extend(items)
+        submit_many(items)
+
+    monkeypatch.setattr(handle.scheduler, "submit_many", spy)
+    return queued
+
+
+# A text with no sentence end, no clause end and no line break: what an NLLB user
+# pasted (issue 51: 2,000 words came back as 391 characters).
+UNPUNCTUATED = " ".join(" ".join(CORPUS).replace(".", "").replace("-", " ").lower().split())
+
+
+def test_a_long_unpunctuated_text_is_cut_where_the_model_can_take_it(
+        translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every word reaches the model, in order, in pieces whose output limit is at least
+    OUTPUT_PER_SOURCE_TOKEN times their input; the answer says whether a piece still
+    stopped at its limit."""
+    [handle] = [h for h in translator.registry.handles() if h.name == MODEL]
+    queued = _queued(translator, monkeypatch)
+    result = run(translator.translate(TranslateRequest(
+        (UNPUNCTUATED,), model=MODEL, options=DecodingOptions(beam_size=1)), Call()))
+    words = UNPUNCTUATED.split()
+    assert len(handle.encode(UNPUNCTUATED)) > handle.manifest.max_source_length
+    assert len(queued) > 1
+    # Each piece's source is its text's whole encoding (nothing cut off: it ends with
+    # EOS), and the pieces' texts are the text's words, each once, in order.
+    texts = [handle.tokenizer.decode(item.source) for item in queued]
+    assert [w for t in texts for w in t.split()] == words
+    assert all(handle.encode(t) == item.source for t, item in zip(texts, queued, strict=True))
+    for item in queued:
+        needed = OUTPUT_PER_SOURCE_TOKEN * len(item.source)
+        assert item.options.max_new_tokens(len(item.source)) >= needed
+        assert item.options.max_new_tokens(len(item.source)) <= handle.engine.limits.max_length
+    [best] = result.translations[0].hypotheses
+    assert best.finish_reason in ("eos", "length")
+    # The engine's own finish reasons, joined: "length" exactly when one piece stopped there.
+    alone = [run(translator.translate(TranslateRequest(
+        (t,), model=MODEL, options=DecodingOptions(beam_size=1)), Call()))
+        .translations[0].hypotheses[0] for t in texts]
+    assert best.text == " ".join(a.text for a in alone)
+    assert best.finish_reason == ("length" if any(a.finish_reason == "length" for a in alone)
+                                  else "eos")
+
+
+def test_a_requests_own_max_length_is_applied_as_given_and_a_cut_reported(
+        translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = _queued(translator, monkeypatch)
+    result = run(translator.translate(TranslateRequest(
+        (UNPUNCTUATED,), model=MODEL, options=DecodingOptions(beam_size=1, max_length=3)),
+        Call()))
+    assert queued and all(item.options.max_new_tokens(len(item.source)) == 3
+                          for item in queued)
+    assert result.translations[0].hypotheses[0].finish_reason == "length"
+
+
+def test_the_cache_tells_a_requests_own_max_length_from_the_models(
+        translator: Translator) -> None:
+    """max_length=64 asked for is the same resolved option as the model's 64 left to it,
+    but only the latter's pieces are fitted to it: one must not answer for the other."""
+    cached = Translator(translator.registry, max_texts_per_request=8, max_text_chars=500,
+                        cache=ResponseCache(1 << 20))
+
+    def best(**options: Any) -> Any:
+        return run(cached.translate(TranslateRequest(
+            (UNPUNCTUATED,), model=MODEL, options=DecodingOptions(beam_size=1, **options)),
+            Call())).translations[0].hypotheses[0]
+
+    fitted, asked = best(), best(max_length=64)
+    assert asked.finish_reason == "length" and asked != fitted
+    assert best() == fitted and best(max_length=64) == asked  # each from its own entry
+    assert cached.cache.stats().hits == 2
 
 
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4),
@@ -266,3 +350,25 @@ def test_list_models(translator: Translator) -> None:
     assert info.limits.max_texts_per_request == 8 and info.limits.max_text_chars == 500
     assert info.limits.max_length == 64  # the server's cap
     assert models["tiny-summarize"].max_source_length == 12
+
+
+def test_a_size_limit_names_the_setting_that_raises_it(translator: Translator) -> None:
+    """"must be at most 500 characters" says which setting makes it 500, wherever the
+    limit is enforced: the core (gRPC, /v1), and a document's texts left untranslated."""
+    from seq2serve.server.core.documents import read_document
+    from seq2serve.server.core.documents.service import translate_with_core
+
+    for texts, wanted in [(("a" * 501,), "texts[0] must be at most 500 characters, got 501; "
+                           "the limit is the server's --max-text-chars "
+                           "(SEQ2SERVE_MAX_TEXT_CHARS)"),
+                          (("a",) * 9, "texts must hold at most 8 texts per request, got 9; "
+                           "the limit is the server's --max-texts-per-request "
+                           "(SEQ2SERVE_MAX_TEXTS_PER_REQUEST)")]:
+        with pytest.raises(ServiceError) as err:
+            run(translator.translate(TranslateRequest(texts, model=MODEL), Call()))
+        assert err.value.message == wanted
+    document = read_document("notes.txt", b"short\n\n" + b"long " * 120 + b"\n", "de")
+    run(translate_with_core(document, translator, TranslateRequest((), model=MODEL), Call()))
+    assert document.tally.notes[-1] == ("1 texts over 500 characters not sent (the limit is "
+                                        "the server's --max-text-chars "
+                                        "(SEQ2SERVE_MAX_TEXT_CHARS))")

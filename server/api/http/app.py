@@ -28,7 +28,11 @@ from swagger_ui_bundle import swagger_ui_path
 
 from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
 from seq2serve.server.api.http.body import BodyLimit
-from seq2serve.server.api.http.libretranslate import LibreSettings, LibreTranslateApi
+from seq2serve.server.api.http.libretranslate import (
+    TRUNCATED_HEADER,
+    LibreSettings,
+    LibreTranslateApi,
+)
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
@@ -51,6 +55,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
 # What a 503 (models loading, server draining) tells a client to wait before it asks
 # again (Retry-After, RFC 9110): loading takes seconds, a drain hands over in as many.
 RETRY_AFTER_S = 2
+FORM_SLACK_BYTES = 64 * 1024
 # Every asset comes from this server; no inline script or style.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
@@ -179,7 +184,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/languages", libre.languages, ["GET"], doc="Supported languages (LibreTranslate)")
     route("/detect", libre.detect, ["POST"], doc="Detect the language of a text (LibreTranslate)")
     route("/translate_file", libre.translate_file, ["POST"],
-          doc="Translate a file: .txt, .html, gettext .po/.pot, XLIFF, .srt")
+          doc="Translate a file: .txt, .html, gettext .po/.pot, XLIFF, .srt, .docx, "
+          ".pptx, .odt, .odp, .epub")
     route("/download_file/{filename}", libre.download_file, ["GET"], name="download_file",
           doc="Download a translated file")
     route("/frontend/settings", libre.frontend_settings, ["GET"], doc="Page settings")
@@ -201,8 +207,13 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                        allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"],
-                       expose_headers=["Authorization"], max_age=60 * 60 * 24 * 20)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+                       expose_headers=["Authorization", TRUNCATED_HEADER],
+                       max_age=60 * 60 * 24 * 20)
+    # A document upload has a limit of its own (images in it are copied byte for byte);
+    # the slack is the multipart form around the file and the other fields.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       paths={"/translate_file": settings.libre.document_limits.file_bytes
+                              + FORM_SLACK_BYTES})
     app.add_middleware(SecurityHeaders)
     return app
 

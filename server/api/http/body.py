@@ -208,21 +208,29 @@ def _bounded(name: str, limit: int = 32) -> str:
 
 
 class BodyLimit:
-    """ASGI middleware: a body over `limit` bytes is answered 413 before it is read
-    whole, whether it announced its length or not."""
+    """ASGI middleware: a body over `limit` bytes (`paths` may give a path a limit of
+    its own: /translate_file's uploads) is answered 413 before it is read whole,
+    whether it announced its length or not."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, paths: Mapping[str, int] | None = None,
+                 setting: str = "max_message_bytes",
+                 path_setting: str = "max_document_bytes") -> None:
         self.app = app
         self.limit = limit
+        self.paths = dict(paths or {})
+        self.setting, self.path_setting = setting, path_setting
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path", "")
+        limit = self.paths.get(path, self.limit)
+        setting = self.path_setting if path in self.paths else self.setting
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._refuse(send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._refuse(send, limit, setting)
             return
         seen = 0
         over = False
@@ -236,7 +244,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     over = True
                     return {"type": "http.disconnect"}
             return message
@@ -247,13 +255,13 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, checked_send)
         if over:
-            await self._refuse(send)
+            await self._refuse(send, limit, setting)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"error": f"Request body too large: the limit is {self.limit} "
-                                    "bytes"}).encode()
+    @staticmethod
+    async def _refuse(send: Send, limit: int, setting: str) -> None:
+        body = json.dumps({"error": f"Request body too large: the limit is {limit} bytes "
+                                    f"({setting})"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-

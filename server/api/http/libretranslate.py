@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import unicodedata
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
-from seq2serve.server.core.detect import Detector, language_name
+from seq2serve.server.config import setting_names
+from seq2serve.server.core.detect import Detector
 from seq2serve.server.core.documents import (
     DEFAULT_LIMITS,
     SUFFIXES,
@@ -30,18 +33,23 @@ from seq2serve.server.core.documents import (
     media_type,
     read_document,
 )
+from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT, InFlight
 from seq2serve.server.core.documents.service import translate_with_core
 from seq2serve.server.core.errors import InvalidArgument, NotFound
 from seq2serve.server.core.markup import extract
 from seq2serve.server.core.options import DecodingOptions
+from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.translator import (
     Call,
     ModelInfo,
+    SourceTooLong,
     SummarizeRequest,
     TranslateRequest,
     Translator,
 )
 
+# On a /summarize answer whose texts were cut to the model's input: how many were.
+TRUNCATED_HEADER = "X-Seq2serve-Truncated"
 # Translated files wait for their download this long, at most this many.
 FILE_TTL_S = 600.0
 MAX_STORED_FILES = 64
@@ -55,6 +63,7 @@ class LibreSettings:
     frontend_timeout_ms: int = 500
     suggestions: bool = False
     document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
+    documents_in_flight: int = DEFAULT_IN_FLIGHT  # /translate_file uploads at once (503 past)
 
 
 @dataclass(frozen=True)
@@ -75,18 +84,30 @@ class Software:
 
 
 @dataclass(frozen=True)
+class Flags:
+    """What a text's best translation says beyond its words: a placeholder the model
+    lost was put back (`placeholdersRepaired`), a piece of it stopped at its length
+    limit (`finishReason: "length"`)."""
+
+    repaired: bool = False
+    cut: bool = False
+
+    @classmethod
+    def of(cls, bests: Sequence[Joined]) -> Flags:
+        """A text's flags from its best (or, for HTML, each of its blocks' best)."""
+        return cls(any(b.repaired for b in bests), any(b.finish_reason == "length"
+                                                        for b in bests))
+
+
+@dataclass(frozen=True)
 class Pair:
-    """A served pair: one model, two through English (`model` ""), or none (the
-    same language, whose texts come back unchanged)."""
+    """A pair as a request names it (`source`, `target`: the core routes it, by the
+    rule of every door) and the models that serve it: one, two through English, or
+    none (the same language, whose texts come back unchanged)."""
 
     source: str
     target: str
     models: tuple[str, ...]
-
-    @property
-    def model(self) -> str:
-        """The model a request names: a direct one; "" lets the core route it."""
-        return self.models[0] if len(self.models) == 1 else ""
 
     @property
     def last(self) -> str:
@@ -103,6 +124,7 @@ class Catalog:
     generation: int
     models: list[ModelInfo]  # the translation models
     pairs: dict[tuple[str, str], Pair]
+    names: dict[str, str]  # each listed language's English name, no name twice
     detector: Detector | None = None  # built on first use: its language models cost memory
 
     @property
@@ -116,6 +138,7 @@ class LibreTranslateApi:
         self.access = access
         self.settings = settings
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        self._documents = InFlight(settings.documents_in_flight)
         self._catalog: Catalog | None = None
 
     # -- languages -------------------------------------------------------------------
@@ -130,16 +153,18 @@ class LibreTranslateApi:
             pairs = {(r.source_language, r.target_language):
                      Pair(r.source_language, r.target_language, r.models)
                      for r in self.translator.list_routes()}
-            catalog = self._catalog = Catalog(generation, models, pairs)
+            codes = sorted({code for pair in pairs for code in pair})
+            catalog = self._catalog = Catalog(generation, models, pairs,
+                                              self.translator.language_names(codes))
         return catalog
 
     def pairs(self) -> dict[tuple[str, str], Pair]:
         return self.catalog().pairs
 
     def _name(self, code: str) -> str:
-        """A served language's English name: a multilingual package's own (CLDR's,
-        written at export), else the identifier's, else the code."""
-        return self.translator.language_name(code) or language_name(code)
+        """A language's English name (CLDR's, with its script or region), else the code."""
+        names = self.catalog().names
+        return names.get(code) or self.translator.language_names([code])[code]
 
     def detector(self) -> Detector:
         catalog = self.catalog()
@@ -193,12 +218,16 @@ class LibreTranslateApi:
         software = Software.from_fields(fields)
         self._check_sizes(texts)
         detected = await self._sources(texts, source)
-        translated, repaired, models = await self._translate_flagged(
+        translated, flags, models = await self._translate_flagged(
             texts, [d[0] for d in detected], target, text_format, alternatives, software)
+        repaired, cut = [f.repaired for f in flags], [f.cut for f in flags]
         best = [options[0] for options in translated]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
         if any(repaired):  # LibreTranslate's own answer otherwise, field for field
             body["placeholdersRepaired"] = repaired if as_list else repaired[0]
+        if any(cut):  # a piece stopped at its length limit: said, never silent
+            reasons = ["length" if c else "eos" for c in cut]
+            body["finishReason"] = reasons if as_list else reasons[0]
         if any(len(m) > 1 for m in models):
             # Through English: which models served each text. Only then, so that a direct
             # answer stays LibreTranslate's, field for field (its clients read the keys
@@ -214,20 +243,23 @@ class LibreTranslateApi:
         return JSONResponse(body)
 
     def _check_sizes(self, texts: Sequence[str]) -> None:
+        # LibreTranslate's words, then the setting that raises the limit here.
         if len(texts) > self.settings.batch_limit:
             raise invalid(f"Invalid request: request ({len(texts)}) exceeds text limit "
-                          f"({self.settings.batch_limit})")
+                          f"({self.settings.batch_limit}); the limit is "
+                          f"{setting_names('max_texts_per_request')}")
         for text in texts:
             if len(text) > self.settings.char_limit:
                 raise invalid(f"Invalid request: request ({len(text)}) exceeds character "
-                              f"limit ({self.settings.char_limit})")
+                              f"limit ({self.settings.char_limit}); the limit is "
+                              f"{setting_names('max_text_chars')}")
 
     async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
-        """Each text's source language and the confidence in it (100 when given)."""
+        """Each text's source language (as given: the core routes it; else the
+        detected one, a listed code) and the confidence in it (100 when given)."""
         sources = {s for s, _ in self.pairs()}
         if source != "auto":
-            source = self.translator.language_code(source)
-            if source not in sources:
+            if self.translator.language_code(source) not in sources:
                 raise invalid(f"{source[:16]} is not supported")
             return [(source, 100.0)] * len(texts)
         detector = self.detector()
@@ -238,74 +270,76 @@ class LibreTranslateApi:
                 for d in found]
 
     def _pair(self, source: str, target: str) -> Pair:
-        pairs = self.pairs()
-        source, target = (self.translator.language_code(source),
-                          self.translator.language_code(target))
-        if (source, target) in pairs:
-            return pairs[(source, target)]
-        if source == target and source in {code for pair in pairs for code in pair}:
-            return Pair(source, target, ())  # the text back unchanged, as LibreTranslate
-        if target not in {t for _, t in pairs}:
-            raise invalid(f"{target[:16]} is not supported")
-        raise invalid(f"{self._name(target)} ({target}) is not available as a target "
-                      f"language from {self._name(source)} ({source[:16]})")
+        """The pair as the core routes it (the rule of every door), or LibreTranslate's
+        400 where nothing serves it."""
+        try:
+            route = self.translator.route(source, target)
+        except NotFound:
+            listed = self.translator.language_code(target)
+            if listed not in {t for _, t in self.pairs()}:
+                raise invalid(f"{target[:16]} is not supported") from None
+            raise invalid(f"{self._name(listed)} ({target[:16]}) is not available as a target "
+                          f"language from {self._name(self.translator.language_code(source))} "
+                          f"({source[:16]})") from None
+        return Pair(source, target, route.models)
 
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
                                  software: Software
-                                 ) -> tuple[list[list[str]], list[bool], list[tuple[str, ...]]]:
-        """Every text's best translation and alternatives, whether its best needed a
-        placeholder repair and the models that served it; one core request per source
-        language (one in all unless `auto` found several)."""
+                                 ) -> tuple[list[list[str]], list[Flags], list[tuple[str, ...]]]:
+        """Every text's best translation and alternatives, what its best's flags say
+        and the models that served it; one core request per source language (one in
+        all unless `auto` found several)."""
         out: list[list[str]] = [[] for _ in texts]
-        flags = [False] * len(texts)
+        flags = [Flags()] * len(texts)
         models: list[tuple[str, ...]] = [() for _ in texts]
         groups: dict[str, list[int]] = {}
         for i, source in enumerate(sources):
             groups.setdefault(source, []).append(i)
         jobs = []
+        pairs = []
         for source, members in groups.items():
-            pair = self._pair(source, target)
-            jobs.append(self._translate_group(pair, [texts[i] for i in members], text_format,
-                                              alternatives, software))
-        for members, results in zip(groups.values(), await asyncio.gather(*jobs), strict=True):
+            pairs.append(self._pair(source, target))
+            jobs.append(self._translate_group(pairs[-1], [texts[i] for i in members],
+                                              text_format, alternatives, software))
+        for members, pair, results in zip(groups.values(), pairs, await asyncio.gather(*jobs),
+                                           strict=True):
             for i, (result, flag) in zip(members, results, strict=True):
-                out[i], flags[i] = result, flag
-                models[i] = self._pair(sources[i], target).models
+                out[i], flags[i], models[i] = result, flag, pair.models
         return out, flags, models
 
     async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
                                alternatives: int,
-                               software: Software) -> list[tuple[list[str], bool]]:
+                               software: Software) -> list[tuple[list[str], Flags]]:
         options = self._options(pair.last, alternatives)
         if text_format == "text":
             result = await self.translator.translate(
                 self._request(pair, texts, options, software), Call())
-            return [([h.text for h in t.hypotheses], t.hypotheses[0].repaired)
+            return [([h.text for h in t.hypotheses], Flags.of([t.hypotheses[0]]))
                     for t in result.translations]
         # HTML: only the text blocks go to the model (a sentence with its inline tags as
         # tag pairs, core/markup.py), all documents' blocks in one request.
         documents = [extract(text) for text in texts]
         runs = [run for document in documents for run in document.texts]
         translated: list[str] = []
-        repaired: list[bool] = []
+        bests: list[Joined] = []
         if runs:
             result = await self.translator.translate(
                 self._request(pair, runs, self._options(pair.last, 0), software), Call())
-            translated = [t.hypotheses[0].text for t in result.translations]
-            repaired = [t.hypotheses[0].repaired for t in result.translations]
+            bests = [t.hypotheses[0] for t in result.translations]
+            translated = [best.text for best in bests]
         rendered, start = [], 0
         for document in documents:
             end = start + len(document.texts)
             rendered.append(([document.render(translated[start:end])],
-                             any(repaired[start:end])))
+                             Flags.of(bests[start:end])))
             start = end
         return rendered  # no alternatives for HTML, as LibreTranslate
 
     @staticmethod
     def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
                  software: Software) -> TranslateRequest:
-        return TranslateRequest(texts=tuple(texts), model=pair.model,
+        return TranslateRequest(texts=tuple(texts), model="",
                                 source_language=pair.source, target_language=pair.target,
                                 options=options,
                                 protect_placeholders=software.protect_placeholders,
@@ -323,21 +357,38 @@ class LibreTranslateApi:
     # -- summarize, detect -----------------------------------------------------------
 
     async def summarize(self, request: Request) -> Response:
+        """A text longer than the model reads is refused (400 naming `q` and the limit),
+        as gRPC, /v1 and the CLI refuse it, unless `truncate` is set; then it is cut,
+        and the answer says so: `truncated`, `tokensKept`, `tokensDropped` for every
+        text, and the header `X-Seq2serve-Truncated` (how many texts were cut)."""
         fields = await read_fields(request)
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
         self._check_sizes(texts)
         model = fields.text("model") or ""
+        truncate = fields.boolean("truncate", False)
         try:
             result = await self.translator.summarize(
-                SummarizeRequest(texts=tuple(texts), model=model, truncate=True), Call())
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), Call())
         except NotFound:
             names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
             wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
             raise InvalidArgument(f"this server has {wanted}; summarize models: "
                                   f"{', '.join(names) or 'none'}") from None
-        summaries = [s.hypotheses[0].text for s in result.summaries]
-        return JSONResponse({"summary": summaries if as_list else summaries[0]})
+        except SourceTooLong as e:
+            raise InvalidArgument(e.naming(f"q[{e.index}]" if as_list else "q",
+                                           "truncate")) from None
+        summaries = result.summaries
+
+        def each(values: list[object]) -> object:
+            return values if as_list else values[0]
+
+        body = {"summary": each([s.hypotheses[0].text for s in summaries]),
+                "truncated": each([s.truncated for s in summaries]),
+                "tokensKept": each([s.kept_tokens for s in summaries]),
+                "tokensDropped": each([s.source_tokens - s.kept_tokens for s in summaries])}
+        cut = sum(s.truncated for s in summaries)
+        return JSONResponse(body, headers={TRUNCATED_HEADER: str(cut)} if cut else None)
 
     async def detect(self, request: Request) -> Response:
         fields = await read_fields(request)
@@ -366,8 +417,13 @@ class LibreTranslateApi:
         All of its texts are queued together as ordinary core requests, so placeholders,
         markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
         field) retranslates entries that are translated already."""
-        fields = await read_fields(request)
-        self._admit(request, fields, cost=1)
+        with self._documents.admit():
+            fields = await read_fields(request)
+            self._admit(request, fields, cost=1)
+            url = await self._translate_file(request, fields)
+        return JSONResponse({"translatedFileUrl": url})
+
+    async def _translate_file(self, request: Request, fields: Fields) -> str:
         upload = fields.files.get("file")
         if upload is None:
             raise missing("file")
@@ -392,8 +448,9 @@ class LibreTranslateApi:
         output = await translate_with_core(document, self.translator, template, Call())
         key = f"{uuid.uuid4().hex}.{document.name}"
         self._store(key, output)
-        url = str(request.url_for("download_file", filename=key))
-        return JSONResponse({"translatedFileUrl": url})
+        # Any file name in one path segment (RFC 3986): spaces, "#", "?", "%", non-ASCII
+        # letters percent-encoded, "/" too; Starlette decodes it on the way back in.
+        return str(request.url_for("download_file", filename=quote(key, safe="")))
 
     def _store(self, key: str, data: bytes) -> None:
         now = asyncio.get_running_loop().time()
@@ -409,7 +466,7 @@ class LibreTranslateApi:
             raise invalid("Invalid filename")
         _, name, data = stored
         return Response(data, media_type=media_type(name),
-                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+                        headers={"Content-Disposition": content_disposition(name)})
 
     # -- access ----------------------------------------------------------------------
 
@@ -418,6 +475,18 @@ class LibreTranslateApi:
             "Bearer ").strip() or None
         peer = request.client.host if request.client is not None else ""
         self.access.admit(peer, request.headers.get("x-forwarded-for"), key, cost)
+
+
+def content_disposition(name: str) -> str:
+    """An attachment named `name` as RFC 6266 says: `filename*` (RFC 8187: UTF-8,
+    percent-encoded) for every client that reads it, beside a plain ASCII `filename`
+    for those that do not: accents dropped ("für" -> "fur"), any other character that
+    is not printable ASCII, and a quote or backslash, as "_"."""
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_"
+                    for c in unicodedata.normalize("NFKD", name)
+                    if not unicodedata.combining(c))
+    encoded = quote(name, safe="")
+    return f'attachment; filename="{plain or "file"}"; filename*=UTF-8\'\'{encoded}'
 
 
 def _api_key(fields: Fields) -> str | None:

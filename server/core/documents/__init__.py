@@ -7,8 +7,9 @@ and e-books.
 translate function, every chunk of the file queued together, and writes the
 file. The formats: `gettext.py` (.po, .pot), `xliff.py` (.xlf, .xliff: 1.2 and
 2.x), `srt.py` (.srt), `text.py` (.txt, .html, .htm), `office.py` (.docx, .pptx),
-`opendocument.py` (.odt, .odp), `epub.py` (.epub); the zipped ones share
-`package.py` (the archive read as untrusted input, its `Limits`), `core/inline.py`
+`opendocument.py` (.odt, .odp), `epub.py` (.epub), `spreadsheet.py` (.xlsx, .ods);
+the zipped ones share `package.py` (the archive read as untrusted input), `limits.py`
+(the `Limits`, counted while a file is read, every format), `core/inline.py`
 (a paragraph as one text, its formatting as tags) and `mixed.py` (text between
 inline elements: ODF and XHTML). Used by the HTTP
 `/translate_file` (over the core's `Translator`, `service.py`) and by
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from seq2serve.server.core.documents import epub, office, opendocument
+from seq2serve.server.core.documents import epub, office, opendocument, spreadsheet
 from seq2serve.server.core.documents.base import (
     Document,
     DocumentError,
@@ -28,9 +29,15 @@ from seq2serve.server.core.documents.base import (
 )
 from seq2serve.server.core.documents.epub import read_epub
 from seq2serve.server.core.documents.gettext import GettextDocument
+from seq2serve.server.core.documents.limits import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_file_bytes,
+    prescan,
+)
 from seq2serve.server.core.documents.office import read_docx, read_pptx
 from seq2serve.server.core.documents.opendocument import read_odp, read_odt
-from seq2serve.server.core.documents.package import DEFAULT_LIMITS, Limits
+from seq2serve.server.core.documents.spreadsheet import read_ods, read_xlsx
 from seq2serve.server.core.documents.srt import SubtitleDocument
 from seq2serve.server.core.documents.text import HtmlDocument, TextDocument
 from seq2serve.server.core.documents.xliff import XliffDocument
@@ -41,13 +48,15 @@ __all__ = ["DEFAULT_LIMITS", "SUFFIXES", "Document", "DocumentError", "DocumentT
 
 # LibreTranslate's `supportedFilesFormat` spelling: the suffix with its dot.
 SUFFIXES = (".txt", ".html", ".htm", ".po", ".pot", ".xliff", ".xlf", ".srt", ".docx", ".pptx",
-            ".odt", ".odp", ".epub")
+            ".odt", ".odp", ".epub", ".xlsx", ".ods")
 # The zipped formats: their reader and the media type of the file written.
 _PACKAGES = {".docx": (read_docx, office.DOCX_MEDIA_TYPE),
              ".pptx": (read_pptx, office.PPTX_MEDIA_TYPE),
              ".odt": (read_odt, opendocument.ODT_MEDIA_TYPE),
              ".odp": (read_odp, opendocument.ODP_MEDIA_TYPE),
-             ".epub": (read_epub, epub.MEDIA_TYPE)}
+             ".epub": (read_epub, epub.MEDIA_TYPE),
+             ".xlsx": (read_xlsx, spreadsheet.XLSX_MEDIA_TYPE),
+             ".ods": (read_ods, spreadsheet.ODS_MEDIA_TYPE)}
 
 
 def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
@@ -58,13 +67,15 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
     what any format may ask to have translated (DocumentTooLarge past them)."""
     base = PurePath(name).name
     suffix = PurePath(base).suffix.lower()
+    check_file_bytes(base[:64], len(data), limits)
     document: Document
     if suffix in _PACKAGES:
-        document = _PACKAGES[suffix][0](base, data, limits)
+        document = _PACKAGES[suffix][0](base, data, target, limits)
     else:
+        # A package counts as it inflates (package.py); the others are counted in their
+        # bytes before their parser builds anything, then exactly once read.
+        prescan(base[:64], suffix, data, limits)
         document = _read(base, data, target, overwrite)
-        # A package counts as it reads (package.py); the others once read, within the
-        # upload's bytes.
         if len(document.texts) > limits.paragraphs:
             raise DocumentTooLarge(f"{base[:64]} has {len(document.texts)} texts to "
                                    f"translate; the limit is {limits.paragraphs}")
@@ -90,7 +101,7 @@ def _read(base: str, data: bytes, target: str, overwrite: bool) -> Document:
     if suffix == ".srt":
         return SubtitleDocument(base, data)
     if suffix in (".html", ".htm"):
-        return HtmlDocument(base, data)
+        return HtmlDocument(base, data, target)
     if suffix == ".txt":
         return TextDocument(base, data)
     raise DocumentError(f"file format not supported: {suffix[:16] or base[:64]!r}; "

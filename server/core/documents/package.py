@@ -1,15 +1,16 @@
 """Zipped XML packages (Office Open XML, OpenDocument, EPUB), read as untrusted input.
 
-`Package` opens an upload as a zip archive within `Limits` (members, bytes each
-member inflates to, counted while inflating, not taken from the header alone)
-and parses the XML members it is asked for with a parser that resolves no
-entity, reads no DTD, reaches no network and keeps libxml2's size limits
-(`huge_tree` off); a member with a DOCTYPE that declares anything (`<!ENTITY`)
-is refused outright. `PackageDocument` is the `Document` every zipped format
-shares: its paragraphs (`inline.Paragraph`) are the texts, and `write` puts
-the changed XML members back into a copy of the archive, every other member
-copied unchanged and in order, the `mimetype` member (ODF, EPUB) first and
-stored, as both standards require.
+`Package` opens an upload as a zip archive within `Limits` (limits.py: members, bytes
+each member inflates to, counted while inflating, not taken from the header alone).
+A member asked for as a part is counted while it is inflated (`XmlCounter`: its XML
+elements, paragraphs and characters, all parts together, refused at the first limit
+passed, before any tree is built) and only then parsed, with a parser that resolves
+no entity, reads no DTD, reaches no network and keeps libxml2's size limits
+(`huge_tree` off); a member with a DOCTYPE that declares anything (`<!ENTITY`) is
+refused outright. `PackageDocument` is the `Document` every zipped format shares: its
+paragraphs (`inline.Paragraph`) are the texts, and `write` puts the changed XML
+members back into a copy of the archive, every other member copied unchanged and in
+order, the `mimetype` member (ODF, EPUB) first and stored, as both standards require.
 """
 
 from __future__ import annotations
@@ -17,40 +18,26 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from lxml import etree
 
 from seq2serve.server.core.documents.base import Document, DocumentError, DocumentTooLarge
+from seq2serve.server.core.documents.limits import (
+    DECLARES,
+    DEFAULT_LIMITS,
+    Counts,
+    Limits,
+    XmlCounter,
+    safe_parser,
+)
 from seq2serve.server.core.inline import Paragraph
 
+__all__ = ["DEFAULT_LIMITS", "Limits", "Package", "PackageDocument", "Part", "safe_parser",
+           "serialize"]
 
-@dataclass(frozen=True)
-class Limits:
-    """How much an uploaded file may hold: the bounds on time and memory. Past any of
-    them a file is refused with `DocumentTooLarge` (HTTP 413). The server takes them
-    from its settings (`--max-document-*`); `seq2serve translate-file` reads with these
-    defaults."""
-
-    members: int = 5000  # files in the archive
-    unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
-    characters: int = 1_000_000  # characters of text to translate in the file (any format)
-    paragraphs: int = 50_000  # texts to translate in the file (any format; about 2 KB of
-    # memory each in a package)
-
-
-DEFAULT_LIMITS = Limits()
 _CHUNK = 1 << 16
-# A DOCTYPE with an internal subset (`[ ... ]`) or any entity declaration: never in
-# an office file, and how entity expansion ("billion laughs") and external entities
-# get in.
-_DECLARES = re.compile(rb"<!DOCTYPE[^>\[]*\[|<!ENTITY", re.IGNORECASE)
-
-
-def safe_parser() -> etree.XMLParser:
-    return etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False,
-                           dtd_validation=False, huge_tree=False, remove_blank_text=False)
 
 
 class Package:
@@ -77,8 +64,9 @@ class Package:
         self.names = {info.filename for info in self.infos}
         if len(self.names) != len(self.infos):
             raise DocumentError(f"{name} has two files of one name in its archive")
-        self._read = 0  # bytes inflated so far, all members together
-        self._paragraphs = 0  # found so far, all parts together
+        self.inflated = 0  # bytes inflated so far, all members together
+        self.counts = Counts(name, limits)  # the parts' elements, paragraphs, characters
+        self._paragraphs = 0  # with text, found so far, all parts together
 
     def require(self, member: str) -> None:
         if member not in self.names:
@@ -86,31 +74,36 @@ class Package:
 
     def read(self, member: str) -> bytes:
         """A member's bytes, inflated in chunks: the header's size is not trusted."""
+        return b"".join(self._chunks(member))
+
+    def _chunks(self, member: str) -> Iterator[bytes]:
         info = self.zip.getinfo(member)
-        out = bytearray()
+        size = 0
         try:
             with self.zip.open(info) as stream:
                 while chunk := stream.read(_CHUNK):
-                    out += chunk
-                    self._read += len(chunk)
-                    if self._read > self.limits.unpacked_bytes:
+                    size += len(chunk)
+                    self.inflated += len(chunk)
+                    if self.inflated > self.limits.unpacked_bytes:
                         raise DocumentTooLarge(
                             f"{self.name} unpacks to more than {self.limits.unpacked_bytes} "
                             f"bytes (at {member[:64]}); the limit is "
                             f"{self.limits.unpacked_bytes} bytes")
-                    if len(out) > info.file_size:
+                    if size > info.file_size:
                         raise DocumentError(f"{self.name}: {member[:64]} unpacks to more "
                                             "than its archive says")
+                    yield chunk
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
             raise DocumentError(f"{self.name}: {member[:64]} cannot be unpacked: {e}") from None
-        return bytes(out)
 
-    def part(self, member: str,
-             find: Callable[[etree._Element], list[Paragraph]]) -> Part:
-        """A member parsed and the paragraphs `find` finds in it."""
-        raw = self.read(member)
-        tree = self.parse(member, raw)
-        part = Part(member, raw, tree, find(tree.getroot()))
+    def part(self, member: str, find: Callable[[etree._Element], list[Paragraph]],
+             paragraphs: frozenset[str] = frozenset()) -> Part:
+        """A member parsed and the paragraphs `find` finds in it. It is counted while it
+        is inflated (its elements named in `paragraphs`, Clark notation, as paragraphs)
+        and parsed only if every count is within the limits."""
+        data = self._counted(member, paragraphs)
+        tree = self.parse(member, data)
+        part = Part(member, data, tree, find(tree.getroot()))
         self._paragraphs += len(part.paragraphs)
         if self._paragraphs > self.limits.paragraphs:
             raise DocumentTooLarge(f"{self.name} has more than {self.limits.paragraphs} "
@@ -119,11 +112,22 @@ class Package:
         return part
 
     def xml(self, member: str) -> etree._ElementTree:
-        return self.parse(member, self.read(member))
+        """A member that says where the parts are (an e-book's container, its OPF),
+        counted and parsed as a part is."""
+        return self.parse(member, self._counted(member, frozenset()))
+
+    def _counted(self, member: str, paragraphs: frozenset[str]) -> bytes:
+        counter = XmlCounter(self.counts, member, paragraphs)
+        raw = bytearray()
+        for chunk in self._chunks(member):
+            counter.feed(chunk)
+            raw += chunk
+        counter.close()
+        return bytes(raw)
 
     def parse(self, member: str, data: bytes) -> etree._ElementTree:
         """A member's bytes parsed as XML, safely (see the module's note)."""
-        if _DECLARES.search(data):
+        if DECLARES.search(data):
             raise DocumentError(f"{self.name}: {member[:64]} declares a DTD subset or "
                                 "entities, which are not accepted")
         try:
@@ -143,7 +147,7 @@ class Package:
         """The archive again: `changed` members replaced, the others copied unchanged,
         in their order; `mimetype` first and stored."""
         out = io.BytesIO()
-        self._read = 0  # each member once more: within the same bound
+        self.inflated = 0  # each member once more: within the same bound
         ordered = sorted(self.infos, key=lambda info: info.filename != "mimetype")
         with zipfile.ZipFile(out, "w") as archive:
             for info in ordered:
@@ -177,6 +181,10 @@ class Part:
     raw: bytes
     tree: etree._ElementTree
     paragraphs: list[Paragraph]
+    # Edits the part once the document has a translation in it (the target language
+    # marked where the format marks one), whether or not its own paragraphs changed;
+    # says whether it changed anything (else the part stays byte for byte).
+    mark: Callable[[etree._Element], bool] | None = None
 
 
 class PackageDocument(Document):
@@ -216,6 +224,9 @@ class PackageDocument(Document):
                 self.tally.filled += 1
                 touched = True
             if touched:
+                changed[part.member] = serialize(part.raw, part.tree)
+        for part in self.parts if self.tally.filled else ():
+            if part.mark is not None and part.mark(part.tree.getroot()):
                 changed[part.member] = serialize(part.raw, part.tree)
         if placed:
             self.tally.notes.append(f"{placed} formatting spans not found in their "

@@ -72,13 +72,16 @@ async def translate_texts(texts: Sequence[str], translate: TranslateTexts, *, ch
 async def translate_document(document: Document, translate: TranslateTexts, *,
                              chunk_size: int, max_chars: int | None = None,
                              window: int = DEFAULT_WINDOW, progress: Progress | None = None,
-                             busy: Callable[[Exception], bool] = lambda e: False) -> bytes:
-    """The document written with its texts translated (see `translate_texts`)."""
+                             busy: Callable[[Exception], bool] = lambda e: False,
+                             limit_setting: str = "the server's character limit") -> bytes:
+    """The document written with its texts translated (see `translate_texts`);
+    `limit_setting` names what raises `max_chars`, for the note on texts not sent."""
     translations = await translate_texts(document.texts, translate, chunk_size=chunk_size,
                                          max_chars=max_chars, window=window,
                                          progress=progress, busy=busy)
     skipped = sum(1 for t in translations if t is None)
     if skipped:
-        document.tally.notes.append(f"{skipped} texts over {max_chars} characters not sent")
+        document.tally.notes.append(f"{skipped} texts over {max_chars} characters not sent "
+                                    f"(the limit is {limit_setting})")
     # Writing a large catalog takes a while: off the event loop, as its parsing is.
     return await asyncio.get_running_loop().run_in_executor(None, document.write, translations)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from seq2serve.server.config import setting_names
 from seq2serve.server.core.documents.base import Document
 from seq2serve.server.core.documents.queueing import translate_document
 from seq2serve.server.core.errors import ResourceExhausted
@@ -31,4 +32,5 @@ async def translate_with_core(document: Document, translator: Translator,
     return await translate_document(document, translate,
                                     chunk_size=translator.max_texts_per_request,
                                     max_chars=translator.max_text_chars,
-                                    busy=lambda e: isinstance(e, ResourceExhausted))
+                                    busy=lambda e: isinstance(e, ResourceExhausted),
+                                    limit_setting=setting_names("max_text_chars"))

@@ -478,17 +478,23 @@
     }
     el.summarizeRun.disabled = true;
     el.summarizeBusy.textContent = "Summarizing…";
+    let note = "";
     el.summaryText.setAttribute("aria-busy", "true");
     try {
-      const body = await postJson("/summarize", { q: text });
+      // A text longer than the model reads is cut to its start, and the page says so.
+      const body = await postJson("/summarize", { q: text, truncate: true });
       el.summaryText.value = typeof body.summary === "string" ? body.summary : "";
       clearError();
+      note = body.truncated
+        ? `Only the start of the text was summarized (${body.tokensKept} tokens read, ` +
+          `${body.tokensDropped} left out): the model reads no more.`
+        : "";
     } catch (error) {
       el.summaryText.value = "";
       showError("Summarize failed", error);
     } finally {
       el.summarizeRun.disabled = false;
-      el.summarizeBusy.textContent = "";
+      el.summarizeBusy.textContent = note;
       el.summaryText.setAttribute("aria-busy", "false");
     }
   }
