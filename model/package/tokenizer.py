@@ -19,6 +19,7 @@ No torch, no transformers.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +55,46 @@ class PackageTokenizer:
         pieces = code + self.source.encode(text, out_type=str)
         ids = [self.piece_to_id.get(p, self.unk_id) for p in pieces] + [self.eos_id]
         return with_language(ids, language, self.languages)
+
+    def source_spans(self, text: str, language: int | None = None) -> list[tuple[int, int]]:
+        """For each id of `encode(text, language)`, the characters of `text` it stands
+        for as (start, end); EOS and the language token stand for none (start == end).
+        SentencePiece reports UTF-8 byte offsets: turned into character offsets here."""
+        spans: list[tuple[int, int]] = []
+        offset = 0
+        if self.languages is None and text.startswith(">>") and (end := text.find("<<")) != -1:
+            spans.append((0, end + 2))
+            offset = end + 2
+        rest = text[offset:]
+        chars = _char_of_byte(rest)
+        for piece in self.source.encode(rest, out_type="proto").pieces:
+            spans.append((offset + chars[piece.begin], offset + chars[piece.end]))
+        spans.append((len(text), len(text)))  # EOS
+        return with_language_spans(spans, language, self.languages, len(text))
+
+    def target_spans(self, ids: list[int]) -> list[tuple[int, int]]:
+        """For each of `ids`, the characters of `decode(ids)` it stands for as (start,
+        end): empty for the ids decode skips, and for those after EOS."""
+        kept: list[int] = []  # positions in ids of the pieces decoded
+        pieces: list[str] = []
+        for k, i in enumerate(ids):
+            if i == self.eos_id:
+                break
+            if i in self.special_ids or i not in self.id_to_piece:
+                continue
+            kept.append(k)
+            pieces.append(self.id_to_piece[i])
+        proto = self.target.decode_pieces(pieces, out_type="proto")
+        raw = str(proto.text).replace(SPIECE_UNDERLINE, " ")
+        lead = len(raw) - len(raw.lstrip())
+        length = len(raw.strip())
+        spans = [(0, 0)] * len(ids)
+        at = 0
+        for k, piece in zip(kept, proto.pieces, strict=True):
+            end = at + len(piece.surface)
+            spans[k] = (min(max(at - lead, 0), length), min(max(end - lead, 0), length))
+            at = end
+        return spans
 
     def encode_target(self, text: str) -> list[int]:
         """Target text -> ids, EOS appended (what the decoder is taught to produce)."""
@@ -99,6 +140,33 @@ class JsonTokenizer:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         return with_language(ids + [self.eos_id], language, self.languages)
 
+    def source_spans(self, text: str, language: int | None = None) -> list[tuple[int, int]]:
+        """For each id of `encode(text, language)`, the characters of `text` it stands
+        for as (start, end) (the tokenizer's own offsets; special tokens stand for none)."""
+        if self.languages is None:
+            encoding = self.tokenizer.encode(text)
+            return [(a, b) if i not in encoding.special_tokens_mask or not mask else (a, a)
+                    for i, ((a, b), mask) in enumerate(zip(encoding.offsets,
+                                                          encoding.special_tokens_mask,
+                                                          strict=True))]
+        offsets = list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
+        return with_language_spans([*offsets, (len(text), len(text))], language,
+                                   self.languages, len(text))
+
+    def target_spans(self, ids: list[int]) -> list[tuple[int, int]]:
+        """For each of `ids`, the characters of `decode(ids)` it stands for as (start,
+        end). The tokenizer decodes whole lists only: each id's end is where the decoded
+        prefix through it stops agreeing with the whole text."""
+        text = self.decode(ids)
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for k in range(len(ids)):
+            prefix = self.decode(ids[:k + 1])
+            end = len(os.path.commonprefix([prefix, text]))
+            spans.append((min(at, end), end))
+            at = max(at, end)
+        return spans
+
     def encode_target(self, text: str) -> list[int]:
         """Target text -> ids, as the model's tokenizer makes labels (the same
         encoding: BART's labels are <s> ... </s>)."""
@@ -127,6 +195,11 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def source_spans(self, text: str, language: int | None = None
+                     ) -> list[tuple[int, int]]: ...
+
+    def target_spans(self, ids: list[int]) -> list[tuple[int, int]]: ...
+
 
 def with_language(ids: list[int], language: int | None,
                   languages: Languages | None) -> list[int]:
@@ -138,6 +211,25 @@ def with_language(ids: list[int], language: int | None,
     if languages is None:
         raise ValueError("a language token for a package without languages")
     return [language, *ids] if languages.source_token == "prefix" else [*ids, language]
+
+
+def with_language_spans(spans: list[tuple[int, int]], language: int | None,
+                        languages: Languages | None, length: int) -> list[tuple[int, int]]:
+    """`source_spans` with the language token's empty span where `with_language` puts
+    the token."""
+    if language is None or languages is None:
+        return spans
+    return [(0, 0), *spans] if languages.source_token == "prefix" else [*spans,
+                                                                        (length, length)]
+
+
+def _char_of_byte(text: str) -> list[int]:
+    """For each UTF-8 byte offset of `text` (and its end), the character offset."""
+    out: list[int] = []
+    for k, ch in enumerate(text):
+        out.extend([k] * len(ch.encode("utf-8")))
+    out.append(len(text))
+    return out
 
 
 def package_tokenizer(package: ModelPackage) -> Tokenizer:

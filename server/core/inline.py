@@ -12,10 +12,12 @@ The style with the most characters is the paragraph's own and goes untagged;
 every stretch in another style is a `<gN>` pair, every opaque stretch inside the
 text an empty `<xN/>` (opaque pieces before the first and after the last text
 are not sent: they stay at the edges). Text is XML-escaped, so a `<` or `&` of
-the document is never taken for a tag. The core masks tags as sentinels that the
-model moves with the words they wrap, and brings every tag back paired and in
-order (core/placeholders.py), so the translation says which words take which
-style: "Bitte <g1>öffnen Sie die Datei</g1> und speichern Sie sie."
+the document is never taken for a tag. The core sends the model the text without
+its `<gN>` pairs (the words of the translation are the plain text's) and puts each
+pair back around the words the alignment links to its words (core/formatting.py);
+an `<xN/>` is a sentinel the model carries (core/placeholders.py). So the translation
+says which words take which style: "Bitte <g1>öffnen Sie die Datei</g1> und speichern
+Sie sie."
 
 Reading the translation back: text outside any pair takes the paragraph's style,
 text inside a pair that pair's (the innermost, if the model nested them). A span

@@ -20,9 +20,9 @@ block-level elements (`<p>`, `<li>`, `<td>`, headings, `<div>`, `<br>`, any elem
 named below) separate texts; inline elements (`INLINE_ELEMENTS`: `<b>`, `<i>`, `<em>`,
 `<strong>`, `<a>`, `<span>`, `<sub>`, `<sup>`, `<u>`, `<small>`, `<mark>` ...) ride inside
 the sentence. "My name <b>is</b> Michael" is one text, `My name <g1>is</g1> Michael`, whose
-tag pair the core masks and brings back around the words that translate "is"
-(core/placeholders.py); `inline.Paragraph` reads the translation back, and a span the
-model loses goes to the nearest word, never dropped. An image, a `<code>` or a
+tag pair the core takes off before the model (which reads "My name is Michael") and puts
+back around the words the alignment links to "is" (core/formatting.py); `inline.Paragraph`
+reads the translation back, and a span is never dropped. An image, a `<code>` or a
 `translate="no"` span inside the sentence is an empty `<xN/>`: moved with its words, put
 back byte for byte, inside the inline elements it was in. The style that covers most of
 a block goes untagged, so a block in one style (`<li><b>Title</b></li>`) or with no inline

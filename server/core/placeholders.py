@@ -20,8 +20,10 @@ through (docs/placeholders.md).
 Every brace placeholder of the source is masked too, so a `{k}` in the masked
 text is always a sentinel.
 
-Paired tags are masked as two sentinels around the text they hold, which is
-translated with the sentence; tags stay paired and in order (the repair rule).
+Paired tags are masked as two sentinels around the text they hold; tags stay
+paired and in order (the repair rule). The translator sends the model no pair:
+core/formatting.py takes them off (`assemble` builds its text) and puts them back by
+the alignment, `restore(..., placed=True)`.
 
 The repair rule (`restore`), applied to the model's output before the sentinels
 are expanded: a sentinel the source does not have is removed, and so is a
@@ -66,10 +68,13 @@ class Kind(str, Enum):
 
 
 _TRAIL = r"[^\s<>\"'.,;:!?)\]]"  # a URL does not end in sentence punctuation
+# Nor does it hold `<`, `>` or a quote escaped (`&lt;URL:http://x.org&gt;` in HTML text):
+# it ends where the character would, so a text's URLs are the same escaped or not.
+_UNESC = r"(?!&(?:lt|gt|quot|apos|#0*3[49]|#[xX]0*2[27]);)"
 _PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in (
     ("tag", r"</?[A-Za-z][\w:.-]*(?:\s+[^<>]*?)?\s*/?>"),
-    ("url", rf"\b(?:https?|ftp|file)://[^\s<>\"']*{_TRAIL}|\bwww\.[\w-]+(?:\.[\w-]+)+"
-            rf"(?:[/?#][^\s<>\"']*{_TRAIL})?"),
+    ("url", rf"\b(?:https?|ftp|file)://(?:{_UNESC}[^\s<>\"'])*{_UNESC}{_TRAIL}"
+            rf"|\bwww\.[\w-]+(?:\.[\w-]+)+(?:[/?#](?:{_UNESC}[^\s<>\"'])*{_UNESC}{_TRAIL})?"),
     ("email", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
     ("entity", r"&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);"),
     ("printf", r"%%|%(?:\d+\$)?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|ll|[hlLqjzt]|I64|I)?"
@@ -233,17 +238,23 @@ def split_accelerator(text: str) -> tuple[str, Accelerator | None]:
 def mask(text: str, terms: Terms = Terms(), *, placeholders: bool = True) -> Masked:
     """`text` with each placeholder, tag and term replaced by its sentinel.
 
-    With `placeholders` off only the terms are masked (and any literal `{k}`,
-    which would otherwise read as a sentinel)."""
+    With `placeholders` off only the terms and the paired tags are masked (and any
+    literal `{k}`, which would otherwise read as a sentinel)."""
     accelerator = None
     if placeholders:
         text, accelerator = split_accelerator(text)
         found = find(text)
-    elif terms:
-        found = [Span(m.start(), m.end(), Kind.BRACE, m.group(), m.group())
-                 for m in SENTINEL.finditer(text)]
     else:
-        return Masked(text, (), None, text)
+        # Paired tags are formatting, not placeholders: masked whatever `placeholders`
+        # says, so that the words never depend on them (core/formatting.py).
+        tags = _pair_tags([Span(s.start, s.end, s.kind, s.text, s.replacement)
+                           for s in find(text) if s.partner is not None])
+        if not tags and not terms:
+            return Masked(text, (), None, text)
+        inside = [(s.start, s.end) for s in tags]
+        found = tags + [Span(m.start(), m.end(), Kind.BRACE, m.group(), m.group())
+                        for m in SENTINEL.finditer(text)
+                        if not any(a <= m.start() < b for a, b in inside)]
     merged = sorted([(s, i) for i, s in enumerate(found)]
                     + [(s, -1) for s in _find_terms(text, found, terms)],
                     key=lambda pair: pair[0].start)
@@ -252,15 +263,35 @@ def mask(text: str, terms: Terms = Terms(), *, placeholders: bool = True) -> Mas
     spans = tuple(Span(s.start, s.end, s.kind, s.text, s.replacement,
                        None if s.partner is None else position[s.partner])
                   for s, _ in merged)
+    return assemble(text, spans, accelerator)[0]
+
+
+def assemble(text: str, spans: Sequence[Span], accelerator: Accelerator | None = None,
+             marks: Sequence[int] = ()) -> tuple[Masked, list[int]]:
+    """`text` with spans[k] (in order, apart) replaced by sentinel `{k}`, and where each
+    of `marks` (offsets of `text` outside every span) lands in the masked text: after
+    the space `_padded` puts before a word, so a mark at a word's start stays there."""
     if not spans:
-        return Masked(text, (), accelerator, text)
-    out, last = [], 0
-    for k, span in enumerate(spans):
-        out += [_padded(text[last:span.start], spans[k - 1] if k else None, span),
-                sentinel(k)]
-        last = span.end
-    out.append(_padded(text[last:], spans[-1], None))
-    return Masked("".join(out), spans, accelerator, text)
+        return Masked(text, (), accelerator, text), list(marks)
+    out: list[str] = []
+    length, last = 0, 0
+    landed: dict[int, int] = {}
+    for k in range(len(spans) + 1):
+        span = spans[k] if k < len(spans) else None
+        end = span.start if span is not None else len(text)
+        gap = _padded(text[last:end], spans[k - 1] if k else None, span)
+        lead = 1 if gap[:1] == " " and text[last:last + 1] != " " else 0
+        for mark in marks:
+            if last <= mark <= end:
+                landed.setdefault(mark, length + lead + mark - last)
+        out.append(gap)
+        length += len(gap)
+        if span is not None:
+            out.append(sentinel(k))
+            length += len(sentinel(k))
+            last = span.end
+    return (Masked("".join(out), tuple(spans), accelerator, text),
+            [landed.get(mark, length) for mark in marks])
 
 
 def _padded(gap: str, before: Span | None, after: Span | None) -> str:
@@ -274,12 +305,14 @@ def _padded(gap: str, before: Span | None, after: Span | None) -> str:
     return gap
 
 
-def restore(masked: Masked, output: str) -> Restored:
+def restore(masked: Masked, output: str, *, placed: bool = False) -> Restored:
     """The model's `output` for `masked.text` with every sentinel expanded, after
-    the repair rule (module docstring) and the accelerator put back."""
+    the repair rule (module docstring) and the accelerator put back. `placed`: the
+    paired tags were put around words by the alignment (core/formatting.py), not
+    moved by the model, so the spaces beside them are the translation's own."""
     if not masked.changed:
         return Restored(output, False)
-    text, repaired = repair(masked, output)
+    text, repaired = repair(masked, output, placed=placed)
     if masked.accelerator is not None:
         text = place_accelerator(text, masked.accelerator)
     spans = masked.spans
@@ -297,7 +330,8 @@ def carry(masked: Masked, output: str) -> tuple[str, bool]:
     return repair(masked, output, glue=False)
 
 
-def repair(masked: Masked, output: str, *, glue: bool = True) -> tuple[str, bool]:
+def repair(masked: Masked, output: str, *, glue: bool = True,
+           placed: bool = False) -> tuple[str, bool]:
     """`output` holding each sentinel of `masked` exactly once, tag pairs in order."""
     spans = masked.spans
     count = len(spans)
@@ -342,7 +376,7 @@ def repair(masked: Masked, output: str, *, glue: bool = True) -> tuple[str, bool
                 repaired = True
     text = "".join(sentinel(p) if isinstance(p, int) else p for p in pieces)
     text = re.sub(f" ?{_GONE}+", "", text)  # with the space before it
-    return (_glue(text, masked) if glue else text), repaired
+    return (_glue(text, masked, placed) if glue else text), repaired
 
 
 def _insert(pieces: list[str | int], index: int, masked: Masked) -> None:
@@ -370,12 +404,13 @@ def _insert(pieces: list[str | int], index: int, masked: Masked) -> None:
             pieces.extend([" ", index])
 
 
-def _glue(text: str, masked: Masked) -> str:
+def _glue(text: str, masked: Masked, placed: bool = False) -> str:
     """A tag written against its neighbour in the source (`<b>Warning:</b>`) is
-    written against it in the output too: the space beside it goes."""
+    written against it in the output too: the space beside it goes (but beside a
+    pair the alignment `placed`, which adds no space)."""
     source = masked.source
     for index, span in enumerate(masked.spans):
-        if span.kind not in _TAGS:
+        if span.kind not in _TAGS or (placed and span.partner is not None):
             continue
         mark = re.escape(sentinel(index))
         if span.end < len(source) and not source[span.end].isspace():

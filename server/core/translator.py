@@ -27,6 +27,7 @@ from typing import TypeVar
 from seq2serve.model.package.languages import distinct_names
 from seq2serve.server.batching.scheduler import Draining, ItemDropped, QueueFull, WorkItem
 from seq2serve.server.config import setting_names
+from seq2serve.server.core.alignment import compose, text_links
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.delivery import PieceEvents, deliver_to_future
 from seq2serve.server.core.errors import (
@@ -37,6 +38,7 @@ from seq2serve.server.core.errors import (
     Unavailable,
     check_unicode,
 )
+from seq2serve.server.core.formatting import Link, carry_over, model_text, split
 from seq2serve.server.core.glossary import Glossaries, request_terms
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import (
@@ -49,7 +51,7 @@ from seq2serve.server.core.pieces import (
     plan,
     whole,
 )
-from seq2serve.server.core.placeholders import Masked, Terms, carry, mask, restore
+from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import (
     Call,
@@ -125,6 +127,14 @@ class _Text:
     plan: Plan
     head_score: float | None = 0.0
     head_repaired: bool = False
+    # A chain's text with formatting: the first leg's links and English, as written.
+    head_links: tuple[Link, ...] = ()
+    head_text: str = ""
+
+    @property
+    def formatted(self) -> bool:
+        """Whether the text has paired tags, placed by the alignment (core/formatting.py)."""
+        return split(self.masked) is not None
 
 
 class Translator:
@@ -160,7 +170,8 @@ class Translator:
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
                                   [p.source_ids for t in ready for p in t.plan.pieces], call,
-                                  forced_bos=_target_token(job.leg), fit=job.fit)
+                                  forced_bos=_target_token(job.leg), fit=job.fit,
+                                  aligned=_per_piece(ready))
             results = await _gather(futures, call)
 
             def answer() -> list[Translation]:
@@ -222,7 +233,8 @@ class Translator:
                               call,
                               [events.token_sink(i) if tokens else None
                                for i in range(len(planned.pieces))],
-                              forced_bos=_target_token(job.leg), fit=job.fit)
+                              forced_bos=_target_token(job.leg), fit=job.fit,
+                              aligned=[ready.formatted] * len(planned.pieces))
         events.watch(futures)
         streamed = StreamedText(planned, job.handle.tokenizer.decode)
         waiter = _gathered(futures)
@@ -369,7 +381,8 @@ class Translator:
         """The text as the model that reads it sees it (placeholders and terms
         masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
-        return masked, _plan(job.reader, masked.text,
+        # Paired tags are not sent: the model reads the plain text (core/formatting.py).
+        return masked, _plan(job.reader, model_text(masked),
                              job.leg if job.first is None else job.first.leg, job.fit)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
@@ -382,7 +395,8 @@ class Translator:
         first = job.first
         futures = self._queue(first.handle, first.options,
                               [p.source_ids for _, pl in prepared for p in pl.pieces], call,
-                              forced_bos=_target_token(first.leg), fit=job.fit)
+                              forced_bos=_target_token(first.leg), fit=job.fit,
+                              aligned=_per_piece([_Text(m, pl) for m, pl in prepared]))
         results = await _gather(futures, call)
         _check_call(call)  # the second leg never queues for a call that has ended
 
@@ -390,22 +404,27 @@ class Translator:
             it = iter(results)
             out = []
             for masked, planned in prepared:
-                [head] = join(planned, [_enough(next(it).hypotheses, 1) for _ in planned.pieces],
-                              1, first.handle.tokenizer.decode)
-                middle, repaired = carry(masked, head.text)
+                chosen = [_enough(next(it).hypotheses, 1)[0] for _ in planned.pieces]
+                [head] = join(planned, [[h] for h in chosen], 1, first.handle.tokenizer.decode)
+                middle, repaired = carry_over(masked, head.text)
+                links = (tuple(text_links(first.handle, planned, first.leg, chosen))
+                         if split(masked) is not None else ())
                 out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit),
-                                 head.score if planned.pieces else 0.0, repaired))
+                                 head.score if planned.pieces else 0.0, repaired,
+                                 links, head.text))
             return out
 
         return await off_loop(replan)
 
     def _queue(self, handle: ModelHandle, options: ResolvedOptions, sources: list[list[int]],
                call: Call, on_token: Sequence[Callable[[int], None] | None] = (),
-               forced_bos: int | None = None, fit: bool = False
-               ) -> list[asyncio.Future[Result]]:
+               forced_bos: int | None = None, fit: bool = False,
+               aligned: Sequence[bool] = ()) -> list[asyncio.Future[Result]]:
         """All of a request's work items for one model enter its queue together, or
         none does. forced_bos: every hypothesis's first token (a multilingual model's
-        target language). fit: each piece's max_length rises with its input (_Job.fit)."""
+        target language). fit: each piece's max_length rises with its input (_Job.fit).
+        aligned: the sources whose alignment the core needs (a text with formatting)
+        whether or not the request asked for it."""
         scheduler = handle.scheduler
         size = scheduler.limits.max_queue_size
         if len(sources) > size:  # would be refused as "queue full" on every retry
@@ -414,8 +433,11 @@ class Translator:
                                   "fewer or shorter texts")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in sources]
-        each = _fitted(options, sources, handle.engine.limits.max_length) if fit else None
-        items = [WorkItem(source=src, options=each[i] if each else options,
+        each = (_fitted(options, sources, handle.engine.limits.max_length) if fit
+                else [options] * len(sources))
+        items = [WorkItem(source=src,
+                          options=(dataclasses.replace(each[i], return_alignment=True)
+                                   if aligned and aligned[i] else each[i]),
                           deliver=deliver_to_future(loop, fut),
                           deadline=call.deadline, cancelled=call.cancelled,
                           on_token=on_token[i] if on_token else None, forced_bos=forced_bos)
@@ -481,6 +503,11 @@ def _summary_sources(handle: ModelHandle, texts: Sequence[str],
         lengths.append(len(ids))
         sources.append(ids[: limit - 1] + [ids[-1]] if len(ids) > limit else ids)
     return sources, lengths
+
+
+def _per_piece(texts: Sequence[_Text]) -> list[bool]:
+    """For each piece of `texts`, whether its text has formatting (needs alignment)."""
+    return [flag for t in texts for flag in [t.formatted] * len(t.plan.pieces)]
 
 
 def _one_text(texts: Sequence[str]) -> None:
@@ -564,9 +591,27 @@ def _translation(job: _Job, text: _Text, results: Sequence[Result]) -> Translati
     leg's n-best over the first leg's best; each score adds the first leg's best's
     (the log-probability of the whole route), and a repair in either leg counts."""
     planned, masked = text.plan, text.masked
-    joined: list[Joined] = join(planned, [_enough(r.hypotheses, job.count) for r in results],
-                                job.count, job.handle.tokenizer.decode)
-    if masked.changed and planned.pieces:
+    nbests = [_enough(r.hypotheses, job.count) for r in results]
+    joined: list[Joined] = join(planned, nbests, job.count, job.handle.tokenizer.decode)
+    formatting = split(masked)
+    if formatting is not None and not formatting.plain.text.strip():
+        # Tags around nothing but spaces: no words to translate, the text as it was.
+        joined = [dataclasses.replace(j, text=restore(masked, masked.text).text)
+                  for j in joined]
+    elif formatting is not None:
+        restored = []
+        for i, j in enumerate(joined):
+            links = text_links(job.handle, planned, job.leg,
+                               [n[min(i, len(n) - 1)] for n in nbests])
+            if job.first is not None:
+                links = compose(links, planned.segmented.original, text.head_text,
+                                text.head_links)
+            restored.append(formatting.restore(j.text, links))
+        joined = [dataclasses.replace(j, text=r.text, repaired=r.repaired)
+                  for j, r in zip(joined, restored, strict=True)]
+        if not job.options.return_alignment:  # asked for by the core, not the client
+            joined = [dataclasses.replace(j, alignment=None) for j in joined]
+    elif masked.changed and planned.pieces:
         restored = [restore(masked, j.text) for j in joined]
         joined = [dataclasses.replace(j, text=r.text, repaired=r.repaired)
                   for j, r in zip(joined, restored, strict=True)]

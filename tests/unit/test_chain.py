@@ -353,7 +353,7 @@ def test_a_cancel_between_the_legs_ends_the_call(registry: ModelRegistry,
         submit(items)
 
     monkeypatch.setattr(scheduler, "submit_many", spy)
-    carry = core_translator.carry
+    carry = core_translator.carry_over
     for end, kind in [("cancel", ErrorKind.CANCELLED),
                       ("deadline", ErrorKind.DEADLINE_EXCEEDED)]:
         call = Call(timeout=60)
@@ -367,13 +367,13 @@ def test_a_cancel_between_the_legs_ends_the_call(registry: ModelRegistry,
                 call.deadline = time.monotonic() - 1
             return carry(*args)
 
-        monkeypatch.setattr(core_translator, "carry", ending)
+        monkeypatch.setattr(core_translator, "carry_over", ending)
         assert kind_of(translator.translate(chained((TWO_SENTENCES,), beam_size=1),
                                             call)) == kind
         # The second leg's items were dropped, never run.
         assert second and all(item.drop_reason() in ("cancelled", "deadline")
                               for item in second)
-    monkeypatch.setattr(core_translator, "carry", carry)
+    monkeypatch.setattr(core_translator, "carry_over", carry)
     # A call that has ended before the chain starts never reaches the second leg.
     second.clear()
     call = Call()
