@@ -397,7 +397,8 @@ def test_by_model_sets_count_only_their_own_pods(by_model: list[dict[str, Any]])
         others = [d["spec"]["template"]["metadata"]["labels"] for n, d in sets.items()
                   if n != name]
 
-        def only_this_set(selector: dict[str, str]) -> bool:
+        def only_this_set(selector: dict[str, str], labels: dict[str, str] = labels,
+                          others: list[dict[str, str]] = others) -> bool:
             return selector.items() <= labels.items() and not any(
                 selector.items() <= other.items() for other in others)
 

@@ -55,8 +55,8 @@ def render_upstreams(site: str, targets: dict[str, list[str]]) -> str:
         assert block is not None
         [params] = {p for _, p in re.findall(SERVER_LINE, block.group(1), re.M)}
         lines = "".join(f"    server {address} {params};\n" for address in addresses)
-        body = re.sub(rf"(?:{SERVER_LINE}\n)+", lambda _: lines, block.group(1), count=1,
-                      flags=re.M)
+        body = re.sub(rf"(?:{SERVER_LINE}\n)+", lambda _, lines=lines: lines, block.group(1),
+                      count=1, flags=re.M)
         site = site[:block.start(1)] + body + site[block.end(1):]
     return site
 
