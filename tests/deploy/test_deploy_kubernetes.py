@@ -434,14 +434,20 @@ def test_by_model_proxy_reaches_every_set(by_model: list[dict[str, Any]]) -> Non
                 for s in by_kind(by_model, "Service")}
     sets = model_sets(by_model)
     targets = re.findall(r"(grpc_pass grpc|proxy_pass http)://([^;]+);", conf)
+    set_by_map = set(re.findall(r"^map \S+ \$(\S+) \{", conf, re.M))
+    fixed = dict(re.findall(r"^ *set \$(\S+) (\S+);", conf, re.M))
     assert targets
     for kind, target in targets:
         host, port = target.rsplit(":", 1)
         service, _, rest = host.partition(".")
         assert rest == f"{namespace}.svc.cluster.local", target
         wanted = "grpc" if kind.startswith("grpc") else "http"
-        for name in ([service.replace("$seq2serve_grpc_set", s).replace("$seq2serve_http_set", s)
-                      for s in sets] if "$" in service else [service]):
+        # A variable in every name: nginx resolves it per request (a plain name: once).
+        [variable] = re.findall(r"\$(\w+)", service) or [None]
+        assert variable is not None, f"{target}: a name resolved once, at start"
+        values = list(sets) if variable in set_by_map else [fixed[variable]]
+        names = [service.replace(f"${variable}", value) for value in values]
+        for name in names:
             assert services[name][wanted] == int(port), (target, name)
     # Every map value names a set, and each set's own model maps to it.
     for block in re.findall(r"^map \S+ \$(\S+) \{\n(.*?)^\}", conf, re.M | re.S):
