@@ -87,6 +87,12 @@ def test_grpc_answer_names_its_model_and_a_chain_both(stub: pb_grpc.TranslatorSt
     assert served_by(stream) == [EN_DE]
     summary, call = stub.Summarize.with_call(pb.SummarizeRequest(texts=[TEXT * 3]), timeout=120)
     assert served_by(call) == [SUMMARIZE] == [summary.model]
+    # A request refused after its model was chosen says whose limits it broke.
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Translate(pb.TranslateRequest(texts=[TEXT], model=EN_DE, options=pb.DecodingOptions(
+            beam_size=10_000)), timeout=120)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert served_by(refused.value) == [EN_DE]
 
 
 def test_grpc_metadata_names_the_model_or_pair(stub: pb_grpc.TranslatorStub) -> None:
