@@ -10,7 +10,8 @@ from collections.abc import AsyncGenerator
 from typing import Protocol, TypeVar
 
 from seq2serve.protos import translator_pb2 as pb
-from seq2serve.server.api import convert
+from seq2serve.server.api import convert, routing
+from seq2serve.server.api.routing import NOTHING, Named
 from seq2serve.server.core.errors import ResourceExhausted
 from seq2serve.server.core.requests import Call
 from seq2serve.server.core.translator import Translator, off_loop
@@ -28,19 +29,25 @@ class ProtoApi:
         self.translator = translator
         self.max_message_bytes = max_message_bytes
 
-    async def translate(self, request: pb.TranslateRequest, call: Call) -> pb.TranslateResponse:
-        result = await self.translator.translate(convert.translate_request_from_pb(request), call)
+    async def translate(self, request: pb.TranslateRequest, call: Call,
+                        named: Named = NOTHING) -> pb.TranslateResponse:
+        """`named`: the model or pair the request's headers name (routing.py)."""
+        core = routing.translate_request(convert.translate_request_from_pb(request), named)
+        result = await self.translator.translate(core, call)
         return await off_loop(lambda: self.within_limit(
             convert.translate_response_to_pb(result, request.options)))
 
-    async def summarize(self, request: pb.SummarizeRequest, call: Call) -> pb.SummarizeResponse:
-        result = await self.translator.summarize(convert.summarize_request_from_pb(request), call)
+    async def summarize(self, request: pb.SummarizeRequest, call: Call,
+                        named: Named = NOTHING) -> pb.SummarizeResponse:
+        core = routing.summarize_request(convert.summarize_request_from_pb(request), named)
+        result = await self.translator.summarize(core, call)
         return await off_loop(lambda: self.within_limit(
             convert.summarize_response_to_pb(result, request.options)))
 
-    async def stream(self, request: pb.TranslateRequest,
-                     call: Call) -> AsyncGenerator[pb.TranslateChunk, None]:
-        chunks = self.translator.stream(convert.translate_request_from_pb(request), call)
+    async def stream(self, request: pb.TranslateRequest, call: Call,
+                     named: Named = NOTHING) -> AsyncGenerator[pb.TranslateChunk, None]:
+        core = routing.translate_request(convert.translate_request_from_pb(request), named)
+        chunks = self.translator.stream(core, call)
         # Closed as soon as the caller stops (a chunk too big, the client gone), so
         # that the request's pieces leave their batches at once.
         async with contextlib.aclosing(chunks):

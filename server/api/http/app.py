@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
+from seq2serve.server.api.http import model_headers
 from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
 from seq2serve.server.api.http.body import BodyLimit
 from seq2serve.server.api.http.libretranslate import (
@@ -35,6 +36,7 @@ from seq2serve.server.api.http.libretranslate import (
 )
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
+from seq2serve.server.api.routing import MODEL_HEADER, PAIR_HEADER, served_value
 from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
@@ -159,10 +161,13 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
               doc: str = "") -> None:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
-            try:
-                response = await until_client_leaves(request, handler, settings.timeout_s)
-            except Exception as error:  # noqa: BLE001 - every error becomes a status + body
-                response = error_response(error)
+            with model_headers.collecting() as served:
+                try:
+                    response = await until_client_leaves(request, handler, settings.timeout_s)
+                except Exception as error:  # noqa: BLE001 - every error becomes a status + body
+                    response = error_response(error)
+            if models := served_value(served):  # which model answered (api/routing.py)
+                response.headers[MODEL_HEADER] = models
             observed.requests.labels(path, str(response.status_code)).inc()
             observed.duration.labels(path).observe(time.perf_counter() - started)
             return response
@@ -206,8 +211,9 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
 
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                        allow_methods=["GET", "POST"],
-                       allow_headers=["Authorization", "Content-Type"],
-                       expose_headers=["Authorization", TRUNCATED_HEADER],
+                       allow_headers=["Authorization", "Content-Type", MODEL_HEADER,
+                                      PAIR_HEADER],
+                       expose_headers=["Authorization", TRUNCATED_HEADER, MODEL_HEADER],
                        max_age=60 * 60 * 24 * 20)
     # A document upload has a limit of its own (images in it are copied byte for byte);
     # the slack is the multipart form around the file and the other fields.

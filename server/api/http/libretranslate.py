@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
+from seq2serve.server.api.http.model_headers import door_call, named
+from seq2serve.server.api.routing import Named, agree, pair_of
 from seq2serve.server.config import setting_names
 from seq2serve.server.core.detect import Detector
 from seq2serve.server.core.documents import (
@@ -40,7 +42,6 @@ from seq2serve.server.core.markup import extract
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.translator import (
-    Call,
     ModelInfo,
     SourceTooLong,
     SummarizeRequest,
@@ -206,8 +207,8 @@ class LibreTranslateApi:
         fields = await read_fields(request)
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
-        source = _required(fields, "source")
-        target = _required(fields, "target")
+        wanted = named(request)
+        source, target = _source_target(fields, wanted)
         text_format = fields.text("format") or "text"
         if text_format not in ("text", "html"):
             raise invalid(f"{text_format[:64]} format is not supported")
@@ -219,7 +220,8 @@ class LibreTranslateApi:
         self._check_sizes(texts)
         detected = await self._sources(texts, source)
         translated, flags, models = await self._translate_flagged(
-            texts, [d[0] for d in detected], target, text_format, alternatives, software)
+            texts, [d[0] for d in detected], target, text_format, alternatives, software,
+            wanted)
         repaired, cut = [f.repaired for f in flags], [f.cut for f in flags]
         best = [options[0] for options in translated]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
@@ -269,9 +271,10 @@ class LibreTranslateApi:
         return [(d[0].language, float(d[0].confidence)) if d else (default, 0.0)
                 for d in found]
 
-    def _pair(self, source: str, target: str) -> Pair:
+    def _pair(self, source: str, target: str, wanted: Named | None = None) -> Pair:
         """The pair as the core routes it (the rule of every door), or LibreTranslate's
-        400 where nothing serves it."""
+        400 where nothing serves it. LibreTranslate's API names no model: a model the
+        headers name must be the one that serves the pair (a chain's "a+b")."""
         try:
             route = self.translator.route(source, target)
         except NotFound:
@@ -281,11 +284,14 @@ class LibreTranslateApi:
             raise invalid(f"{self._name(listed)} ({target[:16]}) is not available as a target "
                           f"language from {self._name(self.translator.language_code(source))} "
                           f"({source[:16]})") from None
+        if wanted is not None and route.models:
+            agree("+".join(route.models), wanted.model,
+                  f"model for {source[:16]}->{target[:16]}", wanted.model_key)
         return Pair(source, target, route.models)
 
     async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
                                  target: str, text_format: str, alternatives: int,
-                                 software: Software
+                                 software: Software, wanted: Named
                                  ) -> tuple[list[list[str]], list[Flags], list[tuple[str, ...]]]:
         """Every text's best translation and alternatives, what its best's flags say
         and the models that served it; one core request per source language (one in
@@ -299,7 +305,7 @@ class LibreTranslateApi:
         jobs = []
         pairs = []
         for source, members in groups.items():
-            pairs.append(self._pair(source, target))
+            pairs.append(self._pair(source, target, wanted))
             jobs.append(self._translate_group(pairs[-1], [texts[i] for i in members],
                                               text_format, alternatives, software))
         for members, pair, results in zip(groups.values(), pairs, await asyncio.gather(*jobs),
@@ -314,7 +320,7 @@ class LibreTranslateApi:
         options = self._options(pair.last, alternatives)
         if text_format == "text":
             result = await self.translator.translate(
-                self._request(pair, texts, options, software), Call())
+                self._request(pair, texts, options, software), door_call())
             return [([h.text for h in t.hypotheses], Flags.of([t.hypotheses[0]]))
                     for t in result.translations]
         # HTML: only the text blocks go to the model (a sentence with its inline tags as
@@ -325,7 +331,7 @@ class LibreTranslateApi:
         bests: list[Joined] = []
         if runs:
             result = await self.translator.translate(
-                self._request(pair, runs, self._options(pair.last, 0), software), Call())
+                self._request(pair, runs, self._options(pair.last, 0), software), door_call())
             bests = [t.hypotheses[0] for t in result.translations]
             translated = [best.text for best in bests]
         rendered, start = [], 0
@@ -365,11 +371,12 @@ class LibreTranslateApi:
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
         self._check_sizes(texts)
-        model = fields.text("model") or ""
+        model = agree(fields.text("model") or "", named(request).model, "model",
+                      named(request).model_key)
         truncate = fields.boolean("truncate", False)
         try:
             result = await self.translator.summarize(
-                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), Call())
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), door_call())
         except NotFound:
             names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
             wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
@@ -427,8 +434,8 @@ class LibreTranslateApi:
         upload = fields.files.get("file")
         if upload is None:
             raise missing("file")
-        source = _required(fields, "source")
-        target = _required(fields, "target")
+        wanted = named(request)
+        source, target = _source_target(fields, wanted)
         name = PurePath(upload.filename or "file.txt").name
         if PurePath(name).suffix.lower() not in SUFFIXES:
             raise invalid("Invalid request: file format not supported")
@@ -443,9 +450,9 @@ class LibreTranslateApi:
             source = document.source_language.split("-")[0].split("_")[0] or "auto"
         [language] = [s for s, _ in await self._sources(
             [" ".join(document.texts[:50])[:2000]], source)]
-        template = self._request(self._pair(language, target), (), DecodingOptions(),
+        template = self._request(self._pair(language, target, wanted), (), DecodingOptions(),
                                  Software.from_fields(fields))
-        output = await translate_with_core(document, self.translator, template, Call())
+        output = await translate_with_core(document, self.translator, template, door_call())
         key = f"{uuid.uuid4().hex}.{document.name}"
         self._store(key, output)
         # Any file name in one path segment (RFC 3986): spaces, "#", "?", "%", non-ASCII
@@ -501,11 +508,16 @@ def _api_key(fields: Fields) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _required(fields: Fields, name: str) -> str:
-    value = fields.text(name)
-    if not value:
-        raise missing(name)
-    return value
+def _source_target(fields: Fields, wanted: Named) -> tuple[str, str]:
+    """`source` and `target`, each the body's or else the pair header's (a conflict
+    is a 400 naming both); either missing from both is LibreTranslate's 400."""
+    source, target = pair_of(fields.text("source") or "", fields.text("target") or "",
+                             wanted, ("source", "target"))
+    for name, value in (("source", source), ("target", target)):
+        if not value:
+            raise missing(name)
+    return source, target
+
 
 
 def _unique(alternatives: Sequence[str], best: str) -> list[str]:
