@@ -39,7 +39,7 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
 from seq2serve.server.api.grpc_metrics import count_undecodable
 from seq2serve.server.api.grpc_service import TranslatorService
-from seq2serve.server.api.http.access import Access, read_api_keys
+from seq2serve.server.api.http.access import Access, KeyFileError, read_key_file
 from seq2serve.server.api.http.app import HttpSettings, build_app
 from seq2serve.server.api.http.libretranslate import LibreSettings
 from seq2serve.server.api.http.listener import HttpListener, ListenError
@@ -247,10 +247,14 @@ class Server:
 
     def _http_listener(self) -> HttpListener:
         config = self.config
-        keys = read_api_keys(config.api_keys) if config.api_keys is not None else None
-        access = Access(keys, require_key=config.require_api_key,
-                        per_minute=config.rate_limit,
-                        trusted_proxies=config.trusted_networks())
+        try:
+            keys = read_key_file(config.api_keys) if config.api_keys is not None else None
+        except KeyFileError as e:
+            raise StartupError(str(e)) from None
+        access = Access(keys.keys if keys is not None else None,
+                        require_key=config.require_api_key, per_minute=config.rate_limit,
+                        trusted_proxies=config.trusted_networks(),
+                        char_limits=keys.char_limits if keys is not None else None)
         settings = HttpSettings(
             libre=LibreSettings(char_limit=config.max_text_chars,
                                 batch_limit=config.max_texts_per_request,

@@ -26,8 +26,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
+from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
+    HTTP_STATUS,
+    RETRY_AFTER_S,
+    retry_after,
+    status_of,
+)
 from seq2serve.server.api.http.libretranslate import (
     TRUNCATED_HEADER,
     LibreSettings,
@@ -35,26 +41,13 @@ from seq2serve.server.api.http.libretranslate import (
 )
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
-from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
+from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
 log = logging.getLogger("seq2serve.server.http")
 STATIC = Path(__file__).resolve().parent / "static"
 
-# The one table from the core's error kinds to HTTP status codes.
-HTTP_STATUS: dict[ErrorKind, int] = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.RESOURCE_EXHAUSTED: 429,
-    ErrorKind.TOO_LARGE: 413,  # Content Too Large (RFC 9110)
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.DEADLINE_EXCEEDED: 504,
-    ErrorKind.CANCELLED: 499,
-}
-# What a 503 (models loading, server draining) tells a client to wait before it asks
-# again (Retry-After, RFC 9110): loading takes seconds, a drain hands over in as many.
-RETRY_AFTER_S = 2
 FORM_SLACK_BYTES = 64 * 1024
 # Every asset comes from this server; no inline script or style.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -83,19 +76,16 @@ class HttpMetrics:
 
 
 def error_response(error: BaseException) -> JSONResponse:
-    """LibreTranslate's error body: {"error": message}, with the kind's status."""
-    if isinstance(error, ServiceError):
-        status = HTTP_STATUS[error.kind]
-        return JSONResponse({"error": error.message}, status_code=status,
-                            headers=_retry_after(status))
-    if isinstance(error, AccessDenied):
-        return JSONResponse({"error": str(error)}, status_code=403)
-    if isinstance(error, KeyRequired):
-        return JSONResponse({"error": str(error)}, status_code=400)
-    if isinstance(error, RateLimited):
-        return JSONResponse({"error": str(error)}, status_code=429)
-    log.error("unhandled error in an HTTP request", exc_info=error)
-    return JSONResponse({"error": "internal error (logged on the server)"}, status_code=500)
+    """LibreTranslate's error body: {"error": message}, with the status the one table
+    gives (errors.py)."""
+    status = status_of(error)
+    if status is None:
+        log.error("unhandled error in an HTTP request", exc_info=error)
+        return JSONResponse({"error": "internal error (logged on the server)"},
+                            status_code=500)
+    message = error.message if isinstance(error, ServiceError) else str(error)
+    return JSONResponse({"error": message}, status_code=status,
+                        headers=retry_after(error, status))
 
 
 def _retry_after(status: int) -> dict[str, str] | None:
@@ -106,8 +96,12 @@ Handler = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
+Encoder = Callable[[BaseException], Response]
+
+
 async def until_client_leaves(request: Request, handler: Handler,
-                              timeout_s: float | None = None) -> Response:
+                              timeout_s: float | None = None,
+                              encode: Encoder = error_response) -> Response:
     """Run the handler; if the client disconnects first, or it takes longer than
     `timeout_s` (504), cancel it, so that its texts leave the queue and their batches
     at once (as a cancelled or expired gRPC call's do)."""
@@ -134,7 +128,7 @@ async def until_client_leaves(request: Request, handler: Handler,
     if left:
         return Response(status_code=CLIENT_CLOSED)
     # The client is still there: the time limit ended it.
-    return error_response(DeadlineExceeded(
+    return encode(DeadlineExceeded(
         f"the request took longer than this server's limit of {timeout_s:g} s "
         "(--http-timeout-s)"))
 
@@ -156,13 +150,15 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     proto = ProtoJsonApi(proto_api, access)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
-              doc: str = "") -> None:
+              doc: str = "", encode: Encoder = error_response) -> None:
+        """`encode`: the dialect's error answer (LibreTranslate's by default)."""
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                response = await until_client_leaves(request, handler, settings.timeout_s)
+                response = await until_client_leaves(request, handler, settings.timeout_s,
+                                                     encode)
             except Exception as error:  # noqa: BLE001 - every error becomes a status + body
-                response = error_response(error)
+                response = encode(error)
             observed.requests.labels(path, str(response.status_code)).inc()
             observed.duration.labels(path).observe(time.perf_counter() - started)
             return response
