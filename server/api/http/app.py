@@ -28,12 +28,15 @@ from swagger_ui_bundle import swagger_ui_path
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.deepl_auth import DeepLAccess
+from seq2serve.server.api.http.deepl_documents import DeepLDocuments
 from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
     HTTP_STATUS,
     RETRY_AFTER_S,
     retry_after,
     status_of,
 )
+from seq2serve.server.api.http.jobs_api import JobsApi
 from seq2serve.server.api.http.libretranslate import (
     TRUNCATED_HEADER,
     LibreSettings,
@@ -41,6 +44,8 @@ from seq2serve.server.api.http.libretranslate import (
 )
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
+from seq2serve.server.core.documents.jobs import DocumentJobs
+from seq2serve.server.core.documents.service import DocumentRunner
 from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
@@ -139,14 +144,19 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
-              metrics: Metrics, serving: Callable[[], bool], access: Access) -> FastAPI:
+              metrics: Metrics, serving: Callable[[], bool], access: Access,
+              jobs: DocumentJobs | None = None) -> FastAPI:
     """The whole HTTP front door; `serving()` is the health state the gRPC health
-    service reports (False while loading and draining)."""
+    service reports (False while loading and draining). Files are translated as
+    `jobs`' document jobs (none: no file translation), which this door runs."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
                   "API and the seq2serve.v1 .proto as JSON", version="1", docs_url=None,
                   redoc_url=None)
     observed = HttpMetrics(metrics)
-    libre = LibreTranslateApi(translator, access, settings.libre)
+    libre = LibreTranslateApi(translator, access, settings.libre, jobs)
+    if jobs is not None:
+        jobs.attach(DocumentRunner(translator, settings.libre.document_limits,
+                                   libre.detect_source))
     proto = ProtoJsonApi(proto_api, access)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
@@ -189,6 +199,13 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
     route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
     proto.register(route)
+    if jobs is not None:
+        jobs_api = JobsApi(jobs, libre)
+        route("/v1/jobs", jobs_api.submit, ["POST"], name="submit_job",
+              doc="Queue a file for translation (the /translate_file form): a document job")
+        route("/v1/jobs/{job_id}", jobs_api.status, ["GET"], name="job_status",
+              doc="A document job's state, progress and estimate")
+        DeepLDocuments(jobs, DeepLAccess(access), translator).register(route)
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2serve API",
                                    swagger_js_url="/swagger/swagger-ui-bundle.js",
@@ -207,9 +224,10 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
                        max_age=60 * 60 * 24 * 20)
     # A document upload has a limit of its own (images in it are copied byte for byte);
     # the slack is the multipart form around the file and the other fields.
+    upload = settings.libre.document_limits.file_bytes + FORM_SLACK_BYTES
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
-                       paths={"/translate_file": settings.libre.document_limits.file_bytes
-                              + FORM_SLACK_BYTES})
+                       paths={path: upload for path in ("/translate_file", "/v1/jobs",
+                                                        "/v2/document")})
     app.add_middleware(SecurityHeaders)
     return app
 

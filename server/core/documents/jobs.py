@@ -157,6 +157,10 @@ class DocumentJobs:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the folder (a temporary one is removed)."""
         self.store.close()
         if self._temporary:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -267,11 +271,14 @@ class DocumentJobs:
             if self._stopping:
                 raise  # left as it is on disk: the next start runs it again
             return  # cancelled by its submitter: already removed
-        except ServiceError as e:
-            self._fail(record, e.kind.value, e.message)
         except Exception as e:  # noqa: BLE001 - a job's failure is its state, never a crash
-            log.error("document job %s failed", record.id, exc_info=e)
-            self._fail(record, INTERNAL, "internal error (logged on the server)")
+            if self._stopping:  # the models stopping under it: run again at the next start
+                return
+            if isinstance(e, ServiceError):
+                self._fail(record, e.kind.value, e.message)
+            else:
+                log.error("document job %s failed", record.id, exc_info=e)
+                self._fail(record, INTERNAL, "internal error (logged on the server)")
         else:
             record.state, record.finished = JobState.DONE, self.clock()
             record.output_name, record.report = outcome.name, outcome.report
