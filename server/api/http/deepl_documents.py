@@ -87,6 +87,10 @@ class DeepLDocuments:
             raise InvalidArgument("Parameter 'target_lang' not specified.")
         source = fields.text("source_lang") or "auto"
         self._check_pair(source, target)
+        # As the served models list them (DeepL's "DE", "EN-GB"): what the file is marked
+        # with (a catalog's Language header, a document's language).
+        target = self.translator.language_code(target)
+        source = source if source == "auto" else self.translator.language_code(source)
         data = await upload.read()
         if not data:
             raise InvalidArgument("Invalid file data: the file is empty")
