@@ -5,8 +5,8 @@
     GET  /v1/jobs/{id}   where the job stands: {"id", "name", "state" (queued,
                          translating, done, error), "progress": {"done", "total"}
                          (texts), "secondsRemaining" (an estimate while translating),
-                         "billedCharacters", "report", "notes", and "translatedFileUrl"
-                         once done or "error" once failed}
+                         "billedCharacters", "notes", and "translatedFileUrl",
+                         "outputName", "report" once done or "error" once failed}
 
 The id is the capability, as a LibreTranslate download link is: 128 random bits that
 only the submitter learns. The file is downloaded from /download_file, as
@@ -49,6 +49,7 @@ class JobsApi:
             "billedCharacters": view.billed_characters, "notes": list(view.notes)}
         if view.state is JobState.DONE:
             body["report"] = view.report
+            body["outputName"] = view.output_name
             body["translatedFileUrl"] = self.libre.download_url(request, view.id,
                                                                 view.output_name)
         if view.state is JobState.ERROR:
