@@ -256,7 +256,7 @@ class ServerConfig:
                 "max_document_bytes", "max_document_members", "max_document_unpacked_bytes",
                 "max_document_elements", "max_document_characters", "max_document_paragraphs",
                 "max_documents_in_flight", "jobs_max_bytes")),
-            float_problem("job_ttl_s", self.job_ttl_s, 1.0, 30 * 86400.0),
+            float_problem("job_ttl_s", self.job_ttl_s, 1.0, 7 * 86400.0),
             self._jobs_dir_problem(),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),

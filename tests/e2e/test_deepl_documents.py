@@ -11,6 +11,7 @@ import io
 import signal
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import deepl
@@ -256,3 +257,32 @@ def test_a_job_outlives_a_server_killed_mid_job(tmp_path: Path) -> None:
         assert proc.finish(120) == 0
     finally:
         proc.kill()
+
+
+def test_keys_and_a_key_s_character_limit(tmp_path: Path) -> None:
+    """A wrong key is the client's AuthorizationException; a document's characters
+    count on its key once done, and a key past its limit gets QuotaExceededException."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "en-de").symlink_to(SHIPPED)
+    keys = tmp_path / "keys"
+    keys.write_text("small 20\nbig\n")
+    server = RunningServer(server_config(models, http_port=free_port(), api_keys=keys,
+                                         require_api_key=True, jobs_dir=tmp_path / "jobs"))
+    try:
+        with closing(deepl.Translator("wrong", server_url=server.http_url)) as wrong, \
+                pytest.raises(deepl.AuthorizationException):
+            wrong.translate_document_upload(text_file(), target_lang="DE",
+                                            filename="a.txt")
+        with closing(deepl.Translator("small", server_url=server.http_url)) as small:
+            status = small.translate_document(text_file(), io.BytesIO(), target_lang="DE",
+                                              filename="a.txt")
+            assert status.billed_characters == len("Open the file.The disk is almost full.")
+            with pytest.raises(deepl.QuotaExceededException):
+                small.translate_document_upload(text_file(), target_lang="DE",
+                                                filename="a.txt")
+        with closing(deepl.Translator("big", server_url=server.http_url)) as big:
+            assert big.translate_document(text_file(), io.BytesIO(), target_lang="DE",
+                                          filename="a.txt").done
+    finally:
+        server.stop()

@@ -98,6 +98,8 @@ class DeepLDocuments:
         record = self.jobs.submit(Order(name=name, target_language=target,
                                         source_language=source, door=DOOR,
                                         key_digest=_digest(key)), data)
+        for gone in [i for i in self._callers if i not in self.jobs.store.records]:
+            del self._callers[gone]  # expired before anyone asked for them
         self._callers[record.id] = caller
         return JSONResponse({"document_id": record.id, "document_key": key})
 
@@ -145,8 +147,8 @@ class DeepLDocuments:
     def _bill(self, record: Record) -> None:
         """Count a done document's characters on its caller's key, once: all of them,
         up to the key's limit (the work is done; the key's next upload gets 456)."""
-        caller = self._callers.pop(record.id, None) if record.state is JobState.DONE else None
-        if caller is not None:
+        caller = self._callers.pop(record.id, None) if record.state.finished else None
+        if caller is not None and record.state is JobState.DONE:
             usage = self.access.usage(caller)
             left = max(0, usage.character_limit - usage.character_count)
             self.access.reserve(caller, min(record.billed_characters, left))
