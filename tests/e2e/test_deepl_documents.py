@@ -261,14 +261,19 @@ def test_a_job_outlives_a_server_killed_mid_job(tmp_path: Path) -> None:
 
 def test_keys_and_a_key_s_character_limit(tmp_path: Path) -> None:
     """A wrong key is the client's AuthorizationException; a document's characters
-    count on its key once done, and a key past its limit gets QuotaExceededException."""
+    count on its key once done, and a key past its limit gets QuotaExceededException;
+    a glossary of the server's applies by its id."""
     models = tmp_path / "models"
     models.mkdir()
     (models / "en-de").symlink_to(SHIPPED)
     keys = tmp_path / "keys"
     keys.write_text("small 20\nbig\n")
+    glossaries = tmp_path / "glossaries"
+    glossaries.mkdir()
+    (glossaries / "office.tsv").write_text("file\tAkte\n")
     server = RunningServer(server_config(models, http_port=free_port(), api_keys=keys,
-                                         require_api_key=True, jobs_dir=tmp_path / "jobs"))
+                                         require_api_key=True, jobs_dir=tmp_path / "jobs",
+                                         glossary_dir=glossaries))
     try:
         with closing(deepl.Translator("wrong", server_url=server.http_url)) as wrong, \
                 pytest.raises(deepl.AuthorizationException):
@@ -282,7 +287,17 @@ def test_keys_and_a_key_s_character_limit(tmp_path: Path) -> None:
                 small.translate_document_upload(text_file(), target_lang="DE",
                                                 filename="a.txt")
         with closing(deepl.Translator("big", server_url=server.http_url)) as big:
-            assert big.translate_document(text_file(), io.BytesIO(), target_lang="DE",
+            out = io.BytesIO()
+            assert big.translate_document(text_file(), out, target_lang="DE",
                                           filename="a.txt").done
+            assert b"Akte" not in out.getvalue()
+            # A glossary of the server's by its id.
+            out = io.BytesIO()
+            big.translate_document(text_file(), out, source_lang="EN", target_lang="DE",
+                                   filename="a.txt", glossary="office")
+            assert b"Akte" in out.getvalue()
+            with pytest.raises(deepl.DeepLException, match="glossary_id"):
+                big.translate_document_upload(text_file(), source_lang="EN", target_lang="DE",
+                                              filename="a.txt", glossary="nothing")
     finally:
         server.stop()

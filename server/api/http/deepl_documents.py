@@ -91,12 +91,18 @@ class DeepLDocuments:
         # with (a catalog's Language header, a document's language).
         target = self.translator.language_code(target)
         source = source if source == "auto" else self.translator.language_code(source)
+        # A glossary of the core's (--glossary-dir) by its id; `formality` is accepted and
+        # has no effect, as DeepL does for a language without formality.
+        glossary = fields.text("glossary_id") or ""
+        if glossary and self.translator.glossaries.get(glossary) is None:
+            raise InvalidArgument(f"Value for 'glossary_id' not found: this server has no "
+                                  f"glossary {glossary[:64]!r}")
         data = await upload.read()
         if not data:
             raise InvalidArgument("Invalid file data: the file is empty")
         key = secrets.token_hex(32).upper()
         record = self.jobs.submit(Order(name=name, target_language=target,
-                                        source_language=source, door=DOOR,
+                                        source_language=source, glossary=glossary, door=DOOR,
                                         key_digest=_digest(key)), data)
         for gone in [i for i in self._callers if i not in self.jobs.store.records]:
             del self._callers[gone]  # expired before anyone asked for them
