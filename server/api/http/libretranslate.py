@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import unicodedata
-import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -28,16 +26,10 @@ from seq2serve.server.api.http.model_headers import door_call, named
 from seq2serve.server.api.routing import Named, agree, pair_of
 from seq2serve.server.config import setting_names
 from seq2serve.server.core.detect import Detector
-from seq2serve.server.core.documents import (
-    DEFAULT_LIMITS,
-    SUFFIXES,
-    Limits,
-    media_type,
-    read_document,
-)
-from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT, InFlight
-from seq2serve.server.core.documents.service import translate_with_core
-from seq2serve.server.core.errors import InvalidArgument, NotFound
+from seq2serve.server.core.documents import DEFAULT_LIMITS, SUFFIXES, Limits, media_type
+from seq2serve.server.core.documents.jobs import DocumentJobs
+from seq2serve.server.core.documents.jobstore import Order
+from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable
 from seq2serve.server.core.markup import extract
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
@@ -51,9 +43,8 @@ from seq2serve.server.core.translator import (
 
 # On a /summarize answer whose texts were cut to the model's input: how many were.
 TRUNCATED_HEADER = "X-Seq2serve-Truncated"
-# Translated files wait for their download this long, at most this many.
-FILE_TTL_S = 600.0
-MAX_STORED_FILES = 64
+# The door of the jobs this API submits (core/documents/jobstore.py: Order.door).
+JOBS_DOOR = "v1"
 
 
 @dataclass(frozen=True)
@@ -64,7 +55,6 @@ class LibreSettings:
     frontend_timeout_ms: int = 500
     suggestions: bool = False
     document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
-    documents_in_flight: int = DEFAULT_IN_FLIGHT  # /translate_file uploads at once (503 past)
 
 
 @dataclass(frozen=True)
@@ -134,12 +124,12 @@ class Catalog:
 
 
 class LibreTranslateApi:
-    def __init__(self, translator: Translator, access: Access, settings: LibreSettings) -> None:
+    def __init__(self, translator: Translator, access: Access, settings: LibreSettings,
+                 jobs: DocumentJobs | None = None) -> None:
         self.translator = translator
         self.access = access
         self.settings = settings
-        self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
-        self._documents = InFlight(settings.documents_in_flight)
+        self.jobs = jobs  # documents (/translate_file) run as its jobs
         self._catalog: Catalog | None = None
 
     # -- languages -------------------------------------------------------------------
@@ -421,16 +411,30 @@ class LibreTranslateApi:
     async def translate_file(self, request: Request) -> Response:
         """A whole file (core/documents/): .txt, .html, gettext .po/.pot, XLIFF, .srt,
         .docx, .pptx, .odt, .odp, .epub, read within `document_limits` (413 past them).
-        All of its texts are queued together as ordinary core requests, so placeholders,
-        markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
-        field) retranslates entries that are translated already."""
-        with self._documents.admit():
-            fields = await read_fields(request)
-            self._admit(request, fields, cost=1)
-            url = await self._translate_file(request, fields)
-        return JSONResponse({"translatedFileUrl": url})
+        The file is a document job (core/documents/jobs.py) that this answer waits for:
+        its texts are queued together as ordinary core requests, so placeholders, markup
+        and glossaries are protected as in /translate. `overwrite` (a seq2serve field)
+        retranslates entries that are translated already. A client that leaves (or
+        the server's --http-timeout-s) ends the job."""
+        jobs = self._jobs()
+        order, data = await self.file_order(request)
+        record = jobs.submit(order, data)
+        try:
+            view = await jobs.wait(record.id, JOBS_DOOR)
+        except asyncio.CancelledError:
+            jobs.cancel(record.id)
+            raise
+        if view.error_kind:
+            raise view.error()
+        return JSONResponse({"translatedFileUrl": self.download_url(request, record.id,
+                                                                    view.output_name)})
 
-    async def _translate_file(self, request: Request, fields: Fields) -> str:
+    async def file_order(self, request: Request) -> tuple[Order, bytes]:
+        """A /translate_file form (the caller admitted, the fields checked) as a job's
+        order and the uploaded bytes: LibreTranslate's fields, and seq2serve's
+        `overwrite` and software fields."""
+        fields = await read_fields(request)
+        self._admit(request, fields, cost=1)
         upload = fields.files.get("file")
         if upload is None:
             raise missing("file")
@@ -442,38 +446,49 @@ class LibreTranslateApi:
         raw = await upload.read()
         if not raw:
             raise invalid("Invalid request: empty file")
-        overwrite = fields.boolean("overwrite", False)
-        document = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: read_document(name, raw, target, overwrite,
-                                        self.settings.document_limits))
-        if source == "auto":
-            source = document.source_language.split("-")[0].split("_")[0] or "auto"
-        [language] = [s for s, _ in await self._sources(
-            [" ".join(document.texts[:50])[:2000]], source)]
-        template = self._request(self._pair(language, target, wanted), (), DecodingOptions(),
-                                 Software.from_fields(fields))
-        output = await translate_with_core(document, self.translator, template, door_call())
-        key = f"{uuid.uuid4().hex}.{document.name}"
-        self._store(key, output)
+        # The pair is checked now (LibreTranslate's 400s); what the file says and the
+        # language detected where `source` is auto, by the job.
+        if source != "auto":
+            await self._sources([""], source)
+            self._pair(source, target, wanted)
+        elif self.translator.language_code(target) not in {t for _, t in self.pairs()}:
+            raise invalid(f"{target[:16]} is not supported")
+        software = Software.from_fields(fields)
+        return Order(name=name, target_language=target, source_language=source,
+                     overwrite=fields.boolean("overwrite", False),
+                     protect_placeholders=software.protect_placeholders,
+                     glossary=software.glossary, terms=software.terms,
+                     do_not_translate=software.do_not_translate, door=JOBS_DOOR), raw
+
+    async def detect_source(self, sample: str) -> str:
+        """The language of a file's text (a sample of it), for a job whose source is
+        auto: a served source language, as /translate's `source=auto` detects."""
+        [(language, _)] = await self._sources([sample], "auto")
+        return language
+
+    @staticmethod
+    def download_url(request: Request, job_id: str, name: str) -> str:
         # Any file name in one path segment (RFC 3986): spaces, "#", "?", "%", non-ASCII
         # letters percent-encoded, "/" too; Starlette decodes it on the way back in.
-        return str(request.url_for("download_file", filename=quote(key, safe="")))
-
-    def _store(self, key: str, data: bytes) -> None:
-        now = asyncio.get_running_loop().time()
-        while self._files and (len(self._files) >= MAX_STORED_FILES or
-                               next(iter(self._files.values()))[0] < now - FILE_TTL_S):
-            self._files.popitem(last=False)
-        self._files[key] = (now, key.split(".", 1)[1], data)
+        return str(request.url_for("download_file",
+                                   filename=quote(f"{job_id}.{name}", safe="")))
 
     async def download_file(self, request: Request) -> Response:
-        key = request.path_params["filename"]
-        stored = self._files.get(key)
-        if stored is None:
+        """A finished job's file, until the job expires (--job-ttl-s)."""
+        job_id, _, name = request.path_params["filename"].partition(".")
+        try:
+            data, stored = self._jobs().output(job_id, JOBS_DOOR)
+        except NotFound:
+            raise invalid("Invalid filename") from None
+        if stored != name:
             raise invalid("Invalid filename")
-        _, name, data = stored
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
+
+    def _jobs(self) -> DocumentJobs:
+        if self.jobs is None:
+            raise Unavailable("this server translates no files (no document jobs)")
+        return self.jobs
 
     # -- access ----------------------------------------------------------------------
 
