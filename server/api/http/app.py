@@ -28,6 +28,8 @@ from swagger_ui_bundle import swagger_ui_path
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.deepl import DeepLApi
+from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
     HTTP_STATUS,
     RETRY_AFTER_S,
@@ -42,6 +44,7 @@ from seq2serve.server.api.http.libretranslate import (
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
+from seq2serve.server.core.glossary import GlossaryStore
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
@@ -139,15 +142,17 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
-              metrics: Metrics, serving: Callable[[], bool], access: Access) -> FastAPI:
+              metrics: Metrics, serving: Callable[[], bool], access: Access,
+              glossaries: GlossaryStore) -> FastAPI:
     """The whole HTTP front door; `serving()` is the health state the gRPC health
     service reports (False while loading and draining)."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
-                  "API and the seq2serve.v1 .proto as JSON", version="1", docs_url=None,
-                  redoc_url=None)
+                  "API, DeepL's API v2 and the seq2serve.v1 .proto as JSON", version="1",
+                  docs_url=None, redoc_url=None)
     observed = HttpMetrics(metrics)
     libre = LibreTranslateApi(translator, access, settings.libre)
     proto = ProtoJsonApi(proto_api, access)
+    deepl = DeepLApi(libre.texts, DeepLAccess(access), glossaries)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
               doc: str = "", encode: Encoder = error_response) -> None:
@@ -189,6 +194,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
     route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
     proto.register(route)
+    deepl.register(route)
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2serve API",
                                    swagger_js_url="/swagger/swagger-ui-bundle.js",
@@ -201,7 +207,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     app.mount("/swagger", StaticFiles(directory=swagger_ui_path), name="swagger")
 
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                       allow_methods=["GET", "POST"],
+                       allow_methods=["GET", "POST", "DELETE"],
                        allow_headers=["Authorization", "Content-Type"],
                        expose_headers=["Authorization", TRUNCATED_HEADER],
                        max_age=60 * 60 * 24 * 20)
