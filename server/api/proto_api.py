@@ -11,8 +11,9 @@ from typing import Protocol, TypeVar
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert
-from seq2serve.server.core.errors import ResourceExhausted
+from seq2serve.server.core.errors import InvalidArgument, ResourceExhausted
 from seq2serve.server.core.requests import Call
+from seq2serve.server.core.texts import AUTO, TextService
 from seq2serve.server.core.translator import Translator, off_loop
 
 
@@ -24,11 +25,18 @@ M = TypeVar("M", bound=_Message)
 
 
 class ProtoApi:
-    def __init__(self, translator: Translator, max_message_bytes: int) -> None:
+    def __init__(self, translator: Translator, max_message_bytes: int,
+                 texts: TextService | None = None) -> None:
         self.translator = translator
         self.max_message_bytes = max_message_bytes
+        self.texts = texts or TextService(translator)
 
     async def translate(self, request: pb.TranslateRequest, call: Call) -> pb.TranslateResponse:
+        meaning = convert.texts_request_from_pb(request)
+        if meaning is not None:  # source "auto", HTML or XML: the core's request of texts
+            answers = await self.texts.translate(meaning, call)
+            return await off_loop(lambda: self.within_limit(convert.texts_response_to_pb(
+                answers, request.options, meaning.source_language == AUTO)))
         result = await self.translator.translate(convert.translate_request_from_pb(request), call)
         return await off_loop(lambda: self.within_limit(
             convert.translate_response_to_pb(result, request.options)))
@@ -40,6 +48,10 @@ class ProtoApi:
 
     async def stream(self, request: pb.TranslateRequest,
                      call: Call) -> AsyncGenerator[pb.TranslateChunk, None]:
+        if convert.texts_request_from_pb(request) is not None:
+            raise InvalidArgument("TranslateStream takes plain text of a given source "
+                                  "language; use Translate for source_language \"auto\", "
+                                  "HTML and XML")
         chunks = self.translator.stream(convert.translate_request_from_pb(request), call)
         # Closed as soon as the caller stops (a chunk too big, the client gone), so
         # that the request's pieces leave their batches at once.

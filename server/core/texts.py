@@ -10,6 +10,7 @@ glossary and terms, formality and sentence splitting. A door converts its fields
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -61,25 +62,39 @@ class TextsRequest:
     do_not_translate: tuple[str, ...] = ()
     formality: str = "default"
     splitting: Splitting = Splitting.ON
+    # gRPC's: a model by name (the Translator checks its languages) and decoding
+    # options of the request's own (None: the model's, widened for `alternatives`).
+    model: str = ""
+    options: DecodingOptions | None = None
 
 
 @dataclass(frozen=True)
 class TextAnswer:
-    """One text's translation, best first then its distinct alternatives; whether a
-    placeholder was repaired or a piece cut at its length limit; the models that
-    served it; its source language (given: confidence 100) and the detector's
-    confidence in it."""
+    """One text's n-best (best first; markup: one, its blocks' bests rendered, cut or
+    repaired where any block was), the models that served it, its source language
+    (given: confidence 100) and the detector's confidence in it."""
 
-    translations: tuple[str, ...]
-    repaired: bool
-    cut: bool
+    hypotheses: tuple[Joined, ...]
     models: tuple[str, ...]
     source_language: str
     confidence: float
 
     @property
     def best(self) -> str:
-        return self.translations[0]
+        return self.hypotheses[0].text
+
+    @property
+    def translations(self) -> tuple[str, ...]:
+        """The best, then each alternative that differs from every one before it."""
+        return tuple(_distinct([h.text for h in self.hypotheses]))
+
+    @property
+    def repaired(self) -> bool:
+        return self.hypotheses[0].repaired
+
+    @property
+    def cut(self) -> bool:
+        return self.hypotheses[0].finish_reason == "length"
 
 
 class TextService:
@@ -117,47 +132,54 @@ class TextService:
         groups: dict[str, list[int]] = {}
         for i, (source, _) in enumerate(detected):
             groups.setdefault(source, []).append(i)
-        pairs = [self.catalog.pair(source, request.target_language) for source in groups]
+        pairs = [self.catalog.pair(source, request.target_language) if not request.model
+                 else Pair(source, request.target_language, ()) for source in groups]
         results = await asyncio.gather(*[
             self._group(pair, [request.texts[i] for i in members], request, call)
             for pair, members in zip(pairs, groups.values(), strict=True)])
         out: list[TextAnswer | None] = [None] * len(request.texts)
-        for pair, members, answers in zip(pairs, groups.values(), results, strict=True):
-            for i, (translations, bests) in zip(members, answers, strict=True):
-                out[i] = TextAnswer(tuple(translations), any(b.repaired for b in bests),
-                                    any(b.finish_reason == "length" for b in bests),
-                                    pair.models, *detected[i])
+        for members, (models, answers) in zip(groups.values(), results, strict=True):
+            for i, hypotheses in zip(members, answers, strict=True):
+                out[i] = TextAnswer(tuple(hypotheses), models, *detected[i])
         return [a for a in out if a is not None]
 
     async def _group(self, pair: Pair, texts: Sequence[str], request: TextsRequest,
-                     call: Call) -> list[tuple[list[str], list[Joined]]]:
+                     call: Call) -> tuple[tuple[str, ...], list[list[Joined]]]:
+        """The group's models and each text's hypotheses."""
+        options = request.options or self.options(pair.last, request.alternatives)
         if request.text_format is TextFormat.TEXT:
             result = await self.translator.translate(
-                self._request(pair, texts, self.options(pair.last, request.alternatives),
-                              request), call)
-            return [(_distinct([h.text for h in t.hypotheses]), [t.hypotheses[0]])
-                    for t in result.translations]
+                self._request(pair, texts, options, request), call)
+            return result.models, [list(t.hypotheses) for t in result.translations]
         # Markup: only the text blocks go to the model (a sentence with its inline tags
         # as tag pairs, core/markup.py), all documents' blocks in one request.
         documents = [extract(text, request.markup) for text in texts]
         runs = [run for document in documents for run in document.texts]
         bests: list[Joined] = []
+        models = pair.models
         if runs:
+            one = dataclasses.replace(options, num_hypotheses=None) if request.options else \
+                DecodingOptions()
             result = await self.translator.translate(
-                self._request(pair, runs, DecodingOptions(), request), call)
+                self._request(pair, runs, one, request), call)
             bests = [t.hypotheses[0] for t in result.translations]
-        translated = [best.text for best in bests]
+            models = result.models
         out, start = [], 0
         for document in documents:
             end = start + len(document.texts)
-            out.append(([document.render(translated[start:end])], bests[start:end]))
+            mine = bests[start:end]
+            out.append([Joined(
+                document.render([b.text for b in mine]), None, None, None,
+                "length" if any(b.finish_reason == "length" for b in mine) else "eos",
+                any(b.repaired for b in mine))])
             start = end
-        return out  # no alternatives for markup, as LibreTranslate
+        return models, out  # no alternatives for markup, as LibreTranslate
 
     @staticmethod
     def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
                  request: TextsRequest) -> TranslateRequest:
-        return TranslateRequest(texts=tuple(texts), model="", source_language=pair.source,
+        return TranslateRequest(texts=tuple(texts), model=request.model,
+                                source_language=pair.source,
                                 target_language=pair.target, options=options,
                                 protect_placeholders=request.protect_placeholders,
                                 glossary=request.glossary, terms=request.terms,

@@ -150,7 +150,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
                   "API, DeepL's API v2 and the seq2serve.v1 .proto as JSON", version="1",
                   docs_url=None, redoc_url=None)
     observed = HttpMetrics(metrics)
-    libre = LibreTranslateApi(translator, access, settings.libre)
+    libre = LibreTranslateApi(translator, access, settings.libre, proto_api.texts)
     proto = ProtoJsonApi(proto_api, access)
     deepl = DeepLApi(libre.texts, DeepLAccess(access), glossaries)
 

@@ -79,13 +79,15 @@ def _software(fields: Fields) -> _Software:
 
 
 class LibreTranslateApi:
-    def __init__(self, translator: Translator, access: Access, settings: LibreSettings) -> None:
+    def __init__(self, translator: Translator, access: Access, settings: LibreSettings,
+                 texts: TextService | None = None) -> None:
         self.translator = translator
         self.access = access
         self.settings = settings
         self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         self._documents = InFlight(settings.documents_in_flight)
-        self.texts = TextService(translator)
+        # One for every door: its detector holds each served language's model.
+        self.texts = texts or TextService(translator)
         self.catalog = self.texts.catalog
 
     # -- languages -------------------------------------------------------------------
