@@ -171,7 +171,7 @@ class DeepLApi:
                                  for c in listing.sources])
         out: list[dict[str, JsonValue]] = []
         for code in listing.targets:
-            variants = VARIANTS.get(code.lower())
+            variants = VARIANTS.get(code.replace("_", "-").split("-")[0].lower())
             named = [(v, n) for v, n in variants or ()
                      if self.catalog.code(v.lower()) == code] if variants else []
             for language, name in named or [(deepl_code(code), self.catalog.name(code))]:
