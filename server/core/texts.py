@@ -43,8 +43,8 @@ class Splitting(str, Enum):
     NO_NEWLINES = "nonewlines"
 
 
-# DeepL's formality values. No served model offers formality: accepted and ignored, as
-# DeepL ignores `prefer_*` for a language without it (`less`/`more` are refused there).
+# DeepL's formality values. No served model offers formality: every value is accepted
+# and ignored, as DeepL treats a language without formality.
 FORMALITIES = ("default", "more", "less", "prefer_more", "prefer_less")
 
 

@@ -35,6 +35,7 @@ def server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     keys.write_text(f"{KEY}\n{SMALL} 40  # a trial key\n", encoding="utf-8")
     running = RunningServer(server_config(models_dir, http_port=free_port(), api_keys=keys,
                                           require_api_key=True, max_text_chars=2000,
+                                          max_message_bytes=1 << 20,
                                           glossary_store=folder / "glossaries"))
     yield running
     running.stop()
@@ -180,6 +181,18 @@ def test_refusals_raise_the_client_s_exceptions(server: RunningServer,
     ok = httpx.post(f"{server.http_url}/v2/translate", timeout=60,
                     data={"auth_key": KEY, "text": ["a b", "c d"], "target_lang": "DE"})
     assert ok.status_code == 200 and len(ok.json()["translations"]) == 2
+
+
+def test_a_body_over_the_limit_is_413_with_deepl_s_body(server: RunningServer,
+                                                         translator: deepl.DeepLClient
+                                                         ) -> None:
+    with pytest.raises(deepl.DeepLException, match="413") as error:
+        translator.translate_text("x" * (2 << 20), source_lang="EN", target_lang="DE")
+    assert error.value.http_status_code == 413
+    raw = httpx.post(f"{server.http_url}/v2/translate", timeout=60,
+                     json={"text": ["x" * (2 << 20)], "target_lang": "DE"},
+                     headers={"Authorization": f"DeepL-Auth-Key {KEY}"})
+    assert raw.status_code == 413 and "max_message_bytes" in raw.json()["message"]
 
 
 def test_too_many_requests(models_dir: Path) -> None:
