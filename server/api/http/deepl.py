@@ -12,7 +12,7 @@ store (core/glossary.py). Callers and errors are DeepL's (deepl_auth.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -214,8 +214,7 @@ class DeepLApi:
         stored = self.store.create(_text(fields, "name") or "", made)
         return JSONResponse(_v3_info(stored), status_code=201)
 
-    def _dictionary(self, values: dict[str, JsonValue] | object, prefix: str) -> Dictionary:
-        assert isinstance(values, dict)
+    def _dictionary(self, values: Mapping[str, JsonValue], prefix: str) -> Dictionary:
         get = {k: v for k, v in values.items() if isinstance(v, str)}
         source, target = get.get("source_lang", ""), get.get("target_lang", "")
         if not source or not target:
@@ -308,6 +307,8 @@ def _text(fields: Fields, name: str) -> str | None:
         value = value[0]  # a repeated form field: the first, as DeepL's form parser
     if value is None or isinstance(value, str):
         return value or None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # JSON's split_sentences: 0
     raise InvalidArgument(f"Value for '{name}' must be a string, got {echo(value)}")
 
 
