@@ -29,6 +29,8 @@ import logging
 import signal
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,7 +52,7 @@ from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, fr
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.documents import Limits
 from seq2serve.server.core.documents.jobs import DocumentJobs
-from seq2serve.server.core.glossary import Glossaries, GlossaryError
+from seq2serve.server.core.glossary import Glossaries, GlossaryError, GlossaryStore
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
@@ -205,6 +207,8 @@ class Server:
                                      glossaries=load_glossaries(config),
                                      metrics=self.metrics)
         self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
+        # DeepL's glossaries without --glossary-store: kept until the process ends.
+        self._glossary_temp = tempfile.TemporaryDirectory(prefix="seq2serve-glossaries-")
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.proto_api, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -279,8 +283,13 @@ class Server:
             max_body_bytes=config.max_message_bytes,
             cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()),
             timeout_s=config.http_timeout_s or None)
+        try:
+            store = GlossaryStore(config.glossary_store or Path(self._glossary_temp.name),
+                                  self.translator.glossaries)
+        except (GlossaryError, OSError) as e:
+            raise StartupError(f"glossary_store: {e}") from None
         app = build_app(self.translator, self.proto_api, settings, self.metrics,
-                        lambda: self.serving, access, self.jobs)
+                        lambda: self.serving, access, store, self.jobs)
         try:
             return HttpListener(app, config.host, config.http_port, config.tls_cert,
                                 config.tls_key, config.tls_client_ca)

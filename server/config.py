@@ -32,7 +32,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
-PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", "jobs_dir", *TLS_FILES)
+PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", "glossary_store", "jobs_dir",
+               *TLS_FILES)
 # Settings a flag may repeat, each time adding to a comma-separated list.
 REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -106,6 +107,10 @@ class ServerConfig:
         "named glossaries a request chooses with its glossary field: NAME.tsv (source<TAB>"
         "target per line; a source alone is never translated), NAME.SRC-TGT.tsv for one "
         "language pair, or NAME.tbx (TBX)", "DIR"))
+    glossary_store: Path | None = field(default=None, metadata=_meta(
+        "where glossaries created through DeepL's API (/v2/glossaries) are kept, so they "
+        "survive a restart (created if missing); unset: a temporary directory, emptied "
+        "when the server stops", "DIR"))
     require_api_key: bool = field(default=False, metadata=_meta(
         "HTTP requests without a key get 400, as LibreTranslate answers them (needs "
         "--api-keys)"))

@@ -570,20 +570,28 @@ class _Outline(HTMLParser):
     """XML outline detection: the elements that occur inside running text, i.e. whose
     parent has text of its own (not only whitespace) beside its child elements."""
 
-    def __init__(self) -> None:
+    def __init__(self, splitting: frozenset[str]) -> None:
         super().__init__(convert_charrefs=True)
         self._open: list[tuple[str, list[str], bool]] = []  # tag, children, has text
         self.mixed: set[str] = set()
         self.names: set[str] = set()
+        self.splitting = splitting
+        # Elements that hold a splitting one: never inline (an inline element must
+        # close within its sentence).
+        self.containers: set[str] = set()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.names.add(tag)
+        if tag in self.splitting:
+            self.containers.update(name for name, _, _ in self._open)
         if self._open:
             self._open[-1][1].append(tag)
         self._open.append((tag, [], False))
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.names.add(tag)
+        if tag in self.splitting:
+            self.containers.update(name for name, _, _ in self._open)
         if self._open:
             self._open[-1][1].append(tag)
 
@@ -604,7 +612,7 @@ class _Outline(HTMLParser):
 def _outlined(fragment: str, rules: Rules) -> Rules:
     """`rules` with the elements its outline makes inline (never the splitting ones),
     the second pass then reading an ordinary rule set."""
-    outline = _Outline()
+    outline = _Outline(rules.splitting)
     try:
         outline.feed(fragment)
         outline.close()
@@ -614,5 +622,6 @@ def _outlined(fragment: str, rules: Rules) -> Rules:
         if text:
             outline.mixed.update(children)
     found = outline.mixed if rules.outline == "mixed" else outline.names
-    inline = (rules.inline | frozenset(found)) - rules.splitting - rules.skipped
+    inline = ((rules.inline | frozenset(found)) - rules.splitting - rules.skipped
+              - frozenset(outline.containers))
     return Rules(rules.skipped, inline, rules.void, rules.opaque_inline | inline)

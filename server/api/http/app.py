@@ -29,6 +29,7 @@ from swagger_ui_bundle import swagger_ui_path
 from seq2serve.server.api.http import model_headers
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.deepl import DeepLApi
 from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.api.http.deepl_documents import DeepLDocuments
 from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
@@ -49,6 +50,7 @@ from seq2serve.server.api.routing import MODEL_HEADER, PAIR_HEADER, served_value
 from seq2serve.server.core.documents.jobs import DocumentJobs
 from seq2serve.server.core.documents.service import DocumentRunner
 from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
+from seq2serve.server.core.glossary import GlossaryStore
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
@@ -147,19 +149,23 @@ async def _disconnected(request: Request) -> None:
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
               metrics: Metrics, serving: Callable[[], bool], access: Access,
-              jobs: DocumentJobs | None = None) -> FastAPI:
+              glossaries: GlossaryStore, jobs: DocumentJobs | None = None) -> FastAPI:
     """The whole HTTP front door; `serving()` is the health state the gRPC health
     service reports (False while loading and draining). Files are translated as
     `jobs`' document jobs (none: no file translation), which this door runs."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
-                  "API and the seq2serve.v1 .proto as JSON", version="1", docs_url=None,
-                  redoc_url=None)
+                  "API, DeepL's API v2 and the seq2serve.v1 .proto as JSON", version="1",
+                  docs_url=None, redoc_url=None)
     observed = HttpMetrics(metrics)
-    libre = LibreTranslateApi(translator, access, settings.libre, jobs)
+    libre = LibreTranslateApi(translator, access, settings.libre, proto_api.texts, jobs)
     if jobs is not None:
         jobs.attach(DocumentRunner(translator, settings.libre.document_limits,
                                    libre.detect_source))
     proto = ProtoJsonApi(proto_api, access)
+    # One DeepL key ledger for every DeepL route: a document's characters count in
+    # /v2/usage as a text's do.
+    deepl_access = DeepLAccess(access)
+    deepl = DeepLApi(libre.texts, deepl_access, glossaries)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
               doc: str = "", encode: Encoder = error_response) -> None:
@@ -204,13 +210,14 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
     route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
     proto.register(route)
+    deepl.register(route)
     if jobs is not None:
         jobs_api = JobsApi(jobs, libre)
         route("/v1/jobs", jobs_api.submit, ["POST"], name="submit_job",
               doc="Queue a file for translation (the /translate_file form): a document job")
         route("/v1/jobs/{job_id}", jobs_api.status, ["GET"], name="job_status",
               doc="A document job's state, progress and estimate")
-        DeepLDocuments(jobs, DeepLAccess(access), translator).register(route)
+        DeepLDocuments(jobs, deepl_access, translator).register(route)
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2serve API",
                                    swagger_js_url="/swagger/swagger-ui-bundle.js",
@@ -223,7 +230,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     app.mount("/swagger", StaticFiles(directory=swagger_ui_path), name="swagger")
 
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                       allow_methods=["GET", "POST"],
+                       allow_methods=["GET", "POST", "DELETE"],
                        allow_headers=["Authorization", "Content-Type", MODEL_HEADER,
                                       PAIR_HEADER],
                        expose_headers=["Authorization", TRUNCATED_HEADER, MODEL_HEADER],
