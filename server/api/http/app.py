@@ -185,8 +185,13 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
             return response
 
         endpoint.__doc__ = doc or handler.__doc__
-        app.add_api_route(path, endpoint, methods=methods, name=name or handler.__name__,
-                          response_class=JSONResponse, summary=doc or None)
+        # One route per method, so that each has its own OpenAPI operation id (DeepL's
+        # routes take GET and POST alike).
+        for method in methods:
+            app.add_api_route(path, endpoint, methods=[method], name=name or handler.__name__,
+                              response_class=JSONResponse, summary=doc or None,
+                              operation_id=f"{name or handler.__name__}_{method.lower()}"
+                              if len(methods) > 1 else None)
 
     async def health(request: Request) -> Response:
         if serving():
