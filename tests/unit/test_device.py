@@ -367,3 +367,47 @@ def test_shortlist_on_the_emulated_device(shortlisted: Path) -> None:
                                                                 shortlist=True)):
         assert moved.to_host_bytes <= rows * (ALIGNMENT_BYTES + k * CANDIDATE_BYTES) \
             + STEP_CONSTANT
+
+
+# -- the issue's figure: at most 256 bytes per decoder row-step each way --------------------
+
+ROW_STEP_BUDGET = 256
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def per_row_step(engine: Engine, sources: list[list[int]], options: DecodingOptions,
+                 forced_bos: list[int | None] | None = None) -> tuple[Any, float, float]:
+    """A generate() run's results and its bytes per row-step, down and back, over
+    the whole run (admissions included)."""
+    before = engine.runner.memory.counter.read()
+    got = engine.generate(sources, options, forced_bos=forced_bos)
+    moved = engine.runner.memory.counter.read() - before
+    row_steps = sum(s.rows for s in got.stats.steps)
+    return got, moved.to_device_bytes / row_steps, moved.to_host_bytes / row_steps
+
+
+def test_shipped_en_de_beam4_moves_at_most_256_bytes_per_row_step() -> None:
+    from conftest import CORPUS
+
+    from seq2serve.model.package.manifest import load_package
+    from seq2serve.model.package.tokenizer import package_tokenizer
+
+    package = load_package(ROOT / "models" / "en-de")
+    tokenizer = package_tokenizer(package)
+    corpus = (ROOT / "tests" / "fixtures" / "tiny_corpus" / "train.src").read_text()
+    texts = (CORPUS[:8] + corpus.splitlines())[:32]
+    sources = [tokenizer.encode(t) for t in texts]
+    assert len(sources) == 32
+    options = DecodingOptions(beam_size=4)
+    got, down, back = per_row_step(emulated(package), sources, options)
+    assert down <= ROW_STEP_BUDGET and back <= ROW_STEP_BUDGET
+    assert_same(cpu(package).generate(sources, options), got)
+
+
+def test_multilingual_moves_at_most_256_bytes_per_row_step(m2m100: Path) -> None:
+    device = emulated(m2m100)
+    sources = random_sources(device, 32, seed=6)
+    vocab = device.tgt_vocab_size
+    targets: list[int | None] = [vocab - 1 - (i % 3) for i in range(len(sources))]
+    _, down, back = per_row_step(device, sources, DecodingOptions(beam_size=4), targets)
+    assert down <= ROW_STEP_BUDGET and back <= ROW_STEP_BUDGET
