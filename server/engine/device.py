@@ -17,8 +17,8 @@ Two implementations:
   decoder may write its outputs straight into host buffers (`host_outputs`).
 - `DeviceMemory` (CUDA, or the CPU emulating a device for the tests, the
   runner's `emulate_device`): the tensors are OrtValues on the device, and
-  each edit runs a one-node ONNX graph on the provider (Pad, Slice, Gather,
-  ScatterND: built here with onnx.helper, no file), so a tensor never visits
+  each edit runs a small ONNX graph on the provider (Expand and Concat, Slice,
+  Gather, ScatterND: built here with onnx.helper, no file), so a tensor never visits
   the host after it is made. Emulated, the device is the CPU, every upload
   and download is a real copy (as on a device: no aliasing of host arrays),
   and every branch is the device's.
@@ -35,8 +35,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-# The opset of the small graphs built here (ScatterND, Pad with an input value,
-# TopK with sorted outputs are all there).
+# The opset of the small graphs built here and in pick.py: every op they use has a
+# CPU and a CUDA kernel at it for the types used (float32, float16, int64).
 OPSET = 17
 
 
@@ -111,10 +111,19 @@ class Memory:
     def resize(self, value: ort.OrtValue, axis: int, length: int, fill: float = 0.0
                ) -> ort.OrtValue:
         """`value` with `length` entries along `axis`: trimmed, or padded with `fill`."""
+        shape = list(value.shape())
+        shape[axis] = length
+        return self.fit(value, tuple(shape), fill)
+
+    def fit(self, value: ort.OrtValue, shape: tuple[int, ...], fill: float = 0.0
+            ) -> ort.OrtValue:
+        """`value` trimmed or padded (with `fill`) to `shape` along every axis."""
         raise NotImplementedError
 
-    def take(self, value: ort.OrtValue, index: np.ndarray) -> ort.OrtValue:
-        """The rows (axis 0) `index` of value, a new tensor."""
+    def take(self, value: ort.OrtValue, index: np.ndarray, axis: int = 0,
+             length: int | None = None) -> ort.OrtValue:
+        """The rows (axis 0) `index` of value, a new tensor; with `length`, trimmed
+        to that many entries along `axis` too."""
         raise NotImplementedError
 
     def put(self, store: ort.OrtValue, rows: np.ndarray, values: ort.OrtValue,
@@ -148,19 +157,22 @@ class HostMemory(Memory):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> ort.OrtValue:
         return self.upload(np.zeros(shape, dtype=dtype))
 
-    def resize(self, value: ort.OrtValue, axis: int, length: int, fill: float = 0.0
-               ) -> ort.OrtValue:
+    def fit(self, value: ort.OrtValue, shape: tuple[int, ...], fill: float = 0.0
+            ) -> ort.OrtValue:
         old = value.numpy()
-        shape = list(old.shape)
-        shape[axis] = length
-        new = np.full(shape, fill, dtype=old.dtype)
-        kept = [slice(None)] * old.ndim
-        kept[axis] = slice(0, min(length, old.shape[axis]))
-        new[tuple(kept)] = old[tuple(kept)]
+        new = np.zeros(shape, dtype=old.dtype) if fill == 0 else \
+            np.full(shape, fill, dtype=old.dtype)
+        kept = tuple(slice(0, min(a, b)) for a, b in zip(shape, old.shape, strict=True))
+        new[kept] = old[kept]  # one allocation and one copy, whatever the axes
         return self.upload(new)
 
-    def take(self, value: ort.OrtValue, index: np.ndarray) -> ort.OrtValue:
-        return self.upload(value.numpy()[index])  # fancy indexing: a fresh array
+    def take(self, value: ort.OrtValue, index: np.ndarray, axis: int = 0,
+             length: int | None = None) -> ort.OrtValue:
+        old = value.numpy()
+        picked: list[Any] = [index, *(slice(None) for _ in old.shape[1:])]
+        if length is not None:
+            picked[axis] = slice(0, length)
+        return self.upload(old[tuple(picked)])  # fancy indexing: one fresh array
 
     def put(self, store: ort.OrtValue, rows: np.ndarray, values: ort.OrtValue,
             fill: float = 0.0) -> ort.OrtValue:
@@ -185,7 +197,7 @@ class DeviceMemory(Memory):
         self._providers = providers
         self._options = options
         self._run_options = run_options
-        self._sessions: dict[tuple[str, int], ort.InferenceSession] = {}
+        self._sessions: dict[tuple[str, int, int], ort.InferenceSession] = {}
 
     # -- the crossing --------------------------------------------------------------------
 
@@ -213,10 +225,15 @@ class DeviceMemory(Memory):
             if shape else self.upload(np.zeros(shape, dtype=dtype))
         return self.resize(empty, 0, shape[0]) if shape else empty
 
-    def resize(self, value: ort.OrtValue, axis: int, length: int, fill: float = 0.0
-               ) -> ort.OrtValue:
+    def fit(self, value: ort.OrtValue, shape: tuple[int, ...], fill: float = 0.0
+            ) -> ort.OrtValue:
+        for axis, length in enumerate(shape):
+            value = self._resize(value, axis, length, fill)
+        return value
+
+    def _resize(self, value: ort.OrtValue, axis: int, length: int, fill: float
+                ) -> ort.OrtValue:
         shape = value.shape()
-        rank = len(shape)
         if length == shape[axis]:
             return value
         if length < shape[axis]:
@@ -224,28 +241,28 @@ class DeviceMemory(Memory):
                 "starts": np.zeros(1, dtype=np.int64),
                 "ends": np.array([length], dtype=np.int64),
                 "axes": np.array([axis], dtype=np.int64)})
-        pads = np.zeros(2 * rank, dtype=np.int64)
-        pads[rank + axis] = length - shape[axis]
-        return self._run("pad", value, {
-            "pads": pads, "fill": np.array(fill, dtype=numpy_type(value))})
+        block = np.array(shape, dtype=np.int64)
+        block[axis] = length - shape[axis]
+        return self._run("grow", value, {
+            "block": block, "fill": np.array(fill, dtype=numpy_type(value))}, axis=axis)
 
-    def take(self, value: ort.OrtValue, index: np.ndarray) -> ort.OrtValue:
-        return self._run("take", value, {"index": np.asarray(index, dtype=np.int64)})
+    def take(self, value: ort.OrtValue, index: np.ndarray, axis: int = 0,
+             length: int | None = None) -> ort.OrtValue:
+        taken = self._run("take", value, {"index": np.asarray(index, dtype=np.int64)})
+        return taken if length is None else self._resize(taken, axis, length, 0.0)
 
     def put(self, store: ort.OrtValue, rows: np.ndarray, values: ort.OrtValue,
             fill: float = 0.0) -> ort.OrtValue:
-        target = store.shape()
-        for axis in range(1, len(target)):
-            values = self.resize(values, axis, target[axis], fill)
+        values = self.fit(values, (values.shape()[0], *store.shape()[1:]), fill)
         return self._run("put", store, {
             "rows": np.asarray(rows, dtype=np.int64)[:, None]}, values=values)
 
     def head(self, value: ort.OrtValue, count: int) -> ort.OrtValue:
-        return value if count == value.shape()[0] else self.resize(value, 0, count)
+        return value if count == value.shape()[0] else self._resize(value, 0, count, 0.0)
 
     def _run(self, op: str, value: ort.OrtValue, small: dict[str, np.ndarray],
-             values: ort.OrtValue | None = None) -> ort.OrtValue:
-        session = self._session(op, value.element_type())
+             values: ort.OrtValue | None = None, axis: int = 0) -> ort.OrtValue:
+        session = self._session(op, value.element_type(), axis)
         binding = session.io_binding()
         binding.bind_ortvalue_input("x", value)
         if values is not None:
@@ -257,28 +274,34 @@ class DeviceMemory(Memory):
         out: ort.OrtValue = binding.get_outputs()[0]
         return out
 
-    def _session(self, op: str, element: int) -> ort.InferenceSession:
-        key = (op, element)
+    def _session(self, op: str, element: int, axis: int) -> ort.InferenceSession:
+        key = (op, element, axis)
         if key not in self._sessions:
-            model = edit_graph(op, element)
+            model = edit_graph(op, element, axis)
             self._sessions[key] = ort.InferenceSession(
                 model.SerializeToString(), self._options, providers=self._providers)
         return self._sessions[key]
 
 
-def edit_graph(op: str, element: int) -> onnx.ModelProto:
-    """The one-node graph of a DeviceMemory edit over tensors of ONNX type `element`
-    (any rank): pad (x, pads, fill), slice (x, starts, ends, axes), take (x,
-    index: Gather on axis 0), put (x, rows (R, 1), values: ScatterND)."""
+def edit_graph(op: str, element: int, axis: int = 0) -> onnx.ModelProto:
+    """The graph of a DeviceMemory edit over tensors of ONNX type `element` (any
+    rank): grow (x, block: the added part's shape, fill; `fill` expanded to it and
+    concatenated along `axis`: CUDA's Pad has no int64 kernel, Expand and Concat
+    have every type), slice (x, starts, ends, axes), take (x, index: Gather on
+    axis 0), put (x, rows (R, 1), values: ScatterND). Every op has a kernel for
+    every element type used here on CPU and CUDA (ONNX Runtime's
+    OperatorKernels.md), so no edit falls back to the host."""
     ints = TensorProto.INT64
 
     def tensor(name: str, kind: int = element) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, kind, None)
 
-    if op == "pad":
-        inputs = [tensor("x"), tensor("pads", ints), helper.make_tensor_value_info(
+    nodes = []
+    if op == "grow":
+        inputs = [tensor("x"), tensor("block", ints), helper.make_tensor_value_info(
             "fill", element, [])]
-        node = helper.make_node("Pad", ["x", "pads", "fill"], ["y"], mode="constant")
+        nodes.append(helper.make_node("Expand", ["fill", "block"], ["added"]))
+        node = helper.make_node("Concat", ["x", "added"], ["y"], axis=axis)
     elif op == "slice":
         inputs = [tensor("x"), tensor("starts", ints), tensor("ends", ints),
                   tensor("axes", ints)]
@@ -291,7 +314,7 @@ def edit_graph(op: str, element: int) -> onnx.ModelProto:
         node = helper.make_node("ScatterND", ["x", "rows", "values"], ["y"])
     else:
         raise ValueError(f"no device edit {op!r}")
-    graph = helper.make_graph([node], f"device_{op}", inputs, [tensor("y")])
+    graph = helper.make_graph([*nodes, node], f"device_{op}", inputs, [tensor("y")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 

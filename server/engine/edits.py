@@ -47,6 +47,14 @@ class StepEdits:
     ban_at: np.ndarray
     renormalize: bool
 
+    @classmethod
+    def none(cls, rows: int, renormalize: bool = False) -> StepEdits:
+        """No processing: the decoder's log-probs as they are."""
+        pairs = np.zeros((0, 2), dtype=np.int64)
+        empty = np.zeros(0, dtype=np.float32)
+        return cls(pairs, empty, np.full(rows, NO_TOKEN, dtype=np.int64), pairs, empty, pairs,
+                   renormalize)
+
     def placed(self, at: slice | np.ndarray, rows: int) -> StepEdits:
         """The same edits for a decoder call of `rows` rows whose rows `at` are
         this step's (idle rows get none)."""

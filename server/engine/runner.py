@@ -9,11 +9,17 @@ model's sizes where the graph fixes them) and refuses a package that does not
 match, naming the file and the tensor.
 
 Providers: `cpu`, `cuda` (CUDAExecutionProvider), or `auto` (CUDA when this
-onnxruntime build has it, logged either way). Both go through I/O binding:
-encoder outputs and the self-attention cache are OrtValues that are bound as
-the next step's inputs, so on CUDA they never leave the device; only the
-(N, V) log-probs are copied to the host each step, into one reused buffer.
-Tokens, positions and beam origins are small host arrays copied per step.
+onnxruntime build has it, logged either way). What lives on the device (the
+cache, the cross K/V, the log-probs) is the runner's `memory` (device.py): on
+the CPU provider host arrays (HostMemory), on CUDA, or on the CPU emulating a
+device for the tests (`RunnerConfig.emulate_device`), OrtValues on the device
+(DeviceMemory), which is the one place data crosses and counts it. Both go
+through I/O binding: encoder outputs and the self-attention cache are bound as
+the next step's inputs. On the CPU the decoder writes its (N, V) log-probs
+into one reused host buffer (`step`); on a device they stay there and the pick
+graph (pick.py) applies the step's processing, sent as short lists (edits.py),
+and returns each row's k best (`step_picked`). Tokens, positions, beam origins
+and those lists are the small arrays that go down per step.
 
 The self-attention cache: one (N, H, Tc, Dh) tensor per layer and per K/V;
 row r keeps step t in slot t, so rows at different steps share one call. Row
@@ -34,9 +40,10 @@ When the rows stay the same and only some moved (beam search: 28% of rows per
 step in the benchmark's decoding), the move graph rewrites just those rows,
 in place on CPU.
 
-The select graph (TopK) gives beam search each row's best log-probs: ONNX
-Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k log-probs
-where numpy took 3.9 ms. The runner resizes Tc on the host (`cache_slots`):
+The select graph (TopK) gives beam search each row's best log-probs on the
+CPU: ONNX Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k
+log-probs where numpy took 3.9 ms. The runner resizes Tc where the cache lives
+(`cache_slots`, `resize_cache`):
 it grows when a row's position reaches it and shrinks once a whole block lies
 past every live row's position (a running batch's longest row left). Format 6
 attends to every slot, so Tc is the longest row in whole blocks of
@@ -48,9 +55,8 @@ before the row reaches it.
 
 Finished sources leave the batch: their rows idle (engine.py) until a
 newcomer takes them or the batch compacts; the cross K/V keep one slot per
-source (source_slots.py), written when a source is admitted. On CUDA those go
-through the host (an upload per admission, not per step), as the server has
-no device array library to index with.
+source (source_slots.py), written when a source is admitted: on a device by a
+small graph from the encoder's outputs there, so they never cross to the host.
 
 A format 8 package also has a vocabulary shortlist (model/package/shortlist.py): its
 table, and a second decoder graph whose log-probs are over each source's
@@ -433,6 +439,11 @@ class Runner:
         cache = self.reorder_cache(cache, np.zeros(2, dtype=np.int64))
         self.reorder_cache(cache, np.array([1, 0], dtype=np.int64))  # the move graph
         self.top_k(np.zeros((2, self.vocab_size), dtype=np.float32), 2)
+        if self.memory.on_device:  # the pick graphs built and run (rows 2 = beams of 1)
+            for renormalize in (False, True):
+                _, cache, _ = self.step_picked(np.full(2, self.decoder_start_id, dtype=np.int64),
+                                               np.full(2, 2, dtype=np.int64), cache, enc,
+                                               StepEdits.none(2, renormalize), 2)
         if self.shortlist is not None:
             enc = replace(enc, shortlist=self.shortlist_columns([ids[0]]))
             cache = self.empty_cache(1)

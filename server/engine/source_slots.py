@@ -123,10 +123,10 @@ class SourceSlots:
         moved[live] = np.arange(live.size)
         width = padded_width(int(self._lengths[live].max())) if live.size else 0
         m = self._memory
-        self._k = [m.resize(m.take(a, live), 2, width) for a in self._k]
-        self._v = [m.resize(m.take(a, live), 2, width) for a in self._v]
+        self._k = [m.take(a, live, 2, width) for a in self._k]  # one copy each
+        self._v = [m.take(a, live, 2, width) for a in self._v]
         assert self._mask is not None
-        self._mask = m.resize(m.take(self._mask, live), 1, width)
+        self._mask = m.take(self._mask, live, 1, width)
         self._width = width
         self._lengths = self._lengths[live]
         if self._candidates is not None and self._columns is not None \
@@ -134,8 +134,8 @@ class SourceSlots:
             own = (self._candidates[live] != PAD_CANDIDATE).sum(axis=1)
             cols = padded_candidates([], int(own.max()) if own.size else 0).shape[1]
             self._candidates = self._candidates[live, :cols]
-            self._columns = m.resize(m.take(self._columns, live), 2, cols)
-            self._bias = m.resize(m.take(self._bias, live), 1, cols, -np.inf)
+            self._columns = m.take(self._columns, live, 2, cols)
+            self._bias = m.take(self._bias, live, 1, cols)
         self.used = int(live.size)
         self._view = None
         return moved
@@ -175,9 +175,9 @@ class SourceSlots:
             rows, old = min(self._candidates.shape[0], capacity), self._candidates.shape[1]
             candidates[:rows, :old] = self._candidates[:rows]
             self._candidates = candidates
-            self._columns = m.resize(m.resize(self._columns, 0, capacity), 2, width)
-            self._bias = m.resize(m.resize(self._bias, 0, capacity, -np.inf), 1, width,
-                                  -np.inf)
+            dim = self._columns.shape()[1]
+            self._columns = m.fit(self._columns, (capacity, dim, width))
+            self._bias = m.fit(self._bias, (capacity, width), -np.inf)
         self._candidates[slots] = PAD_CANDIDATE
         self._candidates[slots, :new.width] = new.candidates
         self._columns = m.put(self._columns, slots, new.weight)
@@ -196,12 +196,13 @@ class SourceSlots:
             if old is None:
                 _, heads, _, dim = value.shape()
                 return m.zeros((capacity, heads, width, dim), numpy_type(value))
-            return m.resize(m.resize(old, 0, capacity), 2, width)
+            _, heads, _, dim = old.shape()
+            return m.fit(old, (capacity, heads, width, dim))
 
         self._k = [grown(self._k[i] if self._k else None, v) for i, v in enumerate(like.cross_k)]
         self._v = [grown(self._v[i] if self._v else None, v) for i, v in enumerate(like.cross_v)]
         self._mask = m.zeros((capacity, width), np.int64) if self._mask is None \
-            else m.resize(m.resize(self._mask, 0, capacity), 1, width)
+            else m.fit(self._mask, (capacity, width))
         self._width = width
         lengths = np.zeros(capacity, dtype=np.int64)
         lengths[:self.used] = self._lengths[:self.used]
