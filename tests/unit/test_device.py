@@ -411,3 +411,22 @@ def test_multilingual_moves_at_most_256_bytes_per_row_step(m2m100: Path) -> None
     targets: list[int | None] = [vocab - 1 - (i % 3) for i in range(len(sources))]
     _, down, back = per_row_step(device, sources, DecodingOptions(beam_size=4), targets)
     assert down <= ROW_STEP_BUDGET and back <= ROW_STEP_BUDGET
+
+
+# -- format 7: the fused attention writes the cache in place on the device too ---------------
+
+@pytest.fixture(scope="module")
+def fused(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(marian_dir, tmp_path_factory.mktemp("fused") / "pkg", precision="fp32",
+                  progress=False, attention="fused").package
+
+
+def test_fused_attention_package_on_the_emulated_device(fused: Path,
+                                                        sources: list[list[int]]) -> None:
+    plain, device = cpu(fused), emulated(fused)
+    assert device.runner.in_place and not device.runner.memory.host_outputs
+    for name in ("greedy", "beam4-nbest"):
+        assert_same(plain.generate(sources, OPTIONS[name]), device.generate(sources, OPTIONS[name]))
+    for rows, k, moved in run_counted(device, sources, OPTIONS["beam4-nbest"]):
+        assert moved.to_host_bytes <= rows * (ALIGNMENT_BYTES + k * CANDIDATE_BYTES) \
+            + STEP_CONSTANT
