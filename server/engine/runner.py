@@ -480,15 +480,15 @@ class Runner:
         """src_ids, src_mask (B, S) int64, sources left-aligned and right-padded."""
         binding = self.encoder.io_binding()
         self.memory.bind_input(binding, "src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
-        self.memory.bind_input(binding, "src_mask",
-                               np.ascontiguousarray(src_mask, dtype=np.int64))
+        mask = np.ascontiguousarray(src_mask, dtype=np.int64)
+        mask_value = self.to_device(mask)  # one upload: the encoder's and the decoder's
+        binding.bind_ortvalue_input("src_mask", mask_value)
         for name in self.cross_outputs:  # the memory output is not bound: nobody reads it
             binding.bind_output(name, self.device, self.device_id)
         with self._terminable:
             self.encoder.run_with_iobinding(binding, self._run_options)
         cross = tuple(binding.get_outputs())
-        mask = np.ascontiguousarray(src_mask, dtype=np.int64)
-        return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
+        return EncoderState(cross[:self.layers], cross[self.layers:], mask_value,
                             mask.sum(axis=1).astype(np.int64))
 
     def shortlist_columns(self, sources: Sequence[Sequence[int] | np.ndarray],
