@@ -130,7 +130,8 @@ class ServerConfig:
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
     emulate_device: bool = field(default=False, metadata=_meta(
-        "for tests: the CPU takes every branch a GPU device takes (tensors kept apart "
+        "for tests, on the CPU provider: the CPU takes every branch a GPU device takes "
+        "(tensors kept apart "
         "from the host, log-probs reduced to candidates in a graph) and counts the bytes "
         "that would cross (seq2serve_host_device_bytes_total); slower than plain CPU"))
     threads: int = field(default_factory=usable_cores, metadata=_meta(
