@@ -430,3 +430,32 @@ def test_fused_attention_package_on_the_emulated_device(fused: Path,
     for rows, k, moved in run_counted(device, sources, OPTIONS["beam4-nbest"]):
         assert moved.to_host_bytes <= rows * (ALIGNMENT_BYTES + k * CANDIDATE_BYTES) \
             + STEP_CONSTANT
+
+
+def test_serve_flag_reaches_the_engines_and_metrics(marian_package: Path) -> None:
+    """`seq2serve serve --emulate-device` (SEQ2SERVE_EMULATE_DEVICE alike): the
+    served model's engines take the device's branches and /metrics shows their bytes."""
+    import argparse
+
+    from seq2serve.model.package.manifest import load_package
+    from seq2serve.server.assembly import build_handle
+    from seq2serve.server.config import add_arguments, from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = from_args(parser.parse_args(["--emulate-device", "--provider", "cpu",
+                                          "--threads", "1", "--engines", "1"]), environ={})
+    assert config.emulate_device
+    metrics = Metrics()
+    handle = build_handle(load_package(marian_package), config, metrics)
+    try:
+        assert handle.engine.runner.memory.on_device
+        name = handle.name
+        text = metrics.render().decode()
+        # The warm-up ran on the emulated device: its bytes are counted already.
+        assert f'seq2serve_host_device_bytes_total{{direction="to_host",model="{name}"}}' \
+            in text
+        assert handle.engine.runner.memory.counter.read().to_host_bytes > 0
+    finally:
+        for worker in handle.workers:
+            worker.stop(timeout=5)
