@@ -459,3 +459,35 @@ def test_serve_flag_reaches_the_engines_and_metrics(marian_package: Path) -> Non
     finally:
         for worker in handle.workers:
             worker.stop(timeout=5)
+
+
+def test_a_step_the_candidates_cannot_decide_takes_the_whole_rows(
+        engines: tuple[Engine, Engine], sources: list[list[int]]) -> None:
+    """Sampling's top-k keeps every tie of the k-th value (HF): when the last
+    candidate that came back ties it, the step is undecided, and the engine then
+    brings the step's log-probs over whole and takes the CPU's path, with the
+    same result."""
+    plain, device = engines
+    options = device.resolve(OPTIONS["sampling"])
+    search = device.strategy(1)
+    state = search.start([device.request(0, sources[0], options)])
+    plan = search.plan(state)
+    assert plan is not None and plan.k == options.sampling_top_k + 1
+    values = np.array([[-0.5, *([-1.0] * options.sampling_top_k)]], dtype=np.float32)
+    ids = np.arange(values.shape[1], dtype=np.int64)[None, :]
+    from seq2serve.server.engine.runner import Picked
+
+    assert search.step_picked(state, Picked(values, ids), np.zeros(1, dtype=np.int64)) is None
+    values[0, -1] = -2.0  # no tie past the k-th: decided
+    assert search.step_picked(state, Picked(values, ids), np.zeros(1, dtype=np.int64)) \
+        is not None
+
+    # Every step undecided: the whole rows come back, and the outputs are the CPU's.
+    batch = device.start_batch(1)
+    batch.search.step_picked = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    batch.admit([device.request(i, s, options) for i, s in enumerate(sources)])
+    got: dict[int, Any] = {}
+    while batch.rows:
+        got.update(batch.step().finished)
+    want = plain.generate(sources, options)
+    assert_same(want, [got[i] for i in range(len(sources))])
