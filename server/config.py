@@ -134,6 +134,11 @@ class ServerConfig:
         "serve gRPC reflection (lists the services and their messages to any client)"))
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
+    emulate_device: bool = field(default=False, metadata=_meta(
+        "for tests, on the CPU provider: the CPU takes every branch a GPU device takes "
+        "(tensors kept apart "
+        "from the host, log-probs reduced to candidates in a graph) and counts the bytes "
+        "that would cross (seq2serve_host_device_bytes_total); slower than plain CPU"))
     threads: int = field(default_factory=usable_cores, metadata=_meta(
         "ONNX Runtime intra-op threads per model, shared out among its engines (0 = "
         "the usable cores: the physical cores of the CPU affinity mask, within the cgroup "
