@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
+
+if TYPE_CHECKING:  # onnx is imported where a graph is built: the CPU path never needs it
+    import onnx
 
 # The opset of the small graphs built here and in pick.py: every op they use has a
 # CPU and a CUDA kernel at it for the types used (float32, float16, int64).
@@ -291,6 +292,7 @@ def edit_graph(op: str, element: int, axis: int = 0) -> onnx.ModelProto:
     axis 0), put (x, rows (R, 1), values: ScatterND). Every op has a kernel for
     every element type used here on CPU and CUDA (ONNX Runtime's
     OperatorKernels.md), so no edit falls back to the host."""
+    from onnx import TensorProto, helper
     ints = TensorProto.INT64
 
     def tensor(name: str, kind: int = element) -> onnx.ValueInfoProto:
@@ -318,7 +320,14 @@ def edit_graph(op: str, element: int, axis: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+# An OrtValue's element type (its data_type()) as numpy's, for the types a package's
+# tensors have.
+NUMPY_TYPES: dict[str, type] = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
 def numpy_type(value: ort.OrtValue) -> type:
     """The numpy scalar type of an OrtValue's elements."""
-    kind: type = helper.tensor_dtype_to_np_dtype(value.element_type()).type
-    return kind
+    return NUMPY_TYPES[value.data_type()]

@@ -15,13 +15,16 @@ setting, on the runner's provider.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
 from seq2serve.server.engine.device import OPSET, Memory
 from seq2serve.server.engine.edits import StepEdits
+
+if TYPE_CHECKING:  # onnx is imported where a graph is built: the CPU path never needs it
+    import onnx
 
 
 class Picker:
@@ -66,6 +69,8 @@ class Picker:
 def pick_graph(renormalize: bool) -> onnx.ModelProto:
     """log_probs (N, W) float32, pen_at (P, 2), pen (P,), forced (N,), decay_at
     (E, 2), growth (E,), ban_at (M, 2), k (1,) -> values (N, k), ids (N, k)."""
+    import onnx
+    from onnx import TensorProto, helper
     f, i = TensorProto.FLOAT, TensorProto.INT64
     inputs = [helper.make_tensor_value_info("log_probs", f, ["N", "W"]),
               helper.make_tensor_value_info("pen_at", i, ["P", 2]),
