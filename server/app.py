@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.api.admin import AdminKeys
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
 from seq2serve.server.api.grpc_metrics import count_undecodable
 from seq2serve.server.api.grpc_service import TranslatorService
@@ -193,7 +194,11 @@ class Server:
                                      max_text_chars=config.max_text_chars, cache=cache,
                                      glossaries=load_glossaries(config),
                                      metrics=self.metrics)
-        self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
+        admin = AdminKeys(read_api_keys(config.admin_keys)
+                          if config.admin_keys is not None else None)
+        workers = ModelWorkers(self.registry, config, self.metrics)
+        self.proto_api = ProtoApi(self.translator, config.max_message_bytes, admin,
+                                  workers.rescan)
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.proto_api, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -214,8 +219,7 @@ class Server:
             self.grpc, address(config.host, self.port), security))
         if self.http is not None:
             self.lifecycle.add(Stage.FRONT, "HTTP", self.http)
-        self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
-                                                              self.metrics))
+        self.lifecycle.add(Stage.BACK, "models", workers)
 
     def _release(self) -> None:
         """Undo a failed __init__ at once, inside the event loop: close the HTTP socket

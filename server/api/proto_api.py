@@ -6,11 +6,12 @@ its answer; the message-size limit is applied to every answer."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol, TypeVar
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert
+from seq2serve.server.api.admin import AdminKeys
 from seq2serve.server.core.errors import ResourceExhausted
 from seq2serve.server.core.requests import Call
 from seq2serve.server.core.translator import Translator, off_loop
@@ -24,9 +25,25 @@ M = TypeVar("M", bound=_Message)
 
 
 class ProtoApi:
-    def __init__(self, translator: Translator, max_message_bytes: int) -> None:
+    def __init__(self, translator: Translator, max_message_bytes: int,
+                 admin: AdminKeys | None = None, rescan: Callable[[], None] | None = None
+                 ) -> None:
         self.translator = translator
         self.max_message_bytes = max_message_bytes
+        self.admin = admin or AdminKeys(None)
+        self.rescan = rescan  # finds packages added to the models folder
+
+    async def load_model(self, request: pb.ModelControlRequest,
+                         admin_key: str | None) -> pb.ModelControlResponse:
+        self.admin.check(admin_key)
+        info = await self.translator.load_model(request.name, self.rescan)
+        return pb.ModelControlResponse(model=convert.model_info_to_pb(info))
+
+    async def unload_model(self, request: pb.ModelControlRequest,
+                           admin_key: str | None) -> pb.ModelControlResponse:
+        self.admin.check(admin_key)
+        info = await self.translator.unload_model(request.name)
+        return pb.ModelControlResponse(model=convert.model_info_to_pb(info))
 
     async def translate(self, request: pb.TranslateRequest, call: Call) -> pb.TranslateResponse:
         result = await self.translator.translate(convert.translate_request_from_pb(request), call)

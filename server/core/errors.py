@@ -24,6 +24,7 @@ class ErrorKind(str, Enum):
     UNAVAILABLE = "UNAVAILABLE"  # loading or stopping: retry, elsewhere if need be
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # a control call without a valid admin key
 
 
 class ServiceError(Exception):
@@ -63,6 +64,11 @@ class Unavailable(ServiceError):
 class DeadlineExceeded(ServiceError):
     def __init__(self, message: str):
         super().__init__(ErrorKind.DEADLINE_EXCEEDED, message)
+
+
+class PermissionDenied(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.PERMISSION_DENIED, message)
 
 
 class Cancelled(ServiceError):
