@@ -296,8 +296,8 @@ def _check(config: ServerConfig, models_dir: Path, candidates: int,
 # loaded model beyond its graphs' bytes (arenas, its threads, the tokenizer's tables):
 # measured with tests/unit/test_residency.py's RSS check, which holds package_cost
 # within its tolerance of what loading really costs.
-ENGINE_BYTES = 8 * 2**20
-LOAD_FACTOR = 1.25
+ENGINE_BYTES = 2**20
+LOAD_FACTOR = 1.5
 
 
 def package_cost(package: ModelPackage, engines: int) -> int:

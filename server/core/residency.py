@@ -209,11 +209,12 @@ class Residency:
             victims = self._victims(handle)
             for victim in victims:
                 self._set(victim, ModelState.UNLOADING)
-            self._set(handle, ModelState.LOADING)
-        for victim in victims:
+        for victim in victims:  # gone before the new one takes their memory
             log.info("unloading %s (least recently used, idle) to fit %s in the memory "
                      "budget", victim.name, handle.name)
             self._stop_now(victim)
+        with self._lock:
+            self._set(handle, ModelState.LOADING)
         try:
             loaded = self.build(handle)
         except Exception as e:  # noqa: BLE001 - any failure is this model's, not the server's
