@@ -142,7 +142,8 @@ class Residency:
                 handle.last_used = now
                 if handle.leases == 0 and handle.held_out \
                         and handle.state is ModelState.UNLOADING:
-                    self._jobs.submit(self._unload_job, handle)
+                    with contextlib.suppress(Unavailable):  # stopping: close() unloads all
+                        self._submit(self._unload_job, handle)
 
     async def _wait(self, handle: ModelHandle, load: Future[None],
                     deadline: float | None) -> None:
@@ -176,7 +177,7 @@ class Residency:
         its state then says unloading)."""
         with self._lock:
             handle.held_out = True
-            return self._jobs.submit(self._unload_job, handle)
+            return self._submit(self._unload_job, handle)
 
     def close(self) -> None:
         """Stop taking jobs; the one running finishes."""
@@ -184,11 +185,17 @@ class Residency:
 
     # -- the jobs (on the one jobs thread) ----------------------------------------------
 
+    def _submit(self, job: Callable[[ModelHandle], None], handle: ModelHandle) -> Future[None]:
+        try:
+            return self._jobs.submit(job, handle)
+        except RuntimeError:  # closed: the server is stopping
+            raise Unavailable("the server is shutting down; retry on another replica") from None
+
     def _submit_load(self, handle: ModelHandle) -> Future[None]:
         pending = self._loads.get(id(handle))
         if pending is not None and not pending.done():
             return pending
-        future = self._jobs.submit(self._load_job, handle)
+        future = self._submit(self._load_job, handle)
         self._loads[id(handle)] = future
         future.add_done_callback(lambda _: self._forget(handle, future))
         return future
