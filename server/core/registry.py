@@ -240,15 +240,22 @@ class ModelRegistry:
         self.prefer_models = tuple(prefer_models)
         self._routes: tuple[int, list[Route]] | None = None  # (generation, routes)
         self.ready = False
-        # Counts the changes to what is served (a model added, loaded, unloaded,
-        # failed): what a door derives from the served models is derived again.
+        # Counts the changes to what is served (a model added, removed, failed):
+        # what a door derives from the served models is derived again when it moves.
         self.generation = 0
+        self._failed: frozenset[str] = frozenset()  # the models that failed to load
         self.residency = Residency(lambda: list(self._handles.values()), self._changed)
         # Told of every model's state change (the metrics, set by the assembly).
         self.on_change: Callable[[ModelHandle], None] = lambda handle: None
 
     def _changed(self, handle: ModelHandle) -> None:
-        self.generation += 1
+        # Routes change when a model fails or recovers, not when one loads or unloads
+        # (a 200-language model's 40,000 routes are not listed again for each load).
+        failed = frozenset(h.name for h in self._handles.values()
+                           if h.state is ModelState.FAILED)
+        if failed != self._failed:
+            self._failed = failed
+            self.generation += 1
         self.on_change(handle)
 
     def add(self, handle: ModelHandle) -> None:
