@@ -85,7 +85,7 @@ class ServerConfig:
     max_model_memory: int = field(default=0, metadata=_meta(
         "bytes the loaded models may hold, by each package's cost (its graphs, tokenizer "
         "and engines; ListModels shows it): loading past it unloads the least recently "
-        "used idle models, and is refused (RESOURCE_EXHAUSTED / 429) when the models "
+        "used idle models, and is refused (RESOURCE_EXHAUSTED / 503) when the models "
         "holding it are busy; 0 = no budget", "BYTES"))
     admin_keys: Path | None = field(default=None, metadata=_meta(
         "keys of the model-control calls (LoadModel, UnloadModel; POST /v1/models/NAME/"

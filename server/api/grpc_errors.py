@@ -35,6 +35,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.OVER_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

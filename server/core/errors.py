@@ -25,6 +25,8 @@ class ErrorKind(str, Enum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
     PERMISSION_DENIED = "PERMISSION_DENIED"  # a control call without a valid admin key
+    # The memory budget is held by busy models: retry (gRPC RESOURCE_EXHAUSTED, HTTP 503).
+    OVER_BUDGET = "OVER_BUDGET"
 
 
 class ServiceError(Exception):
@@ -64,6 +66,11 @@ class Unavailable(ServiceError):
 class DeadlineExceeded(ServiceError):
     def __init__(self, message: str):
         super().__init__(ErrorKind.DEADLINE_EXCEEDED, message)
+
+
+class OverBudget(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.OVER_BUDGET, message)
 
 
 class PermissionDenied(ServiceError):

@@ -10,7 +10,8 @@ under it. A request for a model that is not loaded loads it and waits, up to
 With a budget (`--max-model-memory`), loading a model whose cost (known from its
 files and engines before it loads: assembly.package_cost) would pass it unloads the
 least recently used idle models first; when the models with leases hold too much,
-the load is refused at once (ResourceExhausted naming the budget), never queued.
+the load is refused at once (OverBudget naming the budget: gRPC RESOURCE_EXHAUSTED,
+HTTP 503 with Retry-After), never queued.
 
 Loads and unloads run one at a time on one thread of their own (ONNX Runtime work
 blocks), so the budget's arithmetic never sees two at once; the states are kept
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
-from seq2serve.server.core.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from seq2serve.server.core.errors import DeadlineExceeded, OverBudget, Unavailable
 
 if TYPE_CHECKING:
     from seq2serve.server.core.registry import ModelHandle
@@ -236,7 +237,7 @@ class Residency:
 
     def _victims(self, handle: ModelHandle) -> list[ModelHandle]:
         """The least recently used idle models to unload so that `handle` fits the
-        budget; ResourceExhausted (naming the budget) where those cannot free enough."""
+        budget; OverBudget (naming the budget) where those cannot free enough."""
         if not self.budget:
             return []
         held = self.resident()
@@ -254,7 +255,7 @@ class Residency:
             need -= victim.cost
         if need > 0:
             busy = sorted(h.name for h in self._handles() if h.state in RESIDENT and h.leases)
-            raise ResourceExhausted(
+            raise OverBudget(
                 f"model {handle.name!r} needs {handle.cost} bytes and the memory budget of "
                 f"{self.budget} bytes (--max-model-memory) has {self.budget - held} free; "
                 f"the models holding the rest have requests in flight "

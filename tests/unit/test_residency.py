@@ -15,7 +15,7 @@ import pytest
 from seq2serve.server.assembly import batch_limits
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.config import ServerConfig
-from seq2serve.server.core.errors import ResourceExhausted, Unavailable
+from seq2serve.server.core.errors import OverBudget, Unavailable
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry
 from seq2serve.server.core.residency import Loaded, ModelState
 from seq2serve.server.metrics import MODEL_STATES
@@ -123,7 +123,7 @@ def test_a_busy_model_is_never_unloaded_and_a_load_past_the_budget_is_refused() 
         # A chain holds both its legs across awaits; a third model cannot fit.
         async with registry.residency.lease([registry.find("en-de"), registry.find("de-en")]):
             await asyncio.sleep(0)
-            with pytest.raises(ResourceExhausted) as refused:
+            with pytest.raises(OverBudget) as refused:
                 async with registry.residency.lease([registry.find("en-fr")]):
                     pass
             return refused.value.message
@@ -140,7 +140,7 @@ def test_a_busy_model_is_never_unloaded_and_a_load_past_the_budget_is_refused() 
 
 def test_a_model_larger_than_the_budget_is_refused_naming_it() -> None:
     registry, recorder = registry_of("en-de", cost=30, budget=25)
-    with pytest.raises(ResourceExhausted, match="needs 30 bytes"):
+    with pytest.raises(OverBudget, match="needs 30 bytes"):
         use(registry, "en-de")
     assert recorder.events == []
     assert states(registry) == {"en-de": "available"}
