@@ -133,7 +133,12 @@ class Residency:
             for handle in handles:
                 handle.leases += 1
                 handle.last_used = now
-            return [(h, self._submit_load(h)) for h in handles if h.state is not ModelState.READY]
+            try:
+                return [(h, self._submit_load(h)) for h in handles
+                        if h.state is not ModelState.READY]
+            except Unavailable:  # stopping: no lease is kept
+                self._release(handles)
+                raise
 
     def _release(self, handles: Sequence[ModelHandle]) -> None:
         with self._lock:
