@@ -215,3 +215,15 @@ def test_past_the_wait_a_request_is_told_to_retry() -> None:
 async def _lease(registry: ModelRegistry, name: str) -> str:
     async with registry.residency.lease([registry.find(name)]):
         return name
+
+
+def test_a_refusal_past_the_budget_is_resource_exhausted_and_a_503_to_retry() -> None:
+    import grpc
+
+    from seq2serve.server.api.grpc_errors import STATUS
+    from seq2serve.server.api.http.app import error_response
+
+    refusal = OverBudget("the memory budget of 25 bytes (--max-model-memory) is held")
+    assert STATUS[refusal.kind] is grpc.StatusCode.RESOURCE_EXHAUSTED
+    answer = error_response(refusal)
+    assert answer.status_code == 503 and answer.headers["Retry-After"]
