@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import gc
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -236,6 +235,7 @@ def configure(registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -
     residency = registry.residency
     residency.build = lambda handle: build_handle(handle, config, metrics)
     residency.stop = lambda handle, loaded: stop_handle(handle, loaded, metrics)
+    residency.freed = return_freed_memory
     residency.budget = config.max_model_memory
     residency.wait_s = config.load_wait_s
 
@@ -383,9 +383,6 @@ def stop_handle(handle: ModelHandle, loaded: Loaded, metrics: Metrics) -> None:
     its series cleared (its state kept)."""
     stop_workers(loaded.workers, drain=True, timeout=None)
     metrics.clear_model(handle.name)
-    del loaded
-    gc.collect()  # the sessions go with the last engine that holds them
-    return_freed_memory()
 
 
 def return_freed_memory() -> None:

@@ -94,6 +94,9 @@ class Residency:
         self._loads: dict[int, Future[None]] = {}  # id(handle): its pending load
         self.build: Build = _no_build
         self.stop: Stop = _no_stop
+        # Called once an unloaded model's memory is freed (the assembly hands the heap
+        # back to the system).
+        self.freed: Callable[[], None] = lambda: None
         self.budget = 0  # bytes the loaded models may hold; 0 = no budget
         self.wait_s = DEFAULT_WAIT_S
 
@@ -281,6 +284,8 @@ class Residency:
         loaded, handle.loaded = handle.loaded, None
         if loaded is not None:
             self.stop(handle, loaded)
+        del loaded  # the last reference to its engines and sessions
+        self.freed()
         with self._lock:
             self._set(handle, ModelState.AVAILABLE)
         log.info("unloaded %s", handle.name)
