@@ -38,6 +38,7 @@ from grpc_reflection.v1alpha import reflection
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.api.admin import AdminKeys
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
 from seq2serve.server.api.grpc_metrics import count_undecodable
 from seq2serve.server.api.grpc_service import TranslatorService
@@ -206,7 +207,14 @@ class Server:
                                      max_text_chars=config.max_text_chars, cache=cache,
                                      glossaries=load_glossaries(config),
                                      metrics=self.metrics)
-        self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
+        try:
+            admin = AdminKeys(read_key_file(config.admin_keys).keys
+                              if config.admin_keys is not None else None)
+        except KeyFileError as e:
+            raise StartupError(f"admin_keys: {e}") from None
+        workers = ModelWorkers(self.registry, config, self.metrics)
+        self.proto_api = ProtoApi(self.translator, config.max_message_bytes,
+                                  admin=admin, rescan=workers.rescan)
         # DeepL's glossaries without --glossary-store: kept until the process ends.
         self._glossary_temp = tempfile.TemporaryDirectory(prefix="seq2serve-glossaries-")
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
@@ -230,8 +238,7 @@ class Server:
             self.grpc, address(config.host, self.port), security))
         if self.http is not None:
             self.lifecycle.add(Stage.FRONT, "HTTP", self.http)
-        self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
-                                                              self.metrics))
+        self.lifecycle.add(Stage.BACK, "models", workers)
         if self.jobs is not None:  # after the models: a job taken up again needs them
             self.lifecycle.add(Stage.BACK, "document jobs", self.jobs)
 

@@ -23,19 +23,29 @@ The config's values become the layers' own limits here (`option_limits`,
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from seq2serve.model.package.manifest import MANIFEST, ModelPackage, PackageError, load_package
+from seq2serve.model.package.languages import CodeTable
+from seq2serve.model.package.manifest import (
+    MANIFEST,
+    Manifest,
+    ModelPackage,
+    PackageError,
+    load_package,
+)
 from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.batching.scheduler import BatchLimits, Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.config import ServerConfig
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
-from seq2serve.server.core.registry import ModelHandle, ModelRegistry
+from seq2serve.server.core.registry import ModelHandle, ModelRegistry, stop_workers
+from seq2serve.server.core.residency import Loaded, ModelState
 from seq2serve.server.engine.engine import Engine
-from seq2serve.server.engine.options import OptionLimits
+from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions
 from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider
 from seq2serve.server.metrics import Metrics
 from seq2serve.server.resources import usable_cores
@@ -120,9 +130,10 @@ def _one_line(error: BaseException) -> str:
 
 
 def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -> None:
-    """Verify every package, then load and warm up the valid ones into `registry`,
-    and mark it loaded. Raises ModelLoadError naming every broken package (unless
-    `serve_valid_models`)."""
+    """Verify every package (those --load-only chooses), then serve them in `registry`:
+    each loaded and warmed up now, or at its first request with --lazy (and, with a
+    memory budget, those past it too), and mark it ready. Raises ModelLoadError naming
+    every broken package (unless `serve_valid_models`)."""
     if config.models_dir is None:
         raise ModelLoadError("no --models-dir given and no shipped models/ folder")
     models_dir = Path(config.models_dir)
@@ -130,6 +141,38 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
     if not paths:
         raise ModelLoadError(f"no model package in {models_dir} (a package is a "
                              f"directory holding {MANIFEST} and the files it lists)")
+    packages, broken = verify_packages(paths)
+    packages = chosen_packages(config, packages)
+    names = {p.manifest.name: p.path for p in packages}
+    _check(config, models_dir, len(paths), broken)
+    _check_preferred(config, models_dir, names)
+    configure(registry, config, metrics)
+    handles = []
+    for package in packages:
+        try:
+            handles.append(package_handle(package, config))
+        except Exception as e:  # noqa: BLE001 - any failure makes this package broken
+            broken.append(BrokenPackage(package.path, _one_line(e)))
+    for handle in handles:
+        registry.add(handle)
+        metrics.set_model_state(handle.name, handle.state.value)
+    if not config.lazy:
+        broken += _load_now(registry, handles)
+    try:
+        _check(config, models_dir, len(paths), broken)
+    except ModelLoadError:
+        registry.close(drain=False, timeout=5)
+        raise
+    for package_problem in broken:
+        log.error("model package %s is broken and not served: %s", package_problem.path,
+                  package_problem.problem)
+    metrics.broken_packages.set(len(broken))
+    registry.loaded()
+
+
+def verify_packages(paths: list[Path]) -> tuple[list[ModelPackage], list[BrokenPackage]]:
+    """Each path's package (manifest, files, hashes verified), or why it is broken;
+    a name served twice is broken in its second directory."""
     broken: list[BrokenPackage] = []
     packages: list[ModelPackage] = []
     names: dict[str, Path] = {}
@@ -147,23 +190,81 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
             continue
         names[name] = path
         packages.append(package)
-    _check(config, models_dir, len(paths), broken)
-    _check_preferred(config, models_dir, names)
+    return packages, broken
+
+
+def chosen_packages(config: ServerConfig, packages: list[ModelPackage]) -> list[ModelPackage]:
+    """The packages --load-only names: a model by its name, or, by language codes
+    (LibreTranslate's LT_LOAD_ONLY), each package whose languages are all among them
+    (a multilingual model's: at least two of them). ModelLoadError for a name that is
+    neither a model nor a language of one."""
+    wanted = config.load_only_names()
+    if not wanted:
+        return packages
+    by_name = {p.manifest.name for p in packages}
+    codes = [w for w in wanted if w not in by_name]
+    chosen = []
+    used: set[str] = set()
     for package in packages:
+        manifest = package.manifest
+        if manifest.name in wanted:
+            chosen.append(package)
+            continue
+        table = CodeTable.of(_codes(manifest))
+        have = {w for w in codes if table.find(w) is not None}
+        if codes and (len(have) >= 2 if manifest.languages is not None
+                      else len(have) == len(set(_codes(manifest)))):
+            chosen.append(package)
+            used |= have
+    unknown = [w for w in codes if w not in used]
+    if unknown:
+        raise ModelLoadError(f"--load-only names {', '.join(map(repr, unknown))}, which is "
+                             f"no model here nor a language of a package chosen; the models: "
+                             f"{', '.join(sorted(by_name)) or 'none'}")
+    return chosen
+
+
+def _codes(manifest: Manifest) -> list[str]:
+    if manifest.languages is not None:
+        return list(manifest.languages.listed())
+    return list(dict.fromkeys((manifest.source_language, manifest.target_language)))
+
+
+def configure(registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -> None:
+    """The registry's loads and unloads as this config builds and stops models."""
+    residency = registry.residency
+    residency.build = lambda handle: build_handle(handle, config, metrics)
+    residency.stop = lambda handle, loaded: stop_handle(handle, loaded, metrics)
+    residency.freed = return_freed_memory
+    residency.budget = config.max_model_memory
+    residency.wait_s = config.load_wait_s
+
+    def changed(handle: ModelHandle) -> None:
+        if registry.serves(handle) or handle.state is not ModelState.AVAILABLE:
+            metrics.set_model_state(handle.name, handle.state.value)
+        else:  # a package removed from the folder, now unloaded: no series left
+            metrics.clear_model(handle.name, keep_state=False)
+
+    registry.on_change = changed
+
+
+def _load_now(registry: ModelRegistry, handles: list[ModelHandle]) -> list[BrokenPackage]:
+    """Load `handles` in order (those the memory budget holds; the rest at their first
+    request); the ones that fail, as broken packages (no longer served)."""
+    broken = []
+    residency = registry.residency
+    for handle in handles:
+        if residency.budget and residency.resident() + handle.cost > residency.budget:
+            log.info("%s (%d bytes) is left to its first request: the loaded models fill "
+                     "the memory budget of %d bytes", handle.name, handle.cost,
+                     residency.budget)
+            continue
         try:
-            registry.add(build_handle(package, config, metrics))
-        except Exception as e:  # noqa: BLE001 - any failure makes this package broken
-            broken.append(BrokenPackage(package.path, _one_line(e)))
-    try:
-        _check(config, models_dir, len(paths), broken)
-    except ModelLoadError:
-        registry.close(drain=False, timeout=5)
-        raise
-    for package_problem in broken:
-        log.error("model package %s is broken and not served: %s", package_problem.path,
-                  package_problem.problem)
-    metrics.broken_packages.set(len(broken))
-    registry.loaded()
+            residency.load(handle).result()
+        except Exception:  # noqa: BLE001 - the handle's error says why
+            broken.append(BrokenPackage(handle.package.path, handle.error))
+            registry.remove(handle.name)
+    return broken
 
 
 def _check_preferred(config: ServerConfig, models_dir: Path, names: dict[str, Path]) -> None:
@@ -193,47 +294,207 @@ def _check(config: ServerConfig, models_dir: Path, candidates: int,
     raise ModelLoadError("\n".join(lines))
 
 
-def build_handle(package: ModelPackage, config: ServerConfig, metrics: Metrics) -> ModelHandle:
-    """One served model: its engines (started workers) over one scheduler."""
+# A loaded package holds its files' bytes and a little more (ONNX Runtime's prepacked
+# weights and arenas), a fixed share (the tokenizer's tables, the sessions' own
+# state) and a little per engine (its bindings and buffers; the weights are shared).
+# Measured after warm-up, a model loaded after another (2 CPU cores): the shipped
+# en-de (16.2 MiB of files) adds 26 MiB with 2 engines; an int8 package of
+# nllb-200-distilled-600M's shape (1,091 MiB) 1,174 MiB with 1 engine, 1,242 with 2,
+# 1,244 with 4. tests/unit/test_model_memory.py holds the cost to what loading takes.
+LOAD_FACTOR = 1.15
+MODEL_BYTES = 16 * 2**20
+ENGINE_BYTES = 2 * 2**20
+
+
+def package_cost(package: ModelPackage, engines: int) -> int:
+    """The bytes a package holds once loaded, known before it loads: its files (the
+    graphs' weights, held once whatever the engines: they share the sessions) with
+    ONNX Runtime's share, a fixed share, and each engine's own buffers."""
+    files = sum(p.stat().st_size for p in package.path.iterdir() if p.is_file())
+    return int(files * LOAD_FACTOR) + MODEL_BYTES + engines * ENGINE_BYTES
+
+
+@dataclass
+class PackageOptions:
+    """A package's options as its engines resolve them (engine.Engine.resolve; its
+    test holds the two equal), known before the model loads, for admission and
+    ListModels."""
+
+    limits: OptionLimits
+    defaults: dict[str, Any]
+    has_shortlist: bool
+    max_positions: int
+    provider: str
+
+    def resolve(self, options: Resolvable) -> ResolvedOptions:
+        resolved = options.resolve(self.defaults, self.limits)
+        if resolved.shortlist and not self.has_shortlist:
+            resolved = replace(resolved, shortlist=False)
+        return resolved
+
+
+def package_options(package: ModelPackage, config: ServerConfig, provider: str) -> PackageOptions:
+    manifest = package.manifest
+    limits = option_limits(config)
+    positions = manifest.config.max_positions
+    return PackageOptions(OptionLimits(limits.max_beam_size, min(limits.max_length, positions)),
+                          manifest.generation.as_dict(), manifest.shortlist is not None,
+                          positions, provider)
+
+
+def package_handle(package: ModelPackage, config: ServerConfig) -> ModelHandle:
+    """A verified package as a model to serve, not loaded yet: its tokenizer, its
+    options (a default no request can override must not fail every call) and cost."""
+    provider = choose_provider(config.provider)
+    options = package_options(package, config, provider)
+    try:
+        options.resolve(DecodingOptions())
+    except InvalidOptions as e:
+        raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
+                                          f"on this server: {e}"]) from None
+    count, _ = engine_layout(config.threads, config.engines, provider)
+    return ModelHandle(package.manifest.name, package, package_tokenizer(package), options,
+                       cost=package_cost(package, count))
+
+
+def build_handle(handle: ModelHandle, config: ServerConfig, metrics: Metrics) -> Loaded:
+    """Load one served model: its engines, sharing one set of sessions (the weights
+    held once), as started workers over one scheduler."""
+    package = handle.package
     name = package.manifest.name
     count, threads = engine_layout(config.threads, config.engines,
                                    choose_provider(config.provider))
     runner = RunnerConfig(provider=config.provider, intra_op_threads=threads,
                           emulate_device=config.emulate_device)
     limits = option_limits(config)
-    engines = [Engine(package, runner, limits)]
-    try:  # a default no request can override must not fail every call
-        engines[0].resolve(DecodingOptions())
-    except InvalidOptions as e:
-        raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
-                                          f"on this server: {e}"]) from None
-    engines += [Engine(package, runner, limits) for _ in range(count - 1)]
-    tokenizer = package_tokenizer(package)
+    first = Engine(package, runner, limits)
+    engines = [first] + [Engine(package, runner, limits, sessions=first.runner.sessions)
+                         for _ in range(count - 1)]
     scheduler = Scheduler(batch_limits(config))
     workers = tuple(ModelWorker(name, engine, scheduler, metrics, index=i).start()
                     for i, engine in enumerate(engines))
-    provider = engines[0].provider
+    provider = first.provider
     metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
     metrics.watch_transfers(name, [e.runner.memory.counter.read for e in engines])
-    log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
-             package.manifest.task, package.manifest.precision, provider, count,
-             "s" if count > 1 else "", threads, package.path)
-    return ModelHandle(name, package, tokenizer, engines[0], scheduler, workers)
+    metrics.model_bytes.labels(name).set(handle.cost)
+    log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads, sharing one copy of the "
+             "weights) from %s", name, package.manifest.task, package.manifest.precision,
+             provider, count, "s" if count > 1 else "", threads, package.path)
+    return Loaded(scheduler, workers)
+
+
+def stop_handle(handle: ModelHandle, loaded: Loaded, metrics: Metrics) -> None:
+    """Unload a model whose requests have finished: its workers stopped and joined,
+    its series cleared (its state kept)."""
+    stop_workers(loaded.workers, drain=True, timeout=None)
+    metrics.clear_model(handle.name)
+
+
+def return_freed_memory() -> None:
+    """Hand the heap an unloaded model freed back to the system (glibc keeps freed
+    memory in its per-thread arenas: measured, 20 MiB of 115 after 18 loads of the
+    shipped models under a budget of two), so that resident memory follows the budget.
+    A no-op where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    """What a rescan compares without hashing: each file's name, size and mtime."""
+    try:
+        return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns)
+                            for p in path.iterdir() if p.is_file()))
+    except OSError:
+        return ()
 
 
 class ModelWorkers:
-    """The served models as a lifecycle part (BACK): start() loads and warms them
-    up, stop() ends their workers (see ModelRegistry.close)."""
+    """The served models as a lifecycle part (BACK): start() verifies them and loads
+    them (all, or none with --lazy), then polls the folder (--poll-models-s); stop()
+    ends their workers (see ModelRegistry.close)."""
 
     def __init__(self, registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -> None:
         self.registry, self.config, self.metrics = registry, config, metrics
+        self._known: dict[Path, Fingerprint] = {}
+        self._poll: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         # Loading and warm-up are blocking ONNX Runtime work: keep the loop answering
         # health checks meanwhile.
-        await asyncio.get_running_loop().run_in_executor(
-            None, load_models, self.registry, self.config, self.metrics)
+        await asyncio.get_running_loop().run_in_executor(None, self._load)
+        if self.config.poll_models_s:
+            self._poll = asyncio.ensure_future(self._polling(self.config.poll_models_s))
+
+    def _load(self) -> None:
+        load_models(self.registry, self.config, self.metrics)
+        self._known = {h.package.path: fingerprint(h.package.path)
+                       for h in self.registry.handles()}
+
+    async def _polling(self, every: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await loop.run_in_executor(None, self.rescan)
+            except Exception:  # noqa: BLE001 - a failed scan is logged; the next one runs
+                log.exception("rescanning %s failed", self.config.models_dir)
+
+    def rescan(self) -> None:
+        """Serve the packages added to the folder (verified first; loaded now unless
+        --lazy), and unload the ones removed or changed once their requests finish (a
+        changed one is then served again from its new files)."""
+        if self.config.models_dir is None:
+            return
+        registry = self.registry
+        paths = {p: fingerprint(p) for p in find_packages(Path(self.config.models_dir))}
+        served = {h.package.path: h for h in registry.handles()}
+        for path, handle in served.items():
+            if paths.get(path) != self._known.get(path):
+                log.info("model package %s was %s: unloading %s once its requests finish",
+                         path, "changed" if path in paths else "removed", handle.name)
+                registry.remove(handle.name)
+                registry.residency.unload(handle)
+                self._known.pop(path, None)
+        names = {h.name for h in registry.handles()}
+        for path, seen in paths.items():
+            if path in self._known:
+                continue
+            self._known[path] = seen  # a broken one is reported once, not every scan
+            self._add(path, names)
+
+    def _add(self, path: Path, names: set[str]) -> None:
+        packages, broken = verify_packages([path])
+        try:
+            packages = chosen_packages(self.config, packages) if packages else []
+        except ModelLoadError:
+            packages = []  # not one --load-only chooses
+        for problem in broken:
+            log.error("model package %s is broken and not served: %s", problem.path,
+                      problem.problem)
+        for package in packages:
+            if package.manifest.name in names:
+                log.error("model package %s is not served: model name %r is already served",
+                          package.path, package.manifest.name)
+                continue
+            try:
+                handle = package_handle(package, self.config)
+            except Exception as e:  # noqa: BLE001 - this package's problem only
+                log.error("model package %s is not served: %s", package.path, _one_line(e))
+                continue
+            self.registry.add(handle)
+            self.metrics.set_model_state(handle.name, handle.state.value)
+            log.info("found %s in %s", handle.name, package.path)
+            if not self.config.lazy:
+                self.registry.residency.load(handle)
 
     async def stop(self, grace: float) -> None:
+        if self._poll is not None:
+            self._poll.cancel()
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: self.registry.close(drain=False, timeout=grace))

@@ -32,8 +32,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
-PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", "glossary_store", "jobs_dir",
-               *TLS_FILES)
+PATH_FIELDS = ("models_dir", "api_keys", "admin_keys", "glossary_dir", "glossary_store",
+               "jobs_dir", *TLS_FILES)
 # Settings a flag may repeat, each time adding to a comma-separated list.
 REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -73,6 +73,29 @@ class ServerConfig:
     serve_valid_models: bool = field(default=False, metadata=_meta(
         "start even when some package directories are broken, serving the valid ones (each "
         "broken one is logged as an error); without it a broken package stops the start"))
+    load_only: str = field(default="", metadata=_meta(
+        "serve only these packages: comma-separated model names, or language codes (as "
+        "LibreTranslate's LT_LOAD_ONLY) choosing the translation packages whose languages "
+        "are all among them (summarizers of them too); empty = every package", "NAMES"))
+    lazy: bool = field(default=False, metadata=_meta(
+        "find and verify the packages at start (manifest, files, hashes) but load each "
+        "at its first request, which waits while it loads (--load-wait-s)"))
+    load_wait_s: float = field(default=60.0, metadata=_meta(
+        "longest a request waits for its model to load; past it: UNAVAILABLE / 503 with "
+        "Retry-After (other models answer meanwhile)", "SECONDS"))
+    max_model_memory: int = field(default=0, metadata=_meta(
+        "bytes the loaded models may hold, by each package's cost (its graphs, tokenizer "
+        "and engines; ListModels shows it): loading past it unloads the least recently "
+        "used idle models, and is refused (RESOURCE_EXHAUSTED / 503) when the models "
+        "holding it are busy; 0 = no budget", "BYTES"))
+    admin_keys: Path | None = field(default=None, metadata=_meta(
+        "keys of the model-control calls (LoadModel, UnloadModel; POST /v1/models/NAME/"
+        "load and /unload), one per line, separate from --api-keys; without it the "
+        "control calls are refused", "FILE"))
+    poll_models_s: float = field(default=0.0, metadata=_meta(
+        "rescan --models-dir this often: new packages are served, removed or changed ones "
+        "unloaded once their requests finish; 0 = only at start and on LoadModel of an "
+        "unknown name", "SECONDS"))
     prefer_multilingual: bool = field(default=False, metadata=_meta(
         "where a multilingual model (NLLB-200, M2M100, mBART-50) and a model of one pair "
         "both serve a pair, the multilingual one serves it (default: the one-pair model)"))
@@ -253,6 +276,12 @@ class ServerConfig:
             self._trusted_proxies_problem(),
             self._prefer_model_problem(),
             self._api_keys_problem(),
+            _text_problem("load_only", self.load_only, "model names or language codes, "
+                          "comma-separated"),
+            float_problem("load_wait_s", self.load_wait_s, 0.0, 86400.0),
+            int_problem("max_model_memory", self.max_model_memory, 0, note="0 = no budget"),
+            float_problem("poll_models_s", self.poll_models_s, 0.0, 86400.0),
+            self._admin_keys_problem(),
             self._glossary_dir_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
             int_problem("threads", self.threads, 0, 1024, note="0 = the usable cores"),
@@ -278,7 +307,7 @@ class ServerConfig:
             _choice_problem("log_level", self.log_level, LOG_LEVELS, upper=True),
             *(_bool_problem(name, getattr(self, name))
               for name in ("serve_valid_models", "reflection", "require_api_key",
-                           "batch_similar_lengths")),
+                           "batch_similar_lengths", "lazy")),
             *self._tls_problems(),
         ]
         return [p for p in found if p is not None]
@@ -333,6 +362,16 @@ class ServerConfig:
                            f"{str(self.api_keys)!r}")
         if self.require_api_key is True and self.api_keys is None:
             return Problem("require_api_key", "require_api_key needs api_keys (a file of keys)")
+        return None
+
+    def load_only_names(self) -> tuple[str, ...]:
+        """--load-only's names (models or language codes), in order."""
+        return tuple(name.strip() for name in self.load_only.split(",") if name.strip())
+
+    def _admin_keys_problem(self) -> Problem | None:
+        if self.admin_keys is not None and not Path(self.admin_keys).is_file():
+            return Problem("admin_keys", f"admin_keys must be an existing file, got "
+                           f"{str(self.admin_keys)!r}")
         return None
 
     def _glossary_dir_problem(self) -> Problem | None:

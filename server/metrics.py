@@ -55,6 +55,8 @@ UNRESOLVED = "(none)"  # model label of calls that failed before a model was cho
 # Metrics are read by every layer and import none.
 BATCH_REASONS = ("full", "tokens", "delay", "drain", "dropped", "join")
 DROP_REASONS = ("deadline", "cancelled")
+# The states of a served model (core/residency.py ModelState; its test holds them equal).
+MODEL_STATES = ("available", "loading", "ready", "unloading", "failed")
 
 
 class CacheCounters(Protocol):
@@ -141,6 +143,12 @@ class Metrics:
         self.model_info = Gauge(
             f"{NAMESPACE}_model_info", "served models (always 1)",
             ["model", "precision", "provider", "task"], registry=r)
+        self.model_state = Gauge(
+            f"{NAMESPACE}_model_state", "each served model's state (1 for the one it is "
+            f"in: {', '.join(MODEL_STATES)})", ["model", "state"], registry=r)
+        self.model_bytes = Gauge(
+            f"{NAMESPACE}_model_memory_bytes", "bytes a loaded model holds, by its package's "
+            "cost (--max-model-memory counts these)", ["model"], registry=r)
         self.broken_packages = Gauge(
             f"{NAMESPACE}_broken_packages", "package directories refused at start-up and "
             "left out (only with --serve-valid-models; otherwise the server does not start)",
@@ -154,6 +162,29 @@ class Metrics:
 
     def set_model_info(self, model: str, precision: str, provider: str, task: str) -> None:
         self.model_info.labels(model, precision, provider, task).set(1)
+
+    def set_model_state(self, model: str, state: str) -> None:
+        """One model's state: 1 for `state`, 0 for the others."""
+        for each in MODEL_STATES:
+            self.model_state.labels(model, each).set(1 if each == state else 0)
+
+    def clear_model(self, model: str, keep_state: bool = True) -> None:
+        """Forget an unloaded model's series (its counters start again if it loads
+        again); its state stays unless `keep_state` is false (a package removed)."""
+        for metric in self._per_model():
+            if keep_state and metric is self.model_state:
+                continue
+            names = metric._labelnames  # noqa: SLF001 - prometheus_client has no public getter
+            for family in metric.collect():
+                seen = {tuple(sample.labels[n] for n in names) for sample in family.samples
+                        if sample.labels.get("model") == model and all(
+                            n in sample.labels for n in names)}
+                for values in seen:
+                    metric.remove(*values)
+
+    def _per_model(self) -> list[Counter | Gauge | Histogram]:
+        return [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))
+                and "model" in m._labelnames]  # noqa: SLF001
 
     def watch_queue(self, model: str, depth: Callable[[], float]) -> None:
         """Read the queue depth at scrape time, so the gauge is never stale."""

@@ -211,6 +211,9 @@ def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
         max_length_penalty=LENGTH_PENALTY_RANGE[1],
         languages=info.languages,
         ignored_generation_keys=info.ignored_generation_keys,
+        state=info.state,
+        error=info.error,
+        memory_bytes=info.memory_bytes,
         **dataclasses.asdict(info.limits),
     )
 

@@ -34,6 +34,8 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.OVER_BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -18,6 +18,7 @@ import grpc
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api import grpc_metrics, routing
+from seq2serve.server.api.admin import ADMIN_KEY_HEADER
 from seq2serve.server.api.grpc_metrics import RequestTracker
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.api.routing import Named
@@ -61,6 +62,27 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             response = self.api.list_models()
             track.ok()
             return response
+
+    async def LoadModel(self, request: pb.ModelControlRequest,
+                        context: grpc.aio.ServicerContext) -> pb.ModelControlResponse:
+        with grpc_metrics.track(self.metrics, "LoadModel") as track:
+            response = await self.api.load_model(request, _admin_key(context))
+            track.ok()
+            return response
+
+    async def UnloadModel(self, request: pb.ModelControlRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ModelControlResponse:
+        with grpc_metrics.track(self.metrics, "UnloadModel") as track:
+            response = await self.api.unload_model(request, _admin_key(context))
+            track.ok()
+            return response
+
+
+def _admin_key(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == ADMIN_KEY_HEADER:
+            return str(value)
+    return None
 
 
 def _call(context: grpc.aio.ServicerContext, track: RequestTracker) -> Call:

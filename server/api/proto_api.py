@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol, TypeVar
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert, routing
+from seq2serve.server.api.admin import AdminKeys
 from seq2serve.server.api.routing import NOTHING, Named
 from seq2serve.server.core.errors import InvalidArgument, ResourceExhausted
 from seq2serve.server.core.requests import Call
@@ -28,10 +29,25 @@ M = TypeVar("M", bound=_Message)
 
 class ProtoApi:
     def __init__(self, translator: Translator, max_message_bytes: int,
-                 texts: TextService | None = None) -> None:
+                 texts: TextService | None = None, admin: AdminKeys | None = None,
+                 rescan: Callable[[], None] | None = None) -> None:
         self.translator = translator
         self.max_message_bytes = max_message_bytes
         self.texts = texts or TextService(translator)
+        self.admin = admin or AdminKeys(None)
+        self.rescan = rescan  # finds packages added to the models folder
+
+    async def load_model(self, request: pb.ModelControlRequest,
+                         admin_key: str | None) -> pb.ModelControlResponse:
+        self.admin.check(admin_key)
+        info = await self.translator.load_model(request.name, self.rescan)
+        return pb.ModelControlResponse(model=convert.model_info_to_pb(info))
+
+    async def unload_model(self, request: pb.ModelControlRequest,
+                           admin_key: str | None) -> pb.ModelControlResponse:
+        self.admin.check(admin_key)
+        info = await self.translator.unload_model(request.name)
+        return pb.ModelControlResponse(model=convert.model_info_to_pb(info))
 
     async def translate(self, request: pb.TranslateRequest, call: Call,
                         named: Named = NOTHING) -> pb.TranslateResponse:

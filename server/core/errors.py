@@ -24,6 +24,9 @@ class ErrorKind(str, Enum):
     UNAVAILABLE = "UNAVAILABLE"  # loading or stopping: retry, elsewhere if need be
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # a control call without a valid admin key
+    # The memory budget is held by busy models: retry (gRPC RESOURCE_EXHAUSTED, HTTP 503).
+    OVER_BUDGET = "OVER_BUDGET"
 
 
 class ServiceError(Exception):
@@ -63,6 +66,16 @@ class Unavailable(ServiceError):
 class DeadlineExceeded(ServiceError):
     def __init__(self, message: str):
         super().__init__(ErrorKind.DEADLINE_EXCEEDED, message)
+
+
+class OverBudget(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.OVER_BUDGET, message)
+
+
+class PermissionDenied(ServiceError):
+    def __init__(self, message: str):
+        super().__init__(ErrorKind.PERMISSION_DENIED, message)
 
 
 class Cancelled(ServiceError):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from seq2serve.model.package.tokenizer import Tokenizer
 from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable, echo
+from seq2serve.server.core.residency import Loaded, ModelState, Residency
 from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions
 
 log = logging.getLogger("seq2serve.server")
@@ -71,16 +72,37 @@ class ModelEngine(Protocol):
 
 @dataclass
 class ModelHandle:
+    """A served model, loaded or not (core/residency.py keeps its state)."""
+
     name: str
     package: ModelPackage
     tokenizer: Tokenizer
-    engine: ModelEngine  # the first engine: options, limits and provider are the same in all
-    scheduler: Scheduler
-    workers: tuple[ModelWorker, ...]  # one per engine, all taking from `scheduler`
+    # Its options, limits and provider as every engine of it has them, known before
+    # it loads (assembly.PackageOptions).
+    engine: ModelEngine
+    cost: int = 0  # bytes it holds once loaded (assembly.package_cost)
+    loaded: Loaded | None = None
+    state: ModelState = ModelState.AVAILABLE
+    error: str = ""  # why it failed to load
+    leases: int = 0  # requests holding it (residency.lease)
+    last_used: float = 0.0  # time.monotonic() of its last lease
+    held_out: bool = False  # an operator unloaded it: requests are refused
 
     @property
     def manifest(self) -> Manifest:
         return self.package.manifest
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """Its queue; only a request holding a lease asks (the model is loaded)."""
+        if self.loaded is None:
+            raise Unavailable(f"model {self.name!r} is not loaded")
+        return self.loaded.scheduler
+
+    @property
+    def workers(self) -> tuple[ModelWorker, ...]:
+        """One per engine, all taking from `scheduler`; () while not loaded."""
+        return () if self.loaded is None else self.loaded.workers
 
     @functools.cached_property
     def digest(self) -> str:
@@ -218,14 +240,47 @@ class ModelRegistry:
         self.prefer_models = tuple(prefer_models)
         self._routes: tuple[int, list[Route]] | None = None  # (generation, routes)
         self.ready = False
-        # Counts the changes to what is served (a model added, loading finished): what
-        # a door derives from the served models is derived again when it moves.
+        # Counts the changes to what is served (a model added, removed, failed):
+        # what a door derives from the served models is derived again when it moves.
         self.generation = 0
+        self._failed: frozenset[str] = frozenset()  # the models that failed to load
+        self.residency = Residency[ModelHandle](lambda: list(self._handles.values()),
+                                                self._changed)
+        # Told of every model's state change (the metrics, set by the assembly).
+        self.on_change: Callable[[ModelHandle], None] = lambda handle: None
+
+    def _changed(self, handle: ModelHandle) -> None:
+        # Routes change when a model fails or recovers, not when one loads or unloads
+        # (a 200-language model's 40,000 routes are not listed again for each load).
+        failed = frozenset(h.name for h in self._handles.values()
+                           if h.state is ModelState.FAILED)
+        if failed != self._failed:
+            self._failed = failed
+            self.generation += 1
+        self.on_change(handle)
 
     def add(self, handle: ModelHandle) -> None:
-        """Serve a loaded model (server/assembly.py checks that its name is new)."""
+        """Serve a model (server/assembly.py checks that its name is new)."""
         self._handles[handle.name] = handle
         self.generation += 1
+
+    def remove(self, name: str) -> ModelHandle | None:
+        """Serve `name` no more (its package left the folder); the caller unloads it."""
+        handle = self._handles.pop(name, None)
+        self.generation += 1
+        return handle
+
+    def serves(self, handle: ModelHandle) -> bool:
+        """Whether `handle` is still served (not removed by a rescan)."""
+        return self._handles.get(handle.name) is handle
+
+    def find(self, name: str) -> ModelHandle:
+        """The model of that name; NotFound naming the models there are."""
+        handle = self._handles.get(name)
+        if handle is None:
+            raise NotFound(f"model {echo(name)} is not served; available: "
+                           f"{', '.join(sorted(self._handles)) or 'none'}")
+        return handle
 
     def loaded(self) -> None:
         """Every model is loaded: what is served is known, requests may be routed."""
@@ -258,10 +313,7 @@ class ModelRegistry:
         summary) gets the one model of its task that fits, or is told to name one."""
         self.require_ready()
         if name:
-            handle = self._handles.get(name)
-            if handle is None:
-                raise NotFound(f"model {echo(name)} is not served; available: "
-                               f"{', '.join(sorted(self._handles)) or 'none'}")
+            handle = self.find(name)
             if handle.manifest.task != task:
                 raise InvalidArgument(f"model {name!r} is a {handle.manifest.task} model, not "
                                       f"{task}")
@@ -293,7 +345,9 @@ class ModelRegistry:
     def _candidates(self, task: str, source: str, target: str) -> list[tuple[Leg, bool]]:
         """Each model of `task` that translates source -> target as it maps the codes,
         with its leg and whether it has both codes exactly."""
+        # A model that failed to load serves nothing: another may serve its pairs.
         return [found for h in self._handles.values() if h.manifest.task == task
+                and h.state is not ModelState.FAILED
                 and (found := h.pair(source, target)) is not None]
 
     def _choose(self, task: str, source: str, target: str) -> Leg | None:
@@ -410,23 +464,29 @@ class ModelRegistry:
         otherwise queued work fails with `Draining` (UNAVAILABLE) at once. What is
         still running at the deadline is terminated (its ONNX Runtime runs end),
         and every engine thread is joined before this returns."""
-        workers = [w for handle in self._handles.values() for w in handle.workers]
-        for worker in workers:  # all stop at once ...
-            worker.stop(drain=drain, timeout=0)
-        end = None if timeout is None else time.monotonic() + timeout
-        for worker in workers:  # ... then share one deadline for the joins
-            left = None if end is None else max(0.0, end - time.monotonic())
-            worker.stop(drain=drain, timeout=left)
-        late = [w for w in workers if w.running]
-        for worker in late:  # every run ends at once ...
-            worker.terminate(timeout=0)
-        end = time.monotonic() + TERMINATE_JOIN_S
-        for worker in late:  # ... and the threads are joined
-            if not worker.terminate(timeout=max(0.0, end - time.monotonic())):
-                log.error("model %s: an engine thread is still running %gs after its runs "
-                          "were terminated", worker.name, TERMINATE_JOIN_S)
-        if late:
-            log.info("terminated the work in flight of %d engine(s) at the deadline", len(late))
+        self.residency.close()
+        stop_workers([w for handle in self._handles.values() for w in handle.workers],
+                     drain, timeout)
+
+
+def stop_workers(workers: Sequence[ModelWorker], drain: bool, timeout: float | None) -> None:
+    """Stop `workers` all at once, within `timeout` (see ModelRegistry.close)."""
+    for worker in workers:  # all stop at once ...
+        worker.stop(drain=drain, timeout=0)
+    end = None if timeout is None else time.monotonic() + timeout
+    for worker in workers:  # ... then share one deadline for the joins
+        left = None if end is None else max(0.0, end - time.monotonic())
+        worker.stop(drain=drain, timeout=left)
+    late = [w for w in workers if w.running]
+    for worker in late:  # every run ends at once ...
+        worker.terminate(timeout=0)
+    end = time.monotonic() + TERMINATE_JOIN_S
+    for worker in late:  # ... and the threads are joined
+        if not worker.terminate(timeout=max(0.0, end - time.monotonic())):
+            log.error("model %s: an engine thread is still running %gs after its runs "
+                      "were terminated", worker.name, TERMINATE_JOIN_S)
+    if late:
+        log.info("terminated the work in flight of %d engine(s) at the deadline", len(late))
 
 
 def _pair_text(handle: ModelHandle) -> str:

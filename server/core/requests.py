@@ -169,3 +169,8 @@ class ModelInfo:
     # Generation keys exported without being applied (the manifest's
     # generation.ignored_keys): outputs may differ from generate()'s there.
     ignored_generation_keys: tuple[str, ...] = ()
+    # Its state here (core/residency.py: available, loading, ready, unloading, failed),
+    # why it failed, and the bytes it holds once loaded (its package's cost).
+    state: str = "ready"
+    error: str = ""
+    memory_bytes: int = 0

@@ -17,6 +17,7 @@ exceptions become ServiceErrors here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
@@ -154,6 +155,13 @@ class Translator:
 
     async def translate(self, request: TranslateRequest, call: Call) -> TranslateResult:
         route = self._route(request, call)
+        # Every model of the route (both legs of a chain) loaded, and held until the
+        # answer: none is unloaded under the request (core/residency.py).
+        async with self.registry.residency.lease(route.models, call.deadline):
+            return await self._translate(request, call, route)
+
+    async def _translate(self, request: TranslateRequest, call: Call,
+                         route: Route) -> TranslateResult:
         if not route.models:
             return self._unchanged(request, route)
         job = self._admit_translation(request, route)
@@ -188,6 +196,11 @@ class Translator:
     async def summarize(self, request: SummarizeRequest, call: Call) -> SummarizeResult:
         job = self._admit("summarize", request.model, "", "", request.texts, request.options,
                           call)
+        async with self.registry.residency.lease((job.handle,), call.deadline):
+            return await self._summarize(job, request, call)
+
+    async def _summarize(self, job: _Job, request: SummarizeRequest,
+                         call: Call) -> SummarizeResult:
         sources, lengths = await off_loop(
             lambda: _summary_sources(job.handle, job.texts, request.truncate))
         wanted = [bool(text.strip()) for text in job.texts]  # a blank text answers itself
@@ -211,8 +224,16 @@ class Translator:
                      call: Call) -> AsyncGenerator[StreamChunk, None]:
         """One text's translation as it grows: text deltas as the engine chooses tokens
         (greedy, sampling), each finished piece at once (beam, whose best is known only
-        at the end), then a final chunk carrying the whole translation."""
+        at the end), then a final chunk carrying the whole translation. Its models are
+        held until the last chunk: an unload waits for the stream to finish."""
         route = self._route(request, call)
+        async with self.registry.residency.lease(route.models, call.deadline):
+            async with contextlib.aclosing(self._stream(request, call, route)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    async def _stream(self, request: TranslateRequest, call: Call,
+                      route: Route) -> AsyncGenerator[StreamChunk, None]:
         if not route.models:
             _one_text(self._texts(request.texts))
             [same] = self._unchanged(request, route).translations
@@ -470,7 +491,31 @@ class Translator:
             provider=handle.provider, max_source_length=manifest.max_source_length,
             defaults=defaults, limits=limits,
             languages=tuple(handle.language_codes()) if handle.languages else (),
-            ignored_generation_keys=manifest.generation.ignored_keys or ())
+            ignored_generation_keys=manifest.generation.ignored_keys or (),
+            state=handle.state.value, error=handle.error, memory_bytes=handle.cost)
+
+    # -- model control (the doors check the admin key) -----------------------------
+
+    async def load_model(self, name: str, rescan: Callable[[], None] | None = None
+                         ) -> ModelInfo:
+        """Load a served model (again: after an unload or a failure) and wait until it
+        is ready; a name not served yet first rescans the folder (`rescan`). A model
+        that fails to load answers with its state failed and its error."""
+        if rescan is not None and name not in {h.name for h in self.registry.handles()}:
+            await off_loop(rescan)
+        handle = self.registry.find(name)
+        try:
+            await asyncio.wrap_future(self.registry.residency.load(handle))
+        except Unavailable:
+            pass  # failed: its state and error say why
+        return self._model_info(handle)
+
+    async def unload_model(self, name: str) -> ModelInfo:
+        """Unload a model once its requests have finished (its state says unloading
+        until then); requests for it are refused until it is loaded again."""
+        handle = self.registry.find(name)
+        await asyncio.wrap_future(self.registry.residency.unload(handle))
+        return self._model_info(handle)
 
 
 # -- pieces and answers ------------------------------------------------------------

@@ -72,6 +72,7 @@ from seq2serve.server.engine.runner import (
     DecoderCache,
     Runner,
     RunnerConfig,
+    Sessions,
     padded_width,
 )
 from seq2serve.server.engine.search import (
@@ -144,9 +145,10 @@ class StepOutcome:
 
 class Engine:
     def __init__(self, package: str | Path | ModelPackage, runner: RunnerConfig | None,
-                 limits: OptionLimits):
+                 limits: OptionLimits, sessions: Sessions | None = None):
+        """sessions: the model's sessions, shared with its other engines (runner.py)."""
         self.package = package if isinstance(package, ModelPackage) else load_package(package)
-        self.runner = Runner(self.package, runner)
+        self.runner = Runner(self.package, runner, sessions)
         manifest = self.package.manifest
         tokens = manifest.special_tokens
         self.eos_id = tokens.eos

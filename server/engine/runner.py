@@ -290,8 +290,27 @@ class _Terminable:
             raise RunTerminated("the run was terminated: the server is stopping") from error
 
 
+@dataclass(frozen=True)
+class Sessions:
+    """One model's ONNX Runtime sessions, one per graph. A model's engines share
+    them (`Runner(package, config, first.sessions)`): `InferenceSession.run` is thread-safe,
+    and with one intra-op thread each run executes on its caller's thread, so the
+    weights are held once while each runner keeps its own bindings, buffers, cache
+    and RunOptions (`terminate` ends that runner's runs only)."""
+
+    encoder: ort.InferenceSession
+    decoder: ort.InferenceSession
+    reorder: ort.InferenceSession
+    move: ort.InferenceSession
+    select: ort.InferenceSession
+    shortlist_decoder: ort.InferenceSession | None  # format 8's decoder over candidates
+
+
 class Runner:
-    def __init__(self, package: ModelPackage, config: RunnerConfig | None = None):
+    def __init__(self, package: ModelPackage, config: RunnerConfig | None = None,
+                 shared: Sessions | None = None):
+        """shared: another runner's sessions, of the same package and config; None
+        opens this runner's own."""
         self.config = (config or RunnerConfig()).validate()
         self.package = package
         self.provider = choose_provider(self.config.provider)
@@ -305,12 +324,18 @@ class Runner:
         self._terminable = _Terminable(self._run_options)  # around every run
         self.memory = self._memory()
         self.device, self.device_id = self.memory.device, self.memory.device_id
-        self.encoder = self._session(str(package.encoder_path))
-        self.decoder = self._session(str(package.decoder_path))
-        self.reorder = self._session(str(package.reorder_path))
-        self.move = self._session(str(package.move_path))
-        # Selection runs on the host's log-probs (processed there), so always on CPU.
-        self.select = self._session(str(package.select_path), cpu_only=True)
+        spec = package.manifest.shortlist
+        self.sessions = shared or Sessions(
+            self._session(str(package.encoder_path)), self._session(str(package.decoder_path)),
+            self._session(str(package.reorder_path)), self._session(str(package.move_path)),
+            # Selection runs on the host's log-probs (processed there), so always on CPU.
+            self._session(str(package.select_path), cpu_only=True),
+            None if spec is None else self._session(str(package.path / spec.decoder.file)))
+        self.encoder = self.sessions.encoder
+        self.decoder = self.sessions.decoder
+        self.reorder = self.sessions.reorder
+        self.move = self.sessions.move
+        self.select = self.sessions.select
         cfg = package.manifest.config
         graphs = package.manifest.graphs
         sessions = [(graphs.encoder, self.encoder), (graphs.decoder, self.decoder),
@@ -319,9 +344,8 @@ class Runner:
         # Format 8: the decoder over each source's candidates, and their table.
         self.shortlist: lexical.Shortlist | None = None
         self.shortlist_decoder: ort.InferenceSession | None = None
-        spec = package.manifest.shortlist
-        if spec is not None:
-            self.shortlist_decoder = self._session(str(package.path / spec.decoder.file))
+        if spec is not None and self.sessions.shortlist_decoder is not None:
+            self.shortlist_decoder = self.sessions.shortlist_decoder
             sessions.append((spec.decoder, self.shortlist_decoder))
             try:
                 self.shortlist = lexical.load(

@@ -16,6 +16,8 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.DEADLINE_EXCEEDED: 504,
     ErrorKind.CANCELLED: 499,
+    ErrorKind.PERMISSION_DENIED: 403,
+    ErrorKind.OVER_BUDGET: 503,  # with Retry-After: the busy models finish soon
 }
 # What a 503 (models loading, server draining) tells a client to wait before it asks
 # again (Retry-After, RFC 9110): loading takes seconds, a drain hands over in as many.

@@ -6,7 +6,9 @@ names; answers use lowerCamelCase, as protobuf's JSON mapping does.
     POST /v1/translate         TranslateRequest  -> TranslateResponse
     POST /v1/translate:stream  TranslateRequest  -> text/event-stream of TranslateChunk
     POST /v1/summarize         SummarizeRequest  -> SummarizeResponse
-    GET  /v1/models                              -> ListModelsResponse
+    GET  /v1/models                              -> ListModelsResponse (each model's state)
+    POST /v1/models/{name}/load                  -> ModelControlResponse (X-Admin-Key)
+    POST /v1/models/{name}/unload                -> ModelControlResponse (X-Admin-Key)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server.api.admin import ADMIN_KEY_HEADER
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.model_headers import door_call, named
 from seq2serve.server.api.proto_api import ProtoApi
@@ -66,6 +69,10 @@ class ProtoJsonApi:
               doc="TranslateStream as Server-Sent Events (TranslateChunk JSON per event)")
         route("/v1/summarize", self.summarize, ["POST"], doc="Summarize (SummarizeRequest JSON)")
         route("/v1/models", self.models, ["GET"], doc="ListModels")
+        route("/v1/models/{name}/load", self.load_model, ["POST"], name="load_model",
+              doc="LoadModel: load a model and wait until it is ready (X-Admin-Key)")
+        route("/v1/models/{name}/unload", self.unload_model, ["POST"], name="unload_model",
+              doc="UnloadModel: unload a model once its requests finish (X-Admin-Key)")
 
     def _admit(self, request: Request, cost: int) -> None:
         key = request.headers.get("authorization", "").removeprefix("Bearer ").strip() or None
@@ -85,6 +92,16 @@ class ProtoJsonApi:
     async def models(self, request: Request) -> Response:
         self._admit(request, 1)
         return to_json(self.api.list_models())
+
+    async def load_model(self, request: Request) -> Response:
+        message = pb.ModelControlRequest(name=request.path_params["name"])
+        return to_json(await self.api.load_model(message,
+                                                 request.headers.get(ADMIN_KEY_HEADER)))
+
+    async def unload_model(self, request: Request) -> Response:
+        message = pb.ModelControlRequest(name=request.path_params["name"])
+        return to_json(await self.api.unload_model(message,
+                                                   request.headers.get(ADMIN_KEY_HEADER)))
 
     async def translate_stream(self, request: Request) -> Response:
         message = parse(await request.body(), pb.TranslateRequest())
