@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seq2serve.model.package.manifest import MANIFEST, ModelPackage, PackageError, load_package
+from seq2serve.model.package.placement import enforce_placement
 from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.batching.scheduler import BatchLimits, Scheduler
 from seq2serve.server.batching.worker import ModelWorker
@@ -36,7 +37,7 @@ from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import OptionLimits
-from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider
+from seq2serve.server.engine.runner import CPU, CUDA, RunnerConfig, choose_provider
 from seq2serve.server.metrics import Metrics
 from seq2serve.server.resources import usable_cores
 
@@ -196,9 +197,12 @@ def _check(config: ServerConfig, models_dir: Path, candidates: int,
 def build_handle(package: ModelPackage, config: ServerConfig, metrics: Metrics) -> ModelHandle:
     """One served model: its engines (started workers) over one scheduler."""
     name = package.manifest.name
-    count, threads = engine_layout(config.threads, config.engines,
-                                   choose_provider(config.provider))
-    runner = RunnerConfig(provider=config.provider, intra_op_threads=threads)
+    provider = choose_provider(config.provider)
+    if provider != CPU:  # known before a session is made: what the device cannot run
+        enforce_placement(package, provider, config.allow_cpu_nodes)
+    count, threads = engine_layout(config.threads, config.engines, provider)
+    runner = RunnerConfig(provider=config.provider, intra_op_threads=threads,
+                          device_id=config.device_id, cuda=config.cuda_settings())
     limits = option_limits(config)
     engines = [Engine(package, runner, limits)]
     try:  # a default no request can override must not fail every call
