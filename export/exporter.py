@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -147,7 +148,31 @@ def _convert_fp16(src: Path, dst: Path, cfg: ModelConfig) -> None:
                                      node_block_list=_fp16_kept_nodes(model, cfg))
     if cfg.norm == "rms":
         _drop_cast_round_trips(model)
+    _unique_node_names(model)
     onnx.save(model, str(dst))
+
+
+def _unique_node_names(model: Any) -> None:
+    """onnxruntime 1.31's converter adds its cast after a value once per consumer it
+    keeps at fp32 (mT5's untied embedding: two), each with the same node and output
+    name, and onnxruntime's loader refuses a name defined twice: a node that repeats
+    an earlier one (same op, inputs, attributes and outputs) is dropped, and a node
+    name still taken gets a suffix."""
+    graph = model.graph
+    seen: dict[tuple[str, ...], Any] = {}
+    for node in list(graph.node):
+        key = (node.op_type, node.domain, *node.input, "|", *node.output, "|",
+               *(a.SerializeToString().hex() for a in node.attribute))
+        if key in seen:
+            graph.node.remove(node)
+        else:
+            seen[key] = node
+    names: Counter[str] = Counter()
+    for node in graph.node:
+        if node.name:
+            names[node.name] += 1
+            if names[node.name] > 1:
+                node.name = f"{node.name}_{names[node.name] - 1}"
 
 
 def _graph_dtypes(path: Path) -> dict[str, str]:
