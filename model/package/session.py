@@ -6,6 +6,7 @@ settings of sessions on a CUDA device (`CudaSettings`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ ARENA_STRATEGIES = {"next_power_of_two": "kNextPowerOfTwo",
 # The shared arena's code for each (OrtArenaCfg's arena_extend_strategy).
 _ARENA_CODES = {"next_power_of_two": 0, "same_as_requested": 1}
 USE_ENV_ALLOCATORS = "session.use_env_allocators"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,10 @@ _shared_arenas: dict[int, CudaSettings] = {}
 _arena_lock = threading.Lock()
 
 
-def share_cuda_arena(settings: CudaSettings, device_id: int) -> None:
+def share_cuda_arena(settings: CudaSettings, device_id: int) -> bool:
     """Register the process's one CUDA arena of `device_id` with ONNX Runtime's
-    environment, once (sessions with `session.use_env_allocators` take it).
+    environment, once (sessions with `session.use_env_allocators` take it); False,
+    logged, where this onnxruntime cannot (each session then has its own arena).
     A second registration with other settings is refused: the arena is one."""
     import onnxruntime as ort
 
@@ -115,12 +118,18 @@ def share_cuda_arena(settings: CudaSettings, device_id: int) -> None:
             if registered != settings:
                 raise ValueError(f"the shared CUDA arena of device {device_id} was made with "
                                  f"{registered}, not {settings}")
-            return
+            return True
         memory = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device_id,
                                    ort.OrtMemType.DEFAULT)
         arena = ort.OrtArenaCfg({"max_mem": settings.gpu_mem_limit,
                                  "arena_extend_strategy":
                                      _ARENA_CODES[settings.arena_extend_strategy]})
-        ort.create_and_register_allocator_v2("CUDAExecutionProvider", memory,
-                                             settings.provider_options(device_id), arena)
+        try:
+            ort.create_and_register_allocator_v2("CUDAExecutionProvider", memory,
+                                                 settings.provider_options(device_id), arena)
+        except RuntimeError as e:  # untried on a device yet: never the reason a start fails
+            log.warning("no shared CUDA arena on device %d (%s): one arena per session",
+                        device_id, e)
+            return False
         _shared_arenas[device_id] = settings
+        return True

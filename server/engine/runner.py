@@ -372,10 +372,9 @@ class Runner:
         if on_device:
             cuda = self.config.cuda
             providers = [(CUDA, cuda.provider_options(self.device_id)), CPU]
-            if cuda.shared_arena:
-                share_cuda_arena(cuda, self.device_id)
-            for key, value in cuda.session_entries().items():
-                opts.add_session_config_entry(key, value)
+            if cuda.shared_arena and share_cuda_arena(cuda, self.device_id):
+                for key, value in cuda.session_entries().items():
+                    opts.add_session_config_entry(key, value)
         session = ort.InferenceSession(path, opts, providers=providers)
         wanted = [p if isinstance(p, str) else p[0] for p in providers]
         if session.get_providers() != wanted:  # every provider of the list, in order
