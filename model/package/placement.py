@@ -100,10 +100,14 @@ class Placement:
 
     def advice(self, precision: str) -> str:
         wanted = EXPORT_FOR.get(self.provider, "fp16")
+        export = f"seq2serve export CHECKPOINT OUT --precision {wanted}"
+        if any(refusal(self.provider, n) for n in self.on_cpu):
+            return (f"export the model with plain attention for this provider: {export} "
+                    f"--attention plain --for {short_name(self.provider)}")
         if precision == wanted:
-            return f"no precision of this package runs whole on {self.provider}"
-        return (f"export the model at {wanted} for this provider: seq2serve export "
-                f"CHECKPOINT OUT --precision {wanted} --for {short_name(self.provider)}")
+            return f"no export of this model runs whole on {self.provider}"
+        return (f"export the model at {wanted} for this provider: {export} "
+                f"--for {short_name(self.provider)}")
 
 
 def short_name(provider: str) -> str:
