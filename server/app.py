@@ -29,6 +29,8 @@ import logging
 import signal
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,7 +41,7 @@ from seq2serve.protos import translator_pb2_grpc as pb_grpc
 from seq2serve.server.api.grpc_errors import ErrorInterceptor
 from seq2serve.server.api.grpc_metrics import count_undecodable
 from seq2serve.server.api.grpc_service import TranslatorService
-from seq2serve.server.api.http.access import Access, read_api_keys
+from seq2serve.server.api.http.access import Access, KeyFileError, read_key_file
 from seq2serve.server.api.http.app import HttpSettings, build_app
 from seq2serve.server.api.http.libretranslate import LibreSettings
 from seq2serve.server.api.http.listener import HttpListener, ListenError
@@ -49,7 +51,8 @@ from seq2serve.server.assembly import ModelLoadError, ModelWorkers
 from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.documents import Limits
-from seq2serve.server.core.glossary import Glossaries, GlossaryError
+from seq2serve.server.core.documents.jobs import DocumentJobs
+from seq2serve.server.core.glossary import Glossaries, GlossaryError, GlossaryStore
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
@@ -101,6 +104,15 @@ def document_limits(config: ServerConfig) -> Limits:
                   elements=config.max_document_elements,
                   characters=config.max_document_characters,
                   paragraphs=config.max_document_paragraphs)
+
+
+def open_jobs(config: ServerConfig) -> DocumentJobs:
+    """The document jobs in `jobs_dir` (those it holds taken up again at start)."""
+    try:
+        return DocumentJobs(config.jobs_dir, max_bytes=config.jobs_max_bytes,
+                            ttl_s=config.job_ttl_s, workers=config.max_documents_in_flight)
+    except OSError as e:
+        raise StartupError(f"cannot use the jobs folder (--jobs-dir): {e}") from None
 
 
 def load_glossaries(config: ServerConfig) -> Glossaries:
@@ -173,6 +185,7 @@ class Server:
                      # port would silently take half of the new connections.
                      ("grpc.so_reuseport", 0)])
         self.http: HttpListener | None = None
+        self.jobs: DocumentJobs | None = None
         try:
             self._assemble()
         except BaseException:
@@ -194,6 +207,8 @@ class Server:
                                      glossaries=load_glossaries(config),
                                      metrics=self.metrics)
         self.proto_api = ProtoApi(self.translator, config.max_message_bytes)
+        # DeepL's glossaries without --glossary-store: kept until the process ends.
+        self._glossary_temp = tempfile.TemporaryDirectory(prefix="seq2serve-glossaries-")
         pb_grpc.add_TranslatorServicer_to_server(  # type: ignore[no-untyped-call]  # generated, unannotated
             TranslatorService(self.proto_api, self.metrics), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -201,7 +216,8 @@ class Server:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME), self.grpc)
         self.port = self._bind()
-        if config.http_port:
+        if config.http_port:  # documents come in over HTTP only
+            self.jobs = open_jobs(config)
             self.http = self._http_listener()
         # Nothing below can fail: the lifecycle holds the gRPC server only once all is bound.
         self._metrics = MetricsListener(self.metrics, config.metrics_address,
@@ -216,6 +232,8 @@ class Server:
             self.lifecycle.add(Stage.FRONT, "HTTP", self.http)
         self.lifecycle.add(Stage.BACK, "models", ModelWorkers(self.registry, config,
                                                               self.metrics))
+        if self.jobs is not None:  # after the models: a job taken up again needs them
+            self.lifecycle.add(Stage.BACK, "document jobs", self.jobs)
 
     def _release(self) -> None:
         """Undo a failed __init__ at once, inside the event loop: close the HTTP socket
@@ -223,6 +241,8 @@ class Server:
         server freed only at interpreter exit prints an empty "Error in sys.excepthook")."""
         if self.http is not None:
             self.http.socket.close()
+        if self.jobs is not None:
+            self.jobs.close()
         del self.grpc
 
     @property
@@ -247,21 +267,29 @@ class Server:
 
     def _http_listener(self) -> HttpListener:
         config = self.config
-        keys = read_api_keys(config.api_keys) if config.api_keys is not None else None
-        access = Access(keys, require_key=config.require_api_key,
-                        per_minute=config.rate_limit,
-                        trusted_proxies=config.trusted_networks())
+        try:
+            keys = read_key_file(config.api_keys) if config.api_keys is not None else None
+        except KeyFileError as e:
+            raise StartupError(str(e)) from None
+        access = Access(keys.keys if keys is not None else None,
+                        require_key=config.require_api_key, per_minute=config.rate_limit,
+                        trusted_proxies=config.trusted_networks(),
+                        char_limits=keys.char_limits if keys is not None else None)
         settings = HttpSettings(
             libre=LibreSettings(char_limit=config.max_text_chars,
                                 batch_limit=config.max_texts_per_request,
                                 alternatives_limit=config.max_beam_size - 1,
-                                document_limits=document_limits(config),
-                                documents_in_flight=config.max_documents_in_flight),
+                                document_limits=document_limits(config)),
             max_body_bytes=config.max_message_bytes,
             cors_origins=tuple(o.strip() for o in config.cors_origins.split(",") if o.strip()),
             timeout_s=config.http_timeout_s or None)
+        try:
+            store = GlossaryStore(config.glossary_store or Path(self._glossary_temp.name),
+                                  self.translator.glossaries)
+        except (GlossaryError, OSError) as e:
+            raise StartupError(f"glossary_store: {e}") from None
         app = build_app(self.translator, self.proto_api, settings, self.metrics,
-                        lambda: self.serving, access)
+                        lambda: self.serving, access, store, self.jobs)
         try:
             return HttpListener(app, config.host, config.http_port, config.tls_cert,
                                 config.tls_key, config.tls_client_ca)

@@ -202,7 +202,8 @@ def build_handle(package: ModelPackage, config: ServerConfig, metrics: Metrics) 
         enforce_placement(package, provider, config.allow_cpu_nodes)
     count, threads = engine_layout(config.threads, config.engines, provider)
     runner = RunnerConfig(provider=config.provider, intra_op_threads=threads,
-                          device_id=config.device_id, cuda=config.cuda_settings())
+                          emulate_device=config.emulate_device, device_id=config.device_id,
+                          cuda=config.cuda_settings())
     limits = option_limits(config)
     engines = [Engine(package, runner, limits)]
     try:  # a default no request can override must not fail every call
@@ -217,6 +218,7 @@ def build_handle(package: ModelPackage, config: ServerConfig, metrics: Metrics) 
                     for i, engine in enumerate(engines))
     provider = engines[0].provider
     metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
+    metrics.watch_transfers(name, [e.runner.memory.counter.read for e in engines])
     log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads) from %s", name,
              package.manifest.task, package.manifest.precision, provider, count,
              "s" if count > 1 else "", threads, package.path)

@@ -33,7 +33,8 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
-PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", *TLS_FILES)
+PATH_FIELDS = ("models_dir", "api_keys", "glossary_dir", "glossary_store", "jobs_dir",
+               *TLS_FILES)
 # Settings a flag may repeat, each time adding to a comma-separated list.
 REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -107,6 +108,10 @@ class ServerConfig:
         "named glossaries a request chooses with its glossary field: NAME.tsv (source<TAB>"
         "target per line; a source alone is never translated), NAME.SRC-TGT.tsv for one "
         "language pair, or NAME.tbx (TBX)", "DIR"))
+    glossary_store: Path | None = field(default=None, metadata=_meta(
+        "where glossaries created through DeepL's API (/v2/glossaries) are kept, so they "
+        "survive a restart (created if missing); unset: a temporary directory, emptied "
+        "when the server stops", "DIR"))
     require_api_key: bool = field(default=False, metadata=_meta(
         "HTTP requests without a key get 400, as LibreTranslate answers them (needs "
         "--api-keys)"))
@@ -148,6 +153,11 @@ class ServerConfig:
     allow_tf32: bool = field(default=False, metadata=_meta(
         "let fp32 packages' MatMuls run in TF32 on CUDA (Ampere and later; faster, about "
         "3 decimal digits): off, fp32 computes fp32 as on the CPU"))
+    emulate_device: bool = field(default=False, metadata=_meta(
+        "for tests, on the CPU provider: the CPU takes every branch a GPU device takes "
+        "(tensors kept apart "
+        "from the host, log-probs reduced to candidates in a graph) and counts the bytes "
+        "that would cross (seq2serve_host_device_bytes_total); slower than plain CPU"))
     threads: int = field(default_factory=usable_cores, metadata=_meta(
         "ONNX Runtime intra-op threads per model, shared out among its engines (0 = "
         "the usable cores: the physical cores of the CPU affinity mask, within the cgroup "
@@ -222,8 +232,22 @@ class ServerConfig:
         "package's paragraph elements, empty or not, counted while reading; about 2 KB of "
         "memory each while translated", "N"))
     max_documents_in_flight: int = field(default=4, metadata=_meta(
-        "most /translate_file uploads read or translated at once; past it: HTTP 503 with "
-        "Retry-After (each holds up to about 100 MB while read)", "N"))
+        "most document jobs (/translate_file, /v1/jobs, DeepL's /v2/document) read or "
+        "translated at once (each holds up to about 100 MB while read); the others wait "
+        "in the jobs queue", "N"))
+    # Documents are jobs whose state is on disk (core/documents/jobs.py): a restart runs
+    # the jobs in progress again from their uploads.
+    jobs_dir: Path | None = field(default=None, metadata=_meta(
+        "folder of the document jobs (each job's upload, state and output), so that a "
+        "restart loses none; one folder per server; empty = a temporary folder removed at "
+        "stop (jobs do not survive a restart)", "DIR"))
+    job_ttl_s: float = field(default=3600.0, metadata=_meta(
+        "how long a document job is kept after it ended (its translated file downloadable, "
+        "its state answered)", "SECONDS"))
+    jobs_max_bytes: int = field(default=1024 * 1024 * 1024, metadata=_meta(
+        "most bytes the jobs folder may hold (uploads, room for their outputs, outputs "
+        "until they expire); a document past it: HTTP 429 until jobs end or expire",
+        "BYTES"))
     drain_delay_s: float = field(default=5.0, metadata=_meta(
         "on SIGTERM, how long health says NOT_SERVING while new calls are still served, so "
         "load balancers stop routing here before the port closes", "SECONDS"))
@@ -264,7 +288,9 @@ class ServerConfig:
                 "max_texts_per_request", "max_text_chars", "max_length_cap",
                 "max_document_bytes", "max_document_members", "max_document_unpacked_bytes",
                 "max_document_elements", "max_document_characters", "max_document_paragraphs",
-                "max_documents_in_flight")),
+                "max_documents_in_flight", "jobs_max_bytes")),
+            float_problem("job_ttl_s", self.job_ttl_s, 1.0, 7 * 86400.0),
+            self._jobs_dir_problem(),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
             float_problem("max_queue_delay_ms", self.max_queue_delay_ms, 0.0, 60_000.0),
             float_problem("drain_delay_s", self.drain_delay_s, 0.0, 3600.0),
@@ -340,6 +366,13 @@ class ServerConfig:
             return Problem("glossary_dir", "glossary_dir must be an existing directory, got "
                            f"{str(self.glossary_dir)!r}")
         return None  # its files are read once, at start-up (app.py): a broken one stops it
+
+    def _jobs_dir_problem(self) -> Problem | None:
+        if self.jobs_dir is not None and Path(self.jobs_dir).exists() and \
+                not Path(self.jobs_dir).is_dir():
+            return Problem("jobs_dir", "jobs_dir must be a directory (made if missing), got "
+                           f"{str(self.jobs_dir)!r}")
+        return None
 
     def trusted_networks(self) -> tuple[Network, ...]:
         return tuple(ipaddress.ip_network(spec.strip(), strict=False)

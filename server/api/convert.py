@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from seq2serve.protos import translator_pb2 as pb
+from seq2serve.server.core.errors import InvalidArgument
+from seq2serve.server.core.markup import HTML_RULES, xml_rules
 from seq2serve.server.core.options import LENGTH_PENALTY_RANGE, DecodingOptions
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.requests import (
@@ -25,6 +27,7 @@ from seq2serve.server.core.requests import (
     TranslateRequest,
     TranslateResult,
 )
+from seq2serve.server.core.texts import AUTO, TextAnswer, TextFormat, TextsRequest
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
 # sizes and 0.0 temperatures are values a client can mean), so HasField decides.
@@ -70,6 +73,51 @@ def translate_request_from_pb(request: pb.TranslateRequest) -> TranslateRequest:
                             glossary=request.glossary,
                             terms=tuple((t.source, t.target) for t in request.terms),
                             do_not_translate=tuple(request.do_not_translate))
+
+
+_FORMATS = {pb.TEXT_FORMAT_UNSPECIFIED: TextFormat.TEXT, pb.TEXT_FORMAT_PLAIN: TextFormat.TEXT,
+            pb.TEXT_FORMAT_HTML: TextFormat.HTML, pb.TEXT_FORMAT_XML: TextFormat.XML}
+
+
+def texts_request_from_pb(request: pb.TranslateRequest) -> TextsRequest | None:
+    """The request as the core's request of texts (core/texts.py) when it needs that
+    meaning (source "auto", HTML or XML); None for a plain request of a given pair,
+    which goes to the Translator as it is (n-best, scores, streaming)."""
+    text_format = _FORMATS.get(request.format)
+    if text_format is None:
+        raise InvalidArgument(f"format must be one of TEXT_FORMAT_PLAIN, TEXT_FORMAT_HTML, "
+                              f"TEXT_FORMAT_XML, got {request.format}")
+    if request.source_language != AUTO and text_format is TextFormat.TEXT:
+        return None
+    plain = translate_request_from_pb(request)
+    tags = request.xml_tags
+    markup = (xml_rules(frozenset(tags.ignore_tags), frozenset(tags.non_splitting_tags),
+                        frozenset(tags.splitting_tags),
+                        tags.outline_detection if tags.HasField("outline_detection")
+                        else True)
+              if text_format is TextFormat.XML else HTML_RULES)
+    return TextsRequest(texts=plain.texts, source_language=plain.source_language,
+                        target_language=plain.target_language, text_format=text_format,
+                        markup=markup, protect_placeholders=plain.protect_placeholders,
+                        glossary=plain.glossary, terms=plain.terms,
+                        do_not_translate=plain.do_not_translate, model=plain.model,
+                        options=plain.options)
+
+
+def texts_response_to_pb(answers: Sequence[TextAnswer], options: pb.DecodingOptions,
+                         detected: bool) -> pb.TranslateResponse:
+    """The answers of a request of texts; `detected`: the source was "auto"."""
+    translations = []
+    for answer in answers:
+        translation = translation_to_pb(answer.hypotheses, options)
+        if detected:
+            translation.detected_language = answer.source_language
+            translation.detected_confidence = answer.confidence
+            translation.models.extend(answer.models)
+        translations.append(translation)
+    models = {a.models for a in answers}
+    same = models.pop() if len(models) == 1 else ()
+    return pb.TranslateResponse(model="+".join(same), models=same, translations=translations)
 
 
 def summarize_request_from_pb(request: pb.SummarizeRequest) -> SummarizeRequest:

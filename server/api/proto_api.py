@@ -6,13 +6,16 @@ its answer; the message-size limit is applied to every answer."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Protocol, TypeVar
 
 from seq2serve.protos import translator_pb2 as pb
-from seq2serve.server.api import convert
-from seq2serve.server.core.errors import ResourceExhausted
+from seq2serve.server.api import convert, routing
+from seq2serve.server.api.routing import NOTHING, Named
+from seq2serve.server.core.errors import InvalidArgument, ResourceExhausted
 from seq2serve.server.core.requests import Call
+from seq2serve.server.core.texts import AUTO, TextService
 from seq2serve.server.core.translator import Translator, off_loop
 
 
@@ -24,23 +27,43 @@ M = TypeVar("M", bound=_Message)
 
 
 class ProtoApi:
-    def __init__(self, translator: Translator, max_message_bytes: int) -> None:
+    def __init__(self, translator: Translator, max_message_bytes: int,
+                 texts: TextService | None = None) -> None:
         self.translator = translator
         self.max_message_bytes = max_message_bytes
+        self.texts = texts or TextService(translator)
 
-    async def translate(self, request: pb.TranslateRequest, call: Call) -> pb.TranslateResponse:
-        result = await self.translator.translate(convert.translate_request_from_pb(request), call)
+    async def translate(self, request: pb.TranslateRequest, call: Call,
+                        named: Named = NOTHING) -> pb.TranslateResponse:
+        """`named`: the model or pair the request's headers name (routing.py)."""
+        core = routing.translate_request(convert.translate_request_from_pb(request), named)
+        meaning = convert.texts_request_from_pb(request)
+        if meaning is not None:  # source "auto", HTML or XML: the core's request of texts
+            meaning = dataclasses.replace(meaning, model=core.model,
+                                          source_language=core.source_language,
+                                          target_language=core.target_language)
+            answers = await self.texts.translate(meaning, call)
+            return await off_loop(lambda: self.within_limit(convert.texts_response_to_pb(
+                answers, request.options, meaning.source_language == AUTO)))
+        result = await self.translator.translate(core, call)
         return await off_loop(lambda: self.within_limit(
             convert.translate_response_to_pb(result, request.options)))
 
-    async def summarize(self, request: pb.SummarizeRequest, call: Call) -> pb.SummarizeResponse:
-        result = await self.translator.summarize(convert.summarize_request_from_pb(request), call)
+    async def summarize(self, request: pb.SummarizeRequest, call: Call,
+                        named: Named = NOTHING) -> pb.SummarizeResponse:
+        core = routing.summarize_request(convert.summarize_request_from_pb(request), named)
+        result = await self.translator.summarize(core, call)
         return await off_loop(lambda: self.within_limit(
             convert.summarize_response_to_pb(result, request.options)))
 
-    async def stream(self, request: pb.TranslateRequest,
-                     call: Call) -> AsyncGenerator[pb.TranslateChunk, None]:
-        chunks = self.translator.stream(convert.translate_request_from_pb(request), call)
+    async def stream(self, request: pb.TranslateRequest, call: Call,
+                     named: Named = NOTHING) -> AsyncGenerator[pb.TranslateChunk, None]:
+        if convert.texts_request_from_pb(request) is not None:
+            raise InvalidArgument("TranslateStream takes plain text of a given source "
+                                  "language; use Translate for source_language \"auto\", "
+                                  "HTML and XML")
+        core = routing.translate_request(convert.translate_request_from_pb(request), named)
+        chunks = self.translator.stream(core, call)
         # Closed as soon as the caller stops (a chunk too big, the client gone), so
         # that the request's pieces leave their batches at once.
         async with contextlib.aclosing(chunks):

@@ -3,6 +3,7 @@
     seq2serve translate-file po/de.po --to de
     seq2serve translate-file messages.pot --to de -o po/de.po
     seq2serve translate-file app.xlf --to de --overwrite -o app.de.xlf
+    seq2serve translate-file book.docx --to de --http http://localhost:5000
 
 The file is read here (core/documents/: gettext .po/.pot, XLIFF 1.2 and 2.x,
 .srt, .txt, .html, .docx, .pptx, .xlsx, .odt, .odp, .ods, .epub) and its texts go to the server
@@ -12,6 +13,10 @@ each other there. Entries already translated are kept byte for byte
 (`--overwrite` retranslates them); machine translations are marked for review
 (`fuzzy`, XLIFF's review states). A progress bar counts the texts on standard
 error when it is a terminal.
+
+With `--http URL` the file goes to the server's HTTP door as a document job instead
+(file_job.py): the server reads, translates and writes it and keeps the job on disk;
+the bar shows the job's progress and the time the server estimates is left.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
+from seq2serve.server.cli.file_job import JobFailed, translate_on_server
 from seq2serve.server.client import (
     ModelInfo,
     Seq2ServeClient,
@@ -64,6 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_software_arguments(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it shows only on a terminal anyway)")
+    parser.add_argument("--http", metavar="URL",
+                        help="send the file to the server's HTTP door as a document job "
+                        "(http://HOST:PORT): read and written there, within its document "
+                        "limits, its progress polled; --model and --beam are not taken then")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="with --http: the API key (the server's --api-keys)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if args.http:
+        return _run_job(args, path)
     try:
         data = path.read_bytes()
         document = read_document(path.name, data, args.target_language, args.overwrite)
@@ -103,6 +117,24 @@ def run(args: argparse.Namespace) -> int:
     written = _write(output, args.output or str(_default_output(path, document,
                                                                 args.target_language)))
     print(f"{PROG}: {written}: {document.tally.describe()}", file=sys.stderr)
+    return 0
+
+
+def _run_job(args: argparse.Namespace, path: Path) -> int:
+    """The file as a document job on the server's HTTP door (file_job.py)."""
+    if args.model or args.beam is not None:
+        print(f"{PROG}: error: --model and --beam are not taken with --http (the server "
+              "routes the pair and decodes with its model's defaults)", file=sys.stderr)
+        return 2
+    try:
+        translated = translate_on_server(args, path)
+    except (OSError, JobFailed) as e:  # the file unreadable, the server's refusal
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    default = (path.with_name(translated.name) if translated.name != path.name
+               else path.with_name(f"{path.stem}.{args.target_language}{path.suffix}"))
+    written = _write(translated.data, args.output or str(default))
+    print(f"{PROG}: {written}: {translated.report}", file=sys.stderr)
     return 0
 
 

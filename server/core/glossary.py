@@ -220,3 +220,150 @@ def request_terms(glossaries: Glossaries, name: str, pairs: Sequence[tuple[str, 
     own = {s for s, _ in pairs} | set(keep)
     return Terms(tuple(pairs) + tuple(p for p in base.pairs if p[0] not in own),
                  tuple(keep) + tuple(k for k in base.keep if k not in own))
+
+
+# -- glossaries created through an API (DeepL's /v2/glossaries, /v3/glossaries) ---------
+
+MAX_STORED_ENTRIES = 10_000
+
+
+@dataclass(frozen=True)
+class Dictionary:
+    """One language pair's entries (listed codes) of a stored glossary."""
+
+    source_language: str
+    target_language: str
+    entries: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class StoredGlossary:
+    """A glossary a client created: its id (the name a request gives), the client's
+    name for it and its dictionaries, one per pair (DeepL's v2 glossaries have one)."""
+
+    glossary_id: str
+    name: str
+    created: str  # ISO 8601, UTC
+    dictionaries: tuple[Dictionary, ...]
+
+    def dictionary(self, source_language: str, target_language: str) -> Dictionary | None:
+        return next((d for d in self.dictionaries if (d.source_language, d.target_language)
+                     == (source_language, target_language)), None)
+
+
+def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
+    """DeepL's entry formats: `tsv` (source<TAB>target per line) or `csv` (source,target
+    and optionally the two languages, RFC 4180 quoting). Raises InvalidArgument naming
+    the line; a source given twice is refused, as DeepL refuses it."""
+    import csv
+
+    if entries_format == "tsv":
+        rows = [line.split("\t") for line in text.splitlines()]
+    elif entries_format == "csv":
+        rows = list(csv.reader(io.StringIO(text)))
+    else:
+        raise InvalidArgument(f"entries_format must be tsv or csv, got {echo(entries_format)}")
+    entries: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for number, row in enumerate(rows, start=1):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) not in (2, 4) or (entries_format == "tsv" and len(row) != 2):
+            how = "separated by a tab" if entries_format == "tsv" else "columns"
+            raise InvalidArgument(f"entries line {number}: expected source and target {how}, "
+                                  f"got {len(row)} columns")
+        source, target = row[0].strip(), row[1].strip()
+        if not target:
+            raise InvalidArgument(f"entries line {number}: the target of {echo(source)} is "
+                                  "empty")
+        if problem := term_problem(source, target):
+            raise InvalidArgument(f"entries line {number}: {problem}")
+        if source in seen:
+            raise InvalidArgument(f"entries line {number}: {echo(source)} is given twice")
+        seen.add(source)
+        entries.append((source, target))
+    if not entries:
+        raise InvalidArgument("entries must hold at least one source and target term")
+    if len(entries) > MAX_STORED_ENTRIES:
+        raise InvalidArgument(f"entries must hold at most {MAX_STORED_ENTRIES} terms, got "
+                              f"{len(entries)}")
+    return entries
+
+
+class GlossaryStore:
+    """Glossaries created through an API, kept in `directory` (ID.json: the facts and
+    entries, written whole then renamed, so a restart finds each whole or not at all)
+    and served as named glossaries of `glossaries` under their id, so every door can
+    use them (a request's `glossary`, DeepL's `glossary_id`)."""
+
+    def __init__(self, directory: Path, glossaries: Glossaries) -> None:
+        self.directory = Path(directory)
+        self.glossaries = glossaries
+        self._stored: dict[str, StoredGlossary] = {}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.directory.glob("*.json")):
+            self._register(_read_stored(path))
+
+    def create(self, name: str, dictionaries: Sequence[Dictionary]) -> StoredGlossary:
+        import datetime
+        import json
+        import uuid
+
+        if not name.strip():
+            raise InvalidArgument("name must not be empty")
+        if not dictionaries:
+            raise InvalidArgument("dictionaries must hold at least one language pair")
+        pairs = [(d.source_language, d.target_language) for d in dictionaries]
+        if len(set(pairs)) != len(pairs):
+            raise InvalidArgument("dictionaries must hold each language pair once")
+        stored = StoredGlossary(
+            str(uuid.uuid4()), name,
+            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"), tuple(dictionaries))
+        path = self.directory / f"{stored.glossary_id}.json"
+        partial = path.with_suffix(".json.part")
+        partial.write_text(json.dumps({
+            "glossary_id": stored.glossary_id, "name": stored.name, "created": stored.created,
+            "dictionaries": [{"source_language": d.source_language,
+                              "target_language": d.target_language,
+                              "entries": [list(e) for e in d.entries]}
+                             for d in stored.dictionaries]},
+            ensure_ascii=False), encoding="utf-8")
+        partial.replace(path)
+        self._register(stored)
+        return stored
+
+    def get(self, glossary_id: str) -> StoredGlossary | None:
+        return self._stored.get(glossary_id)
+
+    def list(self) -> list[StoredGlossary]:
+        return sorted(self._stored.values(), key=lambda g: (g.created, g.glossary_id))
+
+    def delete(self, glossary_id: str) -> bool:
+        stored = self._stored.pop(glossary_id, None)
+        if stored is None:
+            return False
+        self.glossaries.by_name.pop(glossary_id, None)
+        (self.directory / f"{glossary_id}.json").unlink(missing_ok=True)
+        return True
+
+    def _register(self, stored: StoredGlossary) -> None:
+        self._stored[stored.glossary_id] = stored
+        glossary = Glossary(stored.glossary_id)
+        for d in stored.dictionaries:
+            glossary._terms[(d.source_language, d.target_language)] = Terms(d.entries, ())
+        self.glossaries.by_name[stored.glossary_id] = glossary
+
+
+def _read_stored(path: Path) -> StoredGlossary:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return StoredGlossary(str(data["glossary_id"]), str(data["name"]), str(data["created"]),
+                              tuple(Dictionary(str(d["source_language"]),
+                                               str(d["target_language"]),
+                                               tuple((str(s), str(t)) for s, t in d["entries"]))
+                                    for d in data["dictionaries"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GlossaryError(f"{path}: not a stored glossary ({e})") from None

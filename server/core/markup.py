@@ -100,6 +100,41 @@ MAX_INLINE_TAGS = 40
 
 
 @dataclass(frozen=True)
+class Rules:
+    """Which elements are kept untranslated, ride inside a sentence, have no content,
+    and are kept whole inside a sentence. HTML's are fixed (`HTML_RULES`); XML's come
+    from the request (`xml_rules`: DeepL's ignore_tags, non_splitting_tags,
+    splitting_tags, outline_detection). Names are lower case (the parser's)."""
+
+    skipped: frozenset[str]
+    inline: frozenset[str]
+    void: frozenset[str]
+    opaque_inline: frozenset[str]
+    # XML, found in a first pass: besides `inline`, "mixed" makes inline the elements
+    # that have text beside them in their parent (mixed content), "all" every element;
+    # never those of `splitting`. "": no such pass (HTML).
+    outline: str = ""
+    splitting: frozenset[str] = frozenset()
+
+
+HTML_RULES = Rules(SKIPPED_ELEMENTS, INLINE_ELEMENTS, VOID_ELEMENTS, _OPAQUE_INLINE)
+
+
+def xml_rules(ignore: frozenset[str] = frozenset(), non_splitting: frozenset[str] = frozenset(),
+              splitting: frozenset[str] = frozenset(), outline_detection: bool = True) -> Rules:
+    """An XML document's rules, as DeepL's tag_handling=xml reads its fields: text in an
+    `ignore` element is kept; a `splitting` element always separates sentences, a
+    `non_splitting` one never does; the others, with outline detection, separate
+    sentences unless they sit in running text (mixed content: `<p>a <term>b</term></p>`),
+    and without it never do (only `splitting` elements split)."""
+    low = (frozenset(t.lower() for t in tags) for tags in (ignore, non_splitting, splitting))
+    ignored, inline, breaking = low
+    return Rules(skipped=ignored, inline=inline - breaking, void=frozenset(),
+                 opaque_inline=ignored | (inline - breaking),
+                 outline="mixed" if outline_detection else "all", splitting=breaking)
+
+
+@dataclass(frozen=True)
 class Document:
     """A fragment split into translatable blocks and the markup between them.
 
@@ -232,9 +267,10 @@ class _Event:
 class _Splitter(HTMLParser):
     """Records each event's start offset and kind; keeps a stack of the open elements."""
 
-    def __init__(self, fragment: str) -> None:
+    def __init__(self, fragment: str, rules: Rules = HTML_RULES) -> None:
         # Character references as separate events: their spelling is needed for trimming.
         super().__init__(convert_charrefs=False)
+        self.rules = rules
         self.events: list[_Event] = []
         # (tag, skipped) for each open element; skipped is inherited downwards.
         self._open: list[tuple[str, bool]] = []
@@ -274,11 +310,11 @@ class _Splitter(HTMLParser):
         self._text(_Kind.REF)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in VOID_ELEMENTS:
+        if tag in self.rules.void:
             self._markup("void", tag)
             return
         before = self._skipping()
-        skipped = before or tag in SKIPPED_ELEMENTS or _marked_no_translate(attrs)
+        skipped = before or tag in self.rules.skipped or _marked_no_translate(attrs)
         self.events.append(_Event(self.position(), _Kind.MARKUP, tag, "open", skipped,
                                   opens_hidden=skipped and not before))
         self._open.append((tag, skipped))
@@ -326,9 +362,9 @@ def _marked_no_translate(attrs: list[tuple[str, str | None]]) -> bool:
     return False
 
 
-def _parse(fragment: str) -> list[_Event]:
+def _parse(fragment: str, rules: Rules = HTML_RULES) -> list[_Event]:
     """The events of the fragment, in order, starting at offset 0."""
-    parser = _Splitter(fragment)
+    parser = _Splitter(fragment, rules)
     try:
         parser.feed(fragment)
         # The parser's loop stops at some odd constructs (`&#;`) and resumes on the next
@@ -367,7 +403,7 @@ class _Span:
     tag: str = ""
 
 
-def _spans(fragment: str, events: list[_Event]) -> list[_Span]:
+def _spans(fragment: str, events: list[_Event], rules: Rules = HTML_RULES) -> list[_Span]:
     """The fragment cut into text, inline tags, opaque and breaking markup."""
     out: list[_Span] = []
     i = 0
@@ -382,7 +418,7 @@ def _spans(fragment: str, events: list[_Event]) -> list[_Span]:
             closed = j < len(events) and events[j].closes_hidden
             end = _next_start(events, j, len(fragment)) if closed else (
                 events[j].start if j < len(events) else len(fragment))
-            whole = closed and events[j].tag == event.tag and event.tag in _OPAQUE_INLINE
+            whole = closed and events[j].tag == event.tag and event.tag in rules.opaque_inline
             out.append(_Span(_Token.OPAQUE if whole else _Token.BREAK, event.start, end))
             i = j + 1 if closed else j
             continue
@@ -393,10 +429,10 @@ def _spans(fragment: str, events: list[_Event]) -> list[_Span]:
                 out.append(_Span(_Token.TEXT, event.start, end))
         elif event.hidden:
             out.append(_Span(_Token.BREAK, event.start, end))
-        elif event.role in ("open", "close") and event.tag in INLINE_ELEMENTS:
+        elif event.role in ("open", "close") and event.tag in rules.inline:
             kind = _Token.OPEN if event.role == "open" else _Token.CLOSE
             out.append(_Span(kind, event.start, end, event.tag))
-        elif event.role == "comment" or (event.role == "void" and event.tag in _OPAQUE_INLINE):
+        elif event.role == "comment" or (event.role == "void" and event.tag in rules.opaque_inline):
             out.append(_Span(_Token.OPAQUE, event.start, end))
         else:
             out.append(_Span(_Token.BREAK, event.start, end))
@@ -468,16 +504,19 @@ def _pieces(fragment: str, spans: list[_Span], begin: int, end: int) -> list[Pie
     return pieces
 
 
-def extract(fragment: str) -> Document:
-    """Split an HTML fragment into the text blocks to translate and the markup around them."""
-    events = _parse(fragment)
+def extract(fragment: str, rules: Rules = HTML_RULES) -> Document:
+    """Split an HTML fragment (or, with `xml_rules`, an XML one) into the text blocks to
+    translate and the markup around them."""
+    if rules.outline:
+        rules = _outlined(fragment, rules)
+    events = _parse(fragment, rules)
     refs = {e.start: _next_start(events, k, len(fragment))
             for k, e in enumerate(events) if e.kind is _Kind.REF}
     ref_by_end = {stop: start for start, stop in refs.items()}
     blocks: list[_Block] = []
     parts: list[str] = []
     markup_from = 0  # where the markup not yet put into parts begins
-    for spans in _candidates(_spans(fragment, events)):
+    for spans in _candidates(_spans(fragment, events, rules)):
         begin, end = _trim(fragment, spans[0].begin, spans[-1].end, refs, ref_by_end)
         text = "".join(html.unescape(fragment[max(s.begin, begin):min(s.end, end)])
                        for s in spans if s.kind is _Token.TEXT)
@@ -525,3 +564,64 @@ def _trim(fragment: str, begin: int, end: int, refs: dict[int, int],
 def _is_space_ref(reference: str) -> bool:
     decoded = html.unescape(reference)
     return decoded != reference and decoded.isspace()
+
+
+class _Outline(HTMLParser):
+    """XML outline detection: the elements that occur inside running text, i.e. whose
+    parent has text of its own (not only whitespace) beside its child elements."""
+
+    def __init__(self, splitting: frozenset[str]) -> None:
+        super().__init__(convert_charrefs=True)
+        self._open: list[tuple[str, list[str], bool]] = []  # tag, children, has text
+        self.mixed: set[str] = set()
+        self.names: set[str] = set()
+        self.splitting = splitting
+        # Elements that hold a splitting one: never inline (an inline element must
+        # close within its sentence).
+        self.containers: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.names.add(tag)
+        if tag in self.splitting:
+            self.containers.update(name for name, _, _ in self._open)
+        if self._open:
+            self._open[-1][1].append(tag)
+        self._open.append((tag, [], False))
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.names.add(tag)
+        if tag in self.splitting:
+            self.containers.update(name for name, _, _ in self._open)
+        if self._open:
+            self._open[-1][1].append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            name, children, text = self._open.pop()
+            if text:
+                self.mixed.update(children)
+            if name == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self._open and data.strip():
+            name, children, _ = self._open[-1]
+            self._open[-1] = (name, children, True)
+
+
+def _outlined(fragment: str, rules: Rules) -> Rules:
+    """`rules` with the elements its outline makes inline (never the splitting ones),
+    the second pass then reading an ordinary rule set."""
+    outline = _Outline(rules.splitting)
+    try:
+        outline.feed(fragment)
+        outline.close()
+    except AssertionError:  # what the tokenizer cannot read stays as markup
+        pass
+    for _, children, text in outline._open:  # unclosed at the end: as if closed
+        if text:
+            outline.mixed.update(children)
+    found = outline.mixed if rules.outline == "mixed" else outline.names
+    inline = ((rules.inline | frozenset(found)) - rules.splitting - rules.skipped
+              - frozenset(outline.containers))
+    return Rules(rules.skipped, inline, rules.void, rules.opaque_inline | inline)

@@ -162,7 +162,8 @@ class Engine:
             decay_factor=1.0 if generation.exponential_decay_factor is None
             else generation.exponential_decay_factor,
             renormalize=generation.renormalize_logits is True,
-            encoder_ngram=generation.encoder_no_repeat_ngram_size or 0)
+            encoder_ngram=generation.encoder_no_repeat_ngram_size or 0,
+            vocab=manifest.config.tgt_vocab_size)
         self.src_vocab_size = manifest.config.src_vocab_size
         self.tgt_vocab_size = manifest.config.tgt_vocab_size
         self.max_source_length = manifest.max_source_length
@@ -320,7 +321,7 @@ class RunningBatch:
         self.shortlist = shortlist
         self.search = engine.strategy(beams)
         self.placed: _Placed | None = None
-        self.slots = SourceSlots(self.runner.to_device)
+        self.slots = SourceSlots(self.runner.memory)
         self.cache: DecoderCache | None = None
         self.steps = 0
 
@@ -403,13 +404,25 @@ class RunningBatch:
         tokens, positions = self._inputs(state, at, rows)
         cache = self._cache_for(p, at, rows)
         enc = self.slots.encoder_state()
-        log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache, enc)
-        t1 = time.perf_counter()
-        length = self.cache.length
-        sources = self.sources
         candidates = None if enc.shortlist is None else \
             Candidates(enc.shortlist.candidates[p.slots], self.runner.vocab_size)
-        state, done = self.search.step(state, log_probs[at], aligned[at], candidates)
+        plan = self.search.plan(state, candidates) if self.runner.memory.on_device else None
+        if plan is None:  # the CPU's way: the log-probs on the host
+            log_probs, self.cache, aligned = self.runner.step(tokens, positions, cache, enc)
+            t1 = time.perf_counter()
+            state, done = self.search.step(state, log_probs[at], aligned[at], candidates)
+        else:  # a device's: each row's k best come back
+            picked, self.cache, aligned = self.runner.step_picked(
+                tokens, positions, cache, enc, plan.edits.placed(at, rows), plan.k)
+            t1 = time.perf_counter()
+            decided = self.search.step_picked(state, picked.rows(at), aligned[at],
+                                              candidates)
+            if decided is None:  # the candidates cannot decide it: the whole rows
+                decided = self.search.step(state, self.runner.last_log_probs()[at],
+                                           aligned[at], candidates)
+            state, done = decided
+        length = self.cache.length
+        sources = self.sources
         if done.any():
             for i in np.flatnonzero(done):
                 hypotheses = tuple(self.search.finish(state, int(i)))

@@ -9,11 +9,17 @@ model's sizes where the graph fixes them) and refuses a package that does not
 match, naming the file and the tensor.
 
 Providers: `cpu`, `cuda` (CUDAExecutionProvider), or `auto` (CUDA when this
-onnxruntime build has it, logged either way). Both go through I/O binding:
-encoder outputs and the self-attention cache are OrtValues that are bound as
-the next step's inputs, so on CUDA they never leave the device; only the
-(N, V) log-probs are copied to the host each step, into one reused buffer.
-Tokens, positions and beam origins are small host arrays copied per step.
+onnxruntime build has it, logged either way). What lives on the device (the
+cache, the cross K/V, the log-probs) is the runner's `memory` (device.py): on
+the CPU provider host arrays (HostMemory), on CUDA, or on the CPU emulating a
+device for the tests (`RunnerConfig.emulate_device`), OrtValues on the device
+(DeviceMemory), which is the one place data crosses and counts it. Both go
+through I/O binding: encoder outputs and the self-attention cache are bound as
+the next step's inputs. On the CPU the decoder writes its (N, V) log-probs
+into one reused host buffer (`step`); on a device they stay there and the pick
+graph (pick.py) applies the step's processing, sent as short lists (edits.py),
+and returns each row's k best (`step_picked`). Tokens, positions, beam origins
+and those lists are the small arrays that go down per step.
 
 The self-attention cache: one (N, H, Tc, Dh) tensor per layer and per K/V;
 row r keeps step t in slot t, so rows at different steps share one call. Row
@@ -34,9 +40,10 @@ When the rows stay the same and only some moved (beam search: 28% of rows per
 step in the benchmark's decoding), the move graph rewrites just those rows,
 in place on CPU.
 
-The select graph (TopK) gives beam search each row's best log-probs: ONNX
-Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k log-probs
-where numpy took 3.9 ms. The runner resizes Tc on the host (`cache_slots`):
+The select graph (TopK) gives beam search each row's best log-probs on the
+CPU: ONNX Runtime's TopK on the intra-op threads takes 1.4 ms for 64 x 58k
+log-probs where numpy took 3.9 ms. The runner resizes Tc where the cache lives
+(`cache_slots`, `resize_cache`):
 it grows when a row's position reaches it and shrinks once a whole block lies
 past every live row's position (a running batch's longest row left). Format 6
 attends to every slot, so Tc is the longest row in whole blocks of
@@ -48,9 +55,8 @@ before the row reaches it.
 
 Finished sources leave the batch: their rows idle (engine.py) until a
 newcomer takes them or the batch compacts; the cross K/V keep one slot per
-source (source_slots.py), written when a source is admitted. On CUDA those go
-through the host (an upload per admission, not per step), as the server has
-no device array library to index with.
+source (source_slots.py), written when a source is admitted: on a device by a
+small graph from the encoder's outputs there, so they never cross to the host.
 
 A format 8 package also has a vocabulary shortlist (model/package/shortlist.py): its
 table, and a second decoder graph whose log-probs are over each source's
@@ -88,6 +94,9 @@ from seq2serve.model.package.manifest import (
     TensorSpec,
 )
 from seq2serve.model.package.session import EXACT_INT8_CONFIG, CudaSettings, share_cuda_arena
+from seq2serve.server.engine.device import DeviceMemory, HostMemory, Memory
+from seq2serve.server.engine.edits import StepEdits
+from seq2serve.server.engine.pick import Picker
 from seq2serve.server.resources import (
     PROVIDERS,
     Provider,
@@ -141,6 +150,11 @@ class RunnerConfig:
     # 2 cores (shipped en-de, greedy, 32 live sources, engine loop): 1.75x the
     # tokens/s iteration-level, 1.2x request-level with spinning off.
     allow_spinning: bool = False
+    # For tests: the CPU takes every branch a device takes (device.DeviceMemory:
+    # tensors never aliased by host arrays, log-probs kept "on the device" and
+    # reduced there to each row's candidates) and counts every host<->device
+    # crossing, so the device path's traffic is proven without a GPU.
+    emulate_device: bool = False
     cuda: CudaSettings = CudaSettings()  # the CUDA provider's sessions (TF32 off, arena)
 
     def validate(self) -> RunnerConfig:
@@ -243,6 +257,19 @@ class DecoderCache:
         return int(self.self_k[0].shape()[2])
 
 
+@dataclass(frozen=True)
+class Picked:
+    """A step's candidates as a device brings them back: per row the k best
+    processed log-probs (N, k) float32, sorted descending, and their columns
+    (N, k) int64 (ids over the vocabulary; a shortlist step's candidate columns)."""
+
+    values: np.ndarray
+    ids: np.ndarray
+
+    def rows(self, at: slice | np.ndarray) -> Picked:
+        return Picked(self.values[at], self.ids[at])
+
+
 class RunTerminated(RuntimeError):
     """A run ended, or was refused, because the runner was terminated."""
 
@@ -271,8 +298,6 @@ class Runner:
         self.config = (config or RunnerConfig()).validate()
         self.package = package
         self.provider = choose_provider(self.config.provider)
-        self.device = "cuda" if self.provider == CUDA else "cpu"
-        self.device_id = self.config.device_id if self.device == "cuda" else 0
         self.threads = self.config.intra_op_threads or usable_cores()
         self._run_options = ort.RunOptions()
         # onnxruntime's Python wrapper reads this entry before every run; unset, the
@@ -281,6 +306,8 @@ class Runner:
         # is what this runner does anyway (no CUDA or WebGPU graphs).
         self._run_options.add_run_config_entry("gpu_graph_id", "-1")
         self._terminable = _Terminable(self._run_options)  # around every run
+        self.memory = self._memory()
+        self.device, self.device_id = self.memory.device, self.memory.device_id
         self.encoder = self._session(str(package.encoder_path))
         self.decoder = self._session(str(package.decoder_path))
         self.reorder = self._session(str(package.reorder_path))
@@ -320,9 +347,12 @@ class Runner:
         # Format 7's decoder writes the cache in place on every provider (its
         # GroupQueryAttention shares past and present); format 6's ScatterND on CPU.
         self.fused_attention = package.manifest.fused_attention
-        self.in_place = self.device == "cpu" or self.fused_attention
+        self.in_place = self.memory.host_outputs or self.fused_attention
         # The move graph's ScatterND rewrites rows in place on CPU only.
-        self.move_in_place = self.device == "cpu"
+        self.move_in_place = self.memory.host_outputs
+        # On a device: the step's log-probs reduced to each row's candidates there.
+        self.picker = Picker(self.memory, self._session_options(), self._providers(),
+                             self._run_options, self.vocab_size)
         # Per layer: the (self_k, self_v, cross_k, cross_v) input names, built once.
         self._layer_inputs = [(f"self_k.{i}", f"self_v.{i}", f"cross_k.{i}", f"cross_v.{i}")
                               for i in range(self.layers)]
@@ -336,8 +366,10 @@ class Runner:
         # The decoder's binding of the last step and what it binds (cache, encoder
         # state, log-prob buffer): the next step over the same ones rebinds only
         # tokens and positions (on CPU the cache is written in place, so most steps).
-        self._step_binding: tuple[DecoderCache, EncoderState, np.ndarray,
-                                  ort.InferenceSession, ort.IOBinding] | None = None
+        self._step_binding: tuple[DecoderCache, EncoderState, np.ndarray | None,
+                                  ort.InferenceSession, ort.IOBinding,
+                                  tuple[int, int]] | None = None
+        self._last_log_probs: ort.OrtValue | None = None  # step_picked's, on the device
         self._moves: tuple[DecoderCache, ort.IOBinding] | None = None  # the move graph's
         self.warmup_seconds = 0.0
         if self.config.warmup:
@@ -354,6 +386,30 @@ class Runner:
     def terminated(self) -> bool:
         return bool(self._run_options.terminate)
 
+    def _memory(self) -> Memory:
+        """Where the decoding's tensors live: the host on the CPU provider (unless
+        emulating a device), else the device."""
+        if self.provider == CUDA:
+            return DeviceMemory("cuda", self.config.device_id, self._providers(),
+                                self._session_options(), self._run_options)
+        if self.config.emulate_device:
+            return DeviceMemory("cpu", 0, [CPU], self._session_options(), self._run_options)
+        return HostMemory()
+
+    def _providers(self) -> list[Any]:
+        if self.provider == CUDA:  # TF32 off unless allowed, the arena as set
+            return [(CUDA, self.config.cuda.provider_options(self.config.device_id)), CPU]
+        return [CPU]
+
+    def _session_options(self) -> ort.SessionOptions:
+        """The small graphs' (device.py, pick.py) options: one thread, quiet."""
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return opts
+
     def _session(self, path: str, cpu_only: bool = False) -> ort.InferenceSession:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
@@ -368,10 +424,9 @@ class Runner:
                                       "1" if self.config.allow_spinning else "0")
         for key, value in EXACT_INT8_CONFIG.items():
             opts.add_session_config_entry(key, value)
-        providers: list[Any] = [CPU]
+        providers = self._providers() if on_device else [CPU]
         if on_device:
             cuda = self.config.cuda
-            providers = [(CUDA, cuda.provider_options(self.device_id)), CPU]
             if cuda.shared_arena and share_cuda_arena(cuda, self.device_id):
                 for key, value in cuda.session_entries().items():
                     opts.add_session_config_entry(key, value)
@@ -394,6 +449,11 @@ class Runner:
         cache = self.reorder_cache(cache, np.zeros(2, dtype=np.int64))
         self.reorder_cache(cache, np.array([1, 0], dtype=np.int64))  # the move graph
         self.top_k(np.zeros((2, self.vocab_size), dtype=np.float32), 2)
+        if self.memory.on_device:  # the pick graphs built and run (rows 2 = beams of 1)
+            for renormalize in (False, True):
+                _, cache, _ = self.step_picked(np.full(2, self.decoder_start_id, dtype=np.int64),
+                                               np.full(2, 2, dtype=np.int64), cache, enc,
+                                               StepEdits.none(2, renormalize), 2)
         if self.shortlist is not None:
             enc = replace(enc, shortlist=self.shortlist_columns([ids[0]]))
             cache = self.empty_cache(1)
@@ -405,27 +465,22 @@ class Runner:
     # -- tensors -----------------------------------------------------------------------
 
     def to_device(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device,
-                                                self.device_id)
+        return self.memory.upload(array)
 
     def empty_cache(self, rows: int, length: int = 0) -> DecoderCache:
         """Zeros; every tensor its own buffer (steps write into them in place)."""
         def empty() -> ort.OrtValue:
-            return self.to_device(np.zeros((rows, self.heads, length, self.head_dim),
-                                           dtype=self.cache_dtype))
+            return self.memory.zeros((rows, self.heads, length, self.head_dim),
+                                     self.cache_dtype)
 
         return DecoderCache(tuple(empty() for _ in range(self.layers)),
                             tuple(empty() for _ in range(self.layers)))
 
     def resize_cache(self, cache: DecoderCache, length: int) -> DecoderCache:
         """The cache with `length` slots: new slots zero-filled, or the slots past
-        `length` dropped (a host copy either way)."""
+        `length` dropped (one copy, where the cache lives)."""
         def resize(value: ort.OrtValue) -> ort.OrtValue:
-            old = value.numpy()  # (N, H, Tc, Dh)
-            new = np.zeros((*old.shape[:2], length, old.shape[3]), dtype=old.dtype)
-            kept = min(length, old.shape[2])
-            new[:, :, :kept] = old[:, :, :kept]
-            return self.to_device(new)
+            return self.memory.resize(value, 2, length)  # (N, H, Tc, Dh)
 
         return DecoderCache(tuple(map(resize, cache.self_k)), tuple(map(resize, cache.self_v)))
 
@@ -434,15 +489,16 @@ class Runner:
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> EncoderState:
         """src_ids, src_mask (B, S) int64, sources left-aligned and right-padded."""
         binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
-        binding.bind_cpu_input("src_mask", np.ascontiguousarray(src_mask, dtype=np.int64))
+        self.memory.bind_input(binding, "src_ids", np.ascontiguousarray(src_ids, dtype=np.int64))
+        mask = np.ascontiguousarray(src_mask, dtype=np.int64)
+        mask_value = self.to_device(mask)  # one upload: the encoder's and the decoder's
+        binding.bind_ortvalue_input("src_mask", mask_value)
         for name in self.cross_outputs:  # the memory output is not bound: nobody reads it
             binding.bind_output(name, self.device, self.device_id)
         with self._terminable:
             self.encoder.run_with_iobinding(binding, self._run_options)
         cross = tuple(binding.get_outputs())
-        mask = np.ascontiguousarray(src_mask, dtype=np.int64)
-        return EncoderState(cross[:self.layers], cross[self.layers:], self.to_device(mask),
+        return EncoderState(cross[:self.layers], cross[self.layers:], mask_value,
                             mask.sum(axis=1).astype(np.int64))
 
     def shortlist_columns(self, sources: Sequence[Sequence[int] | np.ndarray],
@@ -473,8 +529,8 @@ class Runner:
                 return cache
             if self.move_in_place:
                 binding = self._move_binding(cache)
-                binding.bind_cpu_input("moved_rows", moved[:, None])
-                binding.bind_cpu_input("moved_from", origin[moved])
+                self.memory.bind_input(binding, "moved_rows", moved[:, None])
+                self.memory.bind_input(binding, "moved_from", origin[moved])
                 with self._terminable:
                     self.move.run_with_iobinding(binding, self._run_options)
                 return cache
@@ -482,7 +538,7 @@ class Runner:
         for i in range(self.layers):
             binding.bind_ortvalue_input(f"self_k.{i}", cache.self_k[i])
             binding.bind_ortvalue_input(f"self_v.{i}", cache.self_v[i])
-        binding.bind_cpu_input("beam_origin", origin)
+        self.memory.bind_input(binding, "beam_origin", origin)
         for output in self.reorder.get_outputs():
             binding.bind_output(output.name, self.device, self.device_id)
         with self._terminable:
@@ -524,14 +580,47 @@ class Runner:
         the old one as it was.
         With `enc.shortlist` the step runs the shortlist decoder: log_probs are
         (N, C), over each row's source's candidates (`enc.shortlist.candidates`).
-        Returns log_probs (N, V) float32 in a buffer this runner reuses (valid
-        until the next call, and free for the caller to modify in place), the new
-        cache, and alignment (N,) int64 on the host: per row, the source position
-        the last layer's cross-attention weighed most for this step's token.
+        Returns log_probs (N, V) float32 on the host (on CPU in a buffer this
+        runner reuses: valid until the next call, and free for the caller to
+        modify in place; on a device brought over whole: `step_picked` is the
+        device's way), the new cache, and alignment (N,) int64 on the host: per
+        row, the source position the last layer's cross-attention weighed most
+        for this step's token.
         """
+        log_probs, cache, alignment = self._run_decoder(tokens, positions, cache, enc)
+        if isinstance(log_probs, ort.OrtValue):
+            return self.memory.download(log_probs), cache, alignment
+        return log_probs, cache, alignment
+
+    def step_picked(self, tokens: np.ndarray, positions: np.ndarray, cache: DecoderCache,
+                    enc: EncoderState, edits: StepEdits, k: int
+                    ) -> tuple[Picked, DecoderCache, np.ndarray]:
+        """`step`, with the log-probs processed by `edits` and reduced to each
+        row's k best where the decoder left them (pick.py): what a device brings
+        back. The log-probs stay available to `last_log_probs` until the next step."""
+        log_probs, cache, alignment = self._run_decoder(tokens, positions, cache, enc)
+        value = log_probs if isinstance(log_probs, ort.OrtValue) \
+            else self.memory.upload(log_probs)
+        values, ids = self.picker.pick(value, edits, k)
+        self._last_log_probs = value
+        return Picked(values, ids), cache, alignment
+
+    def last_log_probs(self) -> np.ndarray:
+        """The last `step_picked`'s raw log-probs, brought to the host (the rare
+        step whose processing the candidates cannot decide)."""
+        if self._last_log_probs is None:
+            raise ValueError("no step_picked ran")
+        return self.memory.download(self._last_log_probs)
+
+    def _run_decoder(self, tokens: np.ndarray, positions: np.ndarray, cache: DecoderCache,
+                     enc: EncoderState
+                     ) -> tuple[np.ndarray | ort.OrtValue, DecoderCache, np.ndarray]:
+        """The decoder run of `step`: log-probs in the host buffer (CPU) or where
+        the device wrote them."""
         rows = int(tokens.shape[0])
         if cache.rows != rows:
             raise ValueError(f"a step of {rows} rows got a cache of {cache.rows} rows")
+        self._last_log_probs = None
         longest = int(positions.max()) + 1 if rows else 0
         wanted = self.cache_slots(longest)
         # Shrink too, once a whole block is past every row: in a running batch the
@@ -540,24 +629,30 @@ class Runner:
         if cache.length < longest or cache.length > wanted:
             cache = self.resize_cache(cache, wanted)
         width = self.vocab_size if enc.shortlist is None else enc.shortlist.width
-        log_probs = self._log_probs_buffer(rows, width)
+        host = self.memory.host_outputs
+        log_probs = self._log_probs_buffer(rows, width) if host else None
         decoder = self.decoder
         if enc.shortlist is not None:
             if self.shortlist_decoder is None:
                 raise ValueError(f"{self.package.path} has no vocabulary shortlist")
             decoder = self.shortlist_decoder
-        binding = self._decoder_binding(cache, enc, log_probs, decoder)
-        binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
-        binding.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
+        binding = self._decoder_binding(cache, enc, log_probs, decoder, (rows, width))
+        self.memory.bind_input(binding, "tokens", np.ascontiguousarray(tokens, dtype=np.int64))
+        self.memory.bind_input(binding, "positions",
+                               np.ascontiguousarray(positions, dtype=np.int64))
         with self._terminable:
             decoder.run_with_iobinding(binding, self._run_options)
-        if self.in_place:
+        if host and self.in_place and log_probs is not None:
             # Every output went into our buffers: the cache in place, the log-probs
             # and the alignment into the host buffers (no get_outputs() per step).
             return log_probs, cache, self._alignment[:rows].copy()
-        _, *new_cache, alignment = binding.get_outputs()  # in binding order
-        return (log_probs, DecoderCache(tuple(new_cache[:self.layers]),
-                                        tuple(new_cache[self.layers:])), alignment.numpy())
+        out, *new_cache, alignment = binding.get_outputs()  # in binding order
+        if not self.in_place:
+            cache = DecoderCache(tuple(new_cache[:self.layers]),
+                                 tuple(new_cache[self.layers:]))
+        if host and log_probs is not None:
+            return log_probs, cache, alignment.numpy()
+        return out, cache, self.memory.download(alignment)
 
     def _log_probs_buffer(self, rows: int, width: int) -> np.ndarray:
         """The (rows, width) view of the reused host buffer the decoder writes its
@@ -591,13 +686,14 @@ class Runner:
         return slots
 
     def _decoder_binding(self, cache: DecoderCache, enc: EncoderState,
-                         log_probs: np.ndarray, decoder: ort.InferenceSession
-                         ) -> ort.IOBinding:
+                         log_probs: np.ndarray | None, decoder: ort.InferenceSession,
+                         shape: tuple[int, int]) -> ort.IOBinding:
         """The decoder's binding of everything but tokens and positions: the last
-        step's when it bound these very tensors (a new binding costs ~20 calls)."""
+        step's when it bound these very tensors (a new binding costs ~20 calls).
+        log_probs: the host buffer to write them into (CPU), None: on the device."""
         last = self._step_binding
         if last is not None and last[0] is cache and last[1] is enc \
-                and last[2] is log_probs and last[3] is decoder:
+                and last[2] is log_probs and last[3] is decoder and last[5] == shape:
             return last[4]
         binding = decoder.io_binding()
         for i, (sk, sv, ck, cv) in enumerate(self._layer_inputs):
@@ -609,23 +705,28 @@ class Runner:
         if enc.shortlist is not None:
             binding.bind_ortvalue_input("shortlist_weight", enc.shortlist.weight)
             binding.bind_ortvalue_input("shortlist_bias", enc.shortlist.bias)
-        # Written straight into our host buffer: no per-step allocation or extra copy.
-        binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
-                            log_probs.ctypes.data)
+        if log_probs is not None:
+            # Written straight into our host buffer: no per-step allocation or extra copy.
+            binding.bind_output("log_probs", "cpu", 0, np.float32, list(log_probs.shape),
+                                log_probs.ctypes.data)
+        else:
+            binding.bind_output("log_probs", self.device, self.device_id)
         old = (*cache.self_k, *cache.self_v)
         for name, value in zip(self.cache_outputs, old, strict=True):  # new_self_k.*, v.*
             if self.in_place:
                 binding.bind_ortvalue_output(name, value)
             else:
                 binding.bind_output(name, self.device, self.device_id)
-        if self.in_place:
+        if log_probs is not None and self.in_place:
             binding.bind_output("alignment", "cpu", 0, np.int64, [log_probs.shape[0]],
                                 self._alignment.ctypes.data)
-        else:
+        elif log_probs is not None:
             binding.bind_output("alignment", "cpu")
+        else:
+            binding.bind_output("alignment", self.device, self.device_id)
         # Only the in-place cache outlives the step as the same tensors.
-        self._step_binding = ((cache, enc, log_probs, decoder, binding) if self.in_place
-                              else None)
+        self._step_binding = ((cache, enc, log_probs, decoder, binding, shape)
+                              if self.in_place else None)
         return binding
 
 

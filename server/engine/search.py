@@ -25,6 +25,7 @@ from seq2serve.server.engine.decoding import (
     Processing,
     Select,
     StopRule,
+    along_rows,
     beam_step,
     greedy_tokens,
     process_log_probs,
@@ -36,6 +37,8 @@ from seq2serve.server.engine.decoding import (
     top_k_exact,
     warp_for_sampling,
 )
+from seq2serve.server.engine.edits import StepEdits, step_edits
+from seq2serve.server.engine.runner import Picked
 
 
 class FinishReason(str, Enum):
@@ -91,6 +94,7 @@ class Special:
     decay_factor: float = 1.0
     renormalize: bool = False
     encoder_ngram: int = 0  # generate()'s encoder_no_repeat_ngram_size
+    vocab: int = 0  # the target vocabulary's size (a device step's row width)
 
 
 @dataclass(frozen=True)
@@ -211,15 +215,27 @@ class SearchStrategy:
         """Shortlist log-probs stay over the candidates where the step needs only
         EOS and suppressed ids as columns (greedy, beam); history processing and
         sampling read them over the whole vocabulary (`Candidates.expand`)."""
+        p = self._column_processing(state, candidates)
         if candidates is None:
             return _View(log_probs, state.processing, None)
+        if p is None:
+            return _View(candidates.expand(log_probs, state.beams), state.processing, None)
+        return _View(log_probs, p, candidates)
+
+    def _column_processing(self, state: DecodeState, candidates: Candidates | None
+                           ) -> Processing | None:
+        """The step's processing over the candidates' columns (EOS and the banned
+        and forced ids as columns), or None when it needs the whole vocabulary;
+        the state's own without candidates."""
         p = state.processing
+        if candidates is None:
+            return p
         sampling = state.sampler is not None and bool(state.sampler.sampling.any())
         if p.forced_bos is not None:
             # A row's first step forces its own token: over the whole vocabulary
             # (a first step is one of a row's life); the later steps force none.
             if bool(np.any((state.generated == 0) & (p.forced_bos != NO_TOKEN))):
-                return _View(candidates.expand(log_probs, state.beams), p, None)
+                return None
             if not p.begin_suppress:  # which says where begin suppression applies
                 p = replace(p, forced_bos=None)
         forced = [p.forced_eos] if p.forced_eos != NO_TOKEN else []
@@ -227,13 +243,43 @@ class SearchStrategy:
         ids = [p.eos_id, *p.suppress, *forced, *banned, *p.begin_suppress]
         columns = None if p.reads_history or sampling else candidates.columns_of(ids)
         if columns is None:
-            return _View(candidates.expand(log_probs, state.beams), p, None)
+            return None
         col = dict(zip(ids, (int(c) for c in columns), strict=True))
-        return _View(log_probs, replace(
+        return replace(
             p, eos_id=col[p.eos_id], suppress=tuple(col[t] for t in p.suppress),
             forced_eos=col.get(p.forced_eos, NO_TOKEN),
             bad_words=tuple((col[t],) for t in banned),
-            begin_suppress=tuple(col[t] for t in p.begin_suppress)), candidates)
+            begin_suppress=tuple(col[t] for t in p.begin_suppress))
+
+    # -- on a device: the step's processing sent as edits, k candidates back ---------------
+
+    def plan(self, state: DecodeState, candidates: Candidates | None = None) -> Plan | None:
+        """What a device step needs: the processing as edits and how many
+        candidates per row decide the step; None when they cannot (the step takes
+        the whole rows: a shortlist step that needs the vocabulary, sampling
+        without top-k)."""
+        p = self._column_processing(state, candidates)
+        if p is None:
+            return None
+        k = self._candidates_needed(state)
+        if k is None:
+            return None
+        width = self.special_width(candidates)
+        return Plan(step_edits(p, state.history, state.generated, state.beams, width), k)
+
+    def special_width(self, candidates: Candidates | None) -> int:
+        """The columns of a step's rows: the vocabulary, or the candidates'."""
+        return self.special.vocab if candidates is None else int(candidates.ids.shape[1])
+
+    def _candidates_needed(self, state: DecodeState) -> int | None:
+        raise NotImplementedError
+
+    def step_picked(self, state: DecodeState, picked: Picked, aligned: np.ndarray,
+                    candidates: Candidates | None = None
+                    ) -> tuple[DecodeState, np.ndarray] | None:
+        """`step` from each row's k best processed log-probs (the plan's); None when
+        they do not decide it (then `step` over the whole rows)."""
+        raise NotImplementedError
 
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         raise NotImplementedError
@@ -291,7 +337,46 @@ class GreedySearch(SearchStrategy):
                 tokens[rows] = sample_tokens(warped,
                                              sampler.uniforms[rows, state.generated[rows]])
         scores = state.scores + log_probs[np.arange(state.rows), tokens]
-        tokens = view.tokens(tokens, 1)
+        return self._advance(state, view.tokens(tokens, 1), scores, aligned)
+
+    def _candidates_needed(self, state: DecodeState) -> int | None:
+        sampler = state.sampler
+        if sampler is None or not bool(sampler.sampling.any()):
+            return 1
+        top_k = sampler.top_k[sampler.sampling]
+        if bool(np.any(top_k <= 0)):  # top-p alone reads the whole distribution
+            return None
+        return int(top_k.max()) + 1  # one more: ties at the k-th value show
+
+    def step_picked(self, state: DecodeState, picked: Picked, aligned: np.ndarray,
+                    candidates: Candidates | None = None
+                    ) -> tuple[DecodeState, np.ndarray] | None:
+        tokens = picked.ids[:, 0].copy()
+        chosen = picked.values[:, 0].copy()
+        sampler = state.sampler
+        rows = np.flatnonzero(sampler.sampling) if sampler is not None else np.zeros(0, int)
+        if sampler is not None and rows.size:
+            values, ids = picked.values[rows], picked.ids[rows]
+            kth = values[np.arange(rows.size), np.minimum(sampler.top_k[rows],
+                                                          values.shape[1]) - 1]
+            if bool(np.any(np.isfinite(kth) & (values[:, -1] == kth)
+                           & (values.shape[1] < self.special_width(candidates)))):
+                return None  # HF keeps every tie of the k-th value: more than came back
+            # The candidates in id order: the draw walks the vocabulary in that order.
+            order = np.argsort(ids, axis=1, kind="stable")
+            values, ids = along_rows(values, order), along_rows(ids, order)
+            warped = warp_for_sampling(values, sampler.temperature[rows], sampler.top_k[rows],
+                                       sampler.top_p[rows])
+            drawn = sample_tokens(warped, sampler.uniforms[rows, state.generated[rows]])
+            tokens[rows] = ids[np.arange(rows.size), drawn]
+            chosen[rows] = values[np.arange(rows.size), drawn]
+        if candidates is not None:
+            tokens = candidates.tokens(tokens, 1)
+        return self._advance(state, tokens, state.scores + chosen, aligned)
+
+    def _advance(self, state: DecodeState, tokens: np.ndarray, scores: np.ndarray,
+                 aligned: np.ndarray) -> tuple[DecodeState, np.ndarray]:
+        """The state after choosing `tokens` (ids) with `scores` (N,)."""
         history = state.with_tokens(tokens)
         alignment = state.with_aligned(aligned)
         generated = state.generated + 1
@@ -347,11 +432,41 @@ class BeamSearch(SearchStrategy):
                               None if alignment is None else alignment[origin],
                               beam=result.state), result.done
 
+    def _candidates_needed(self, state: DecodeState) -> int | None:
+        return 2 * self.beams  # beam_step's width
+
+    def step_picked(self, state: DecodeState, picked: Picked, aligned: np.ndarray,
+                    candidates: Candidates | None = None
+                    ) -> tuple[DecodeState, np.ndarray] | None:
+        assert state.beam is not None and state.beam_params is not None
+        alignment = state.with_aligned(aligned)
+        ids = picked.ids if candidates is None else \
+            candidates.tokens(picked.ids, state.rows // max(state.sources, 1))
+
+        def select(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            return picked.values[:, :k], ids[:, :k]
+
+        result = beam_step(state.beam, picked.values, state.history, state.generated,
+                           state.beam_params, self.rules, alignment, select)
+        origin = result.origin
+        history = state.with_tokens(result.tokens, origin)
+        return state.advanced(result.tokens, origin, history,
+                              None if alignment is None else alignment[origin],
+                              beam=result.state), result.done
+
     def finish(self, state: DecodeState, source: int) -> list[Hypothesis]:
         assert state.beam is not None
         count = state.requests[source].options.num_hypotheses
         alignments: list[np.ndarray | None] = list(state.beam.nbest_alignments(source, count))
         return self._hypotheses(state, source, state.beam.nbest(source, count), alignments)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A device step's: the processing as edits, and candidates per row."""
+
+    edits: StepEdits
+    k: int
 
 
 def _forced_bos(requests: Sequence[Request], default: int) -> np.ndarray | None:

@@ -16,14 +16,19 @@ from typing import Any
 
 import pytest
 import system_tools
+import yaml
 from deploy_helpers import DEPLOY
 from served_series import (
     NOT_YET,
+    PENDING_SERIES,
     exported_series,
     front_door_series,
     http_front_door,
+    reads_external,
     registered_series,
 )
+
+from seq2serve.server.metrics import Metrics
 
 DASHBOARD = DEPLOY / "grafana" / "seq2serve.json"
 TYPECHECK = DEPLOY / "grafana" / "typecheck"
@@ -89,12 +94,16 @@ def test_every_query_reads_exported_series_through_the_variables() -> None:
             expr = target["expr"]
             names = set(re.findall(r"(?<![:\w])(seq2serve_[a-z_]+)", expr))
             assert names <= exported, (panel["title"], names - exported)
-            assert names or "up{" in expr, (panel["title"], expr)
-            # Every selector honours the namespace and pod pickers.
+            external = reads_external(expr)
+            assert names or "up{" in expr or external, (panel["title"], expr)
+            # Every selector honours the namespace and pod pickers; another exporter's
+            # (dcgm-exporter's, whose pod labels are the GPU's pod) keeps seq2serve's
+            # container.
+            own = 'container="server"' if external else 'job="seq2serve"'
             for selector in re.findall(r"\{([^}]*)\}", expr):
                 if "$" not in selector and "job=" not in selector:
                     continue  # a legend template, not a selector
-                assert 'job="seq2serve"' in selector and '$namespace' in selector \
+                assert own in selector and '$namespace' in selector \
                     and '$pod' in selector, (panel["title"], selector)
 
 
@@ -114,6 +123,12 @@ def test_panels_cover_what_the_operator_needs() -> None:
         assert series in queries, series
     assert "by (route, status)" in queries and "by (route, le)" in queries
     assert 'status=~"5.."' in queries
+    # The GPUs (dcgm-exporter: utilisation, frame buffer used and free) and the models'
+    # states (loaded per pod, every state's count).
+    for series in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+                   *PENDING_SERIES):
+        assert series in queries, series
+    assert "by (state)" in queries and 'state="ready"' in queries
 
 
 def test_front_door_series_are_registered() -> None:
@@ -124,3 +139,98 @@ def test_front_door_series_are_registered() -> None:
     missing = front_door_series() - registered_series()
     assert not missing, (f"not on the registry Metrics() makes (with HttpMetrics added): "
                          f"{sorted(missing)}; tests/deploy/served_series.py builds it")
+
+
+def test_pending_series_are_registered_as_said() -> None:
+    """The series the dashboard reads ahead of the server (served_series.PENDING_SERIES)
+    have the type said there once the server registers them."""
+    registered = {c.name: c.type for c in Metrics().registry.collect()}
+    waiting = [name for name in PENDING_SERIES if name not in registered]
+    for name in set(PENDING_SERIES) - set(waiting):
+        assert registered[name] == PENDING_SERIES[name], name
+    if waiting:
+        pytest.skip(f"not exported yet (issue 54 item 4, the runtime's per-model state): "
+                    f"{', '.join(waiting)}")
+
+
+# --- the GPU and model-state panels on sample series (promtool) ------------------------
+
+NAMESPACE = "ml"
+# What dcgm-exporter exposes for one GPU with its Kubernetes mapping on (labels as in
+# its output: gpu, UUID, device, modelName, Hostname, and the pod holding the GPU).
+GPUS = {  # pod -> (GPU_UTIL %, FB_USED MiB, FB_FREE MiB); "other-0" is not seq2serve's
+    "seq2serve-6d9f-a": (40.0, 3000.0, 78000.0),
+    "seq2serve-6d9f-b": (85.0, 60000.0, 21000.0),
+    "other-0": (99.0, 80000.0, 1000.0),
+}
+MODEL_STATES = {  # (pod, model) -> its state
+    ("seq2serve-6d9f-a", "en-de"): "ready", ("seq2serve-6d9f-a", "en-fr"): "ready",
+    ("seq2serve-6d9f-b", "en-de"): "ready", ("seq2serve-6d9f-b", "en-fr"): "loading",
+    ("seq2serve-6d9f-b", "nllb"): "failed",
+}
+STATES = ("available", "loading", "ready", "unloading", "failed")
+
+
+def _sample_series() -> list[dict[str, str]]:
+    series = []
+    for i, (pod, (util, used, free)) in enumerate(GPUS.items()):
+        labels = (f'gpu="0",UUID="GPU-{i:08d}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
+                  f'Hostname="node-{i}",namespace="{NAMESPACE}",pod="{pod}",'
+                  f'container="{"server" if pod.startswith("seq2serve") else "trainer"}"')
+        for name, value in (("GPU_UTIL", util), ("FB_USED", used), ("FB_FREE", free)):
+            series.append({"series": f"DCGM_FI_DEV_{name}{{{labels}}}", "values": f"{value}x10"})
+    for (pod, model), state in MODEL_STATES.items():
+        for each in STATES:
+            series.append({"series": f'seq2serve_model_state{{job="seq2serve",namespace='
+                                     f'"{NAMESPACE}",pod="{pod}",model="{model}",'
+                                     f'state="{each}"}}',
+                           "values": f"{int(each == state)}x10"})
+    return series
+
+
+def _expected(expr: str) -> dict[str, float]:
+    """What each panel query must give on the sample series, worked out from them here
+    ({label value: value}, by the query's one `by` label)."""
+    ours = {pod: v for pod, v in GPUS.items() if pod.startswith("seq2serve")}
+    if "FB_FREE" in expr:
+        return {pod: used / (used + free) for pod, (_, used, free) in ours.items()}
+    if "FB_USED" in expr:
+        return {pod: used for pod, (_, used, _) in ours.items()}
+    if "GPU_UTIL" in expr:
+        return {pod: util for pod, (util, _, _) in ours.items()}
+    if "by (state)" in expr:
+        return {state: float(sum(s == state for s in MODEL_STATES.values())) for state in STATES}
+    assert 'state="ready"' in expr and "by (pod)" in expr, expr
+    pods = {pod for pod, _ in MODEL_STATES}
+    return {pod: float(sum(p == pod and s == "ready" for (p, _), s in MODEL_STATES.items()))
+            for pod in pods}
+
+
+@pytest.mark.needs("promtool")
+def test_gpu_and_model_panels_evaluate_on_sample_series(tmp_path: Path) -> None:
+    """Each GPU and model-state panel's query, with the pickers at All, on series
+    shaped as dcgm-exporter and the server expose them: one value per pod (or state),
+    other containers' GPUs left out, the ratios and sums as worked out here."""
+    checked = 0
+    tests = []
+    for panel in panels():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if not (reads_external(expr) or any(name in expr for name in PENDING_SERIES)):
+                continue
+            query = (expr.replace("$namespace", ".*").replace("$pod", ".*")
+                     .replace("$model", ".*"))
+            [by] = re.findall(r"by \((\w+)\)", query)[:1]
+            tests.append({"expr": query, "eval_time": "5m", "exp_samples": [
+                {"labels": f'{{{by}="{key}"}}', "value": value}
+                for key, value in sorted(_expected(query).items())]})
+            checked += 1
+    assert checked == 5, checked
+    (tmp_path / "panels_test.yml").write_text(yaml.safe_dump({
+        "rule_files": [], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": _sample_series(),
+                   "promql_expr_test": tests}]}, sort_keys=False))
+    out = subprocess.run([system_tools.path("promtool"), "test", "rules",
+                          str(tmp_path / "panels_test.yml")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr

@@ -234,8 +234,23 @@ def test_disruption_budget_and_autoscaler_agree(overlay) -> None:
     deployment = one(docs, "Deployment")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": deployment["metadata"]["name"]}
-    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    # One pod at a time whatever the fleet's size (minAvailable: 1 would let ten drain
+    # to one), and never the whole fleet at its floor.
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"] \
+        <= hpa["spec"]["maxReplicas"]
     assert deployment["spec"]["replicas"] == hpa["spec"]["minReplicas"]
+
+
+@pytest.mark.needs("kubectl")
+def test_rollout_never_waits_for_a_spare_gpu(overlay) -> None:
+    """CPU: one surge pod first, capacity never drops. GPU: no spare GPU to surge
+    on (a surge pod would stay Pending and stall the rollout): one pod replaced at a
+    time, which the disruption budget's one-at-a-time matches."""
+    name, docs = overlay
+    rolling = one(docs, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == ({"maxSurge": 1, "maxUnavailable": 0} if name == "cpu"
+                       else {"maxSurge": 0, "maxUnavailable": 1})
 
 
 def _recorded_rules() -> dict[str, str]:
@@ -248,7 +263,8 @@ def test_autoscaler_metric_exists_down_to_the_server(overlay) -> None:
     _, docs = overlay
     hpa = one(docs, "HorizontalPodAutoscaler")
     kinds = [m["type"] for m in hpa["spec"]["metrics"]]
-    assert kinds == ["Pods", "Resource"]  # queue time first, CPU as the fallback
+    # Queue time alone: beside a second metric, a missing one blocks scale-down for good.
+    assert kinds == ["Pods"]
     metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
     adapter = yaml.safe_load((DEPLOY / "prometheus-adapter" / "config.yaml").read_text())
     [rule] = [r for r in adapter["rules"] if r["name"]["as"] == metric]
@@ -276,3 +292,182 @@ def test_prometheus_rule_is_the_rules_file() -> None:
         "deploy/prometheus/rules.yml's groups unchanged")
     assert {d["kind"] for d in yaml.safe_load_all(
         (COMPONENT / "podmonitor.yaml").read_text())} | {rule["kind"]} == CRD_KINDS
+
+
+# --- components: autoscaling on CPU, model packages apart from the image -------------
+
+def with_components(tmp: Path, overlay_name: str, *components: str) -> list[dict[str, Any]]:
+    """An overlay with components added, as an operator's own kustomization would."""
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(KUSTOMIZE / "overlays" / overlay_name, tmp)],
+        "components": [os.path.relpath(KUSTOMIZE / "components" / c, tmp)
+                       for c in components]}))
+    return render(tmp)
+
+
+def validate_strictly(docs: list[dict[str, Any]], tmp: Path) -> None:
+    validate = system_tools.path("kubernetes-validate")
+    rendered = tmp / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    for version in K8S_VERSIONS:
+        out = subprocess.run([validate, "--strict", "--kubernetes-version", version,
+                              str(rendered)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.count(" passed for resource ") == len(docs), out.stdout
+
+
+def image_models_dir() -> str:
+    found = re.search(r"SEQ2SERVE_MODELS_DIR=(\S+)", (ROOT / "Dockerfile").read_text())
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.mark.parametrize("component", ["models-volume", "models-from-object-storage"])
+@pytest.mark.needs("kubectl", "kubernetes-validate")
+def test_models_apart_from_the_image(component: str, tmp_path: Path) -> None:
+    """The packages come from a volume the server mounts read-only at its models
+    folder (the image's, which the mount hides): a claim every replica shares, or a
+    pod-local copy an init container fetches from object storage."""
+    docs = with_components(tmp_path, "gpu", component)
+    validate_strictly(docs, tmp_path)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = server(docs)
+    folder = env_of(container)[env_name("models_dir")]
+    assert folder == image_models_dir()
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    if component == "models-volume":
+        claim = one(docs, "PersistentVolumeClaim")
+        assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"],
+                                                   "readOnly": True}
+        # Every replica, on any node, mounts it at once.
+        assert set(claim["spec"]["accessModes"]) & {"ReadWriteMany", "ReadOnlyMany"}
+    else:
+        [fetch] = pod["initContainers"]
+        [target] = [m for m in fetch["volumeMounts"] if m["name"] == mount["name"]]
+        assert target.get("readOnly") is not True and target["mountPath"] == fetch["args"][-1]
+        assert "emptyDir" in volume
+        assert fetch["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.needs("kubectl", "kubernetes-validate")
+def test_cpu_autoscaling_replaces_the_queue_metric(tmp_path: Path) -> None:
+    docs = with_components(tmp_path, "cpu", "cpu-autoscaling")
+    validate_strictly(docs, tmp_path)
+    [metric] = one(docs, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    # Utilization is of the request: the container has one.
+    assert "cpu" in server(docs)["resources"]["requests"]
+
+
+# --- by model: two deployments with different model sets behind nginx ----------------
+
+BY_MODEL = KUSTOMIZE / "overlays" / "by-model"
+SET_LABEL = "seq2serve.io/model-set"
+
+
+@pytest.fixture(scope="module")
+def by_model() -> list[dict[str, Any]]:
+    return render(BY_MODEL)
+
+
+def model_sets(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The server Deployments by their model set."""
+    return {d["spec"]["template"]["metadata"]["labels"][SET_LABEL]: d
+            for d in by_kind(docs, "Deployment")
+            if SET_LABEL in d["spec"]["template"]["metadata"]["labels"]}
+
+
+@pytest.mark.needs("kubectl", "kubernetes-validate")
+def test_by_model_validates_strictly(by_model: list[dict[str, Any]], tmp_path: Path) -> None:
+    assert {d["kind"] for d in by_model} == {"ServiceAccount", "ConfigMap", "Service",
+                                             "Deployment", "PodDisruptionBudget",
+                                             "HorizontalPodAutoscaler"}
+    validate_strictly(by_model, tmp_path)
+
+
+@pytest.mark.needs("kubectl")
+def test_by_model_sets_count_only_their_own_pods(by_model: list[dict[str, Any]]) -> None:
+    sets = model_sets(by_model)
+    assert sorted(sets) == ["en-de", "en-fr"]
+    for name, deployment in sets.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        others = [d["spec"]["template"]["metadata"]["labels"] for n, d in sets.items()
+                  if n != name]
+
+        def only_this_set(selector: dict[str, str], labels: dict[str, str] = labels,
+                          others: list[dict[str, str]] = others) -> bool:
+            return selector.items() <= labels.items() and not any(
+                selector.items() <= other.items() for other in others)
+
+        assert only_this_set(deployment["spec"]["selector"]["matchLabels"])
+        mine = [d for d in by_model if d["metadata"].get("labels", {}).get(SET_LABEL) == name]
+        for service in by_kind(mine, "Service"):
+            assert only_this_set(service["spec"]["selector"]), service["metadata"]["name"]
+        [pdb] = by_kind(mine, "PodDisruptionBudget")
+        assert only_this_set(pdb["spec"]["selector"]["matchLabels"])
+        [hpa] = by_kind(mine, "HorizontalPodAutoscaler")
+        assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        # Each set loads its own models (the server's --load-only), and every variable
+        # is a server setting (--load-only until the server has it: issue 54 item 2).
+        assert env_of(container)[env_name("load_only")] == name
+        fields = {env_name(f) for f in ServerConfig.__dataclass_fields__}
+        fields.add(env_name("load_only"))
+        assert set(env_of(container)) <= fields, sorted(set(env_of(container)) - fields)
+
+
+def nginx_conf() -> str:
+    return (BY_MODEL / "nginx.conf").read_text()
+
+
+@pytest.mark.needs("kubectl")
+def test_by_model_proxy_reaches_every_set(by_model: list[dict[str, Any]]) -> None:
+    """nginx.conf's names are the overlay's headless Services in its namespace, on
+    their ports; its maps send each set's model and pair to that set; the proxy
+    mounts it and listens where its container ports say."""
+    conf = nginx_conf()
+    namespace = yaml.safe_load((BY_MODEL / "kustomization.yaml").read_text())["namespace"]
+    services = {s["metadata"]["name"]: {p["name"]: p["port"] for p in s["spec"]["ports"]}
+                for s in by_kind(by_model, "Service")}
+    sets = model_sets(by_model)
+    targets = re.findall(r"(grpc_pass grpc|proxy_pass http)://([^;]+);", conf)
+    set_by_map = set(re.findall(r"^map \S+ \$(\S+) \{", conf, re.M))
+    fixed = dict(re.findall(r"^ *set \$(\S+) (\S+);", conf, re.M))
+    assert targets
+    for kind, target in targets:
+        host, port = target.rsplit(":", 1)
+        service, _, rest = host.partition(".")
+        assert rest == f"{namespace}.svc.cluster.local", target
+        wanted = "grpc" if kind.startswith("grpc") else "http"
+        # A variable in every name: nginx resolves it per request (a plain name: once).
+        [variable] = re.findall(r"\$(\w+)", service) or [None]
+        assert variable is not None, f"{target}: a name resolved once, at start"
+        values = list(sets) if variable in set_by_map else [fixed[variable]]
+        names = [service.replace(f"${variable}", value) for value in values]
+        for name in names:
+            assert services[name][wanted] == int(port), (target, name)
+    # Every map value names a set, and each set's own model maps to it.
+    for block in re.findall(r"^map \S+ \$(\S+) \{\n(.*?)^\}", conf, re.M | re.S):
+        rows = dict(line.rstrip(";").split() for line in block[1].strip().splitlines())
+        for key, value in rows.items():
+            assert value in sets or value.startswith("$"), (block[0], key, value)
+        for name in sets:
+            assert rows[name] == name, (block[0], name)
+    # The variable-resolved names need a resolver, re-resolving within seconds.
+    resolver = re.search(r"^resolver \S+ valid=(\d+)s", conf, re.M)
+    assert resolver is not None and int(resolver.group(1)) <= 10
+    assert not re.search(r"^upstream ", conf, re.M)  # resolved once, at start, by 1.22
+    proxy = next(d for d in by_kind(by_model, "Deployment") if d not in sets.values())
+    [container] = proxy["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert re.findall(r"^ *listen (\d+) http2;", conf, re.M) == [str(ports["grpc"])]
+    assert re.findall(r"^ *listen (\d+);", conf, re.M) == [str(ports["http"])]
+    [config_map] = by_kind(by_model, "ConfigMap")
+    assert config_map["data"]["seq2serve.conf"] == conf
+    [volume] = [v for v in proxy["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["mountPath"] == "/etc/nginx/conf.d"

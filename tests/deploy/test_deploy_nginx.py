@@ -201,7 +201,7 @@ class StandIn:
     status 200, or 503 while `draining`. HTTP/1.0: one connection per request, so
     stop() leaves nothing open."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, address: str = "127.0.0.1", port: int = 0) -> None:
         self.index, self.draining = index, False
         stand_in = self
 
@@ -214,7 +214,7 @@ class StandIn:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((address, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
                                        daemon=True)
         self.thread.start()
@@ -222,7 +222,8 @@ class StandIn:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
         handler.rfile.read(int(handler.headers.get("Content-Length") or 0))

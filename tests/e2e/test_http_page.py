@@ -27,6 +27,7 @@ from playwright.sync_api import (
     FilePayload,
     Page,
     Response,
+    Route,
     ViewportSize,
     expect,
     sync_playwright,
@@ -340,6 +341,44 @@ def test_a_file_comes_back_translated(open_page: OpenPage, base_url: str,
     translated = iter(api.post("/translate", json={"q": texts, "source": source,
                                                    "target": target}).json()["translatedText"])
     assert downloaded.text == "\n".join(next(translated) if line else line for line in lines)
+    watched.assert_clean(base_url)
+
+
+@needs_chromium
+def test_a_file_job_s_progress_is_shown(open_page: OpenPage, base_url: str,
+                                        api: httpx.Client) -> None:
+    """While the job translates, the page says how far it is and what is left (the
+    server's answer to GET /v1/jobs/{id}, held at "translating" here until the page
+    has shown it), then links the file."""
+    watched = open_page()
+    page = watched.page
+    page.click("#files-tab")
+    pick_pair(page, api)
+    held = {"translating": True}
+
+    def status(route: Route) -> None:
+        if not held["translating"]:
+            route.continue_()
+            return
+        answer = route.fetch()
+        job = answer.json()
+        job.update(state="translating", progress={"done": 3, "total": 40},
+                   secondsRemaining=5)
+        route.fulfill(response=answer, json=job)
+
+    page.route("**/v1/jobs/*", status)
+    page.set_input_files("#file-input", files=[{"name": "notes.txt", "mimeType": "text/plain",
+                                                "buffer": SENTENCE.encode("utf-8")}])
+    page.click("#file-translate")
+    expect(page.locator("#file-busy")).to_have_text(
+        "Translating notes.txt: 3 of 40 texts, about 5 s left", timeout=WAIT_MS)
+    expect(page.locator("#file-progress")).to_be_visible()
+    assert page.locator("#file-progress").get_attribute("max") == "40"
+    assert page.eval_on_selector("#file-progress", "bar => bar.value") == 3
+    held["translating"] = False
+    expect(page.locator("#file-download")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#file-progress")).to_be_hidden()
+    page.unroute("**/v1/jobs/*")
     watched.assert_clean(base_url)
 
 

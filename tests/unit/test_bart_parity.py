@@ -361,9 +361,11 @@ def test_forced_tokens_under_beam_search(engine: Any, hf: tuple[Any, Any]) -> No
     ref = hf_generate(model, batch, num_beams=4, n=2)
     sources = [batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
                for i in range(len(TEXTS))]
+    # The package's defaults (task_specific_params') set explicitly to generate()'s.
     results = engine.generate(sources, DecodingOptions(beam_size=4, num_hypotheses=2,
-                                                       max_length=MAX_NEW,
-                                                       max_length_ratio=0))
+                                                       max_length=MAX_NEW, max_length_ratio=0,
+                                                       length_penalty=1.0, min_length=0,
+                                                       no_repeat_ngram_size=0))
     assert all(h.token_ids[0] == 0 for r in results for h in r)
     assert_same_nbest(ref, results, TOL)
 

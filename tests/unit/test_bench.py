@@ -73,7 +73,7 @@ def test_package_run_on_real_sentences(work: Path, models: workload.Models,
     assert rc == 0
     records = json.loads(out.read_text())
     assert [(r["system"], r["precision"]) for r in records] == [
-        ("seq2serve", "fp32"), ("seq2serve@marian", "int8")]
+        ("seq2serve", "fp32"), ("seq2serve@marian-int8", "int8")]  # export's default name
     assert inputs.read_sentences(data, 10) == ["Open the file.", "Save your changes.",
                                                  "A library."]
 

@@ -492,6 +492,6 @@ def test_libretranslate_languages_lists_every_reachable_target(translator: Trans
     response = run(api.languages(None))  # type: ignore[arg-type]  # the request is not read
     assert [(lang["code"], lang["targets"]) for lang in json.loads(response.body)] == [
         ("de", ["en", "fr"]), ("en", ["de", "fr"]), ("fr", ["de", "en"])]
-    assert set(api.detector().languages) == {"de", "en", "fr"}
-    assert api._pair("de", "fr").models == CHAIN
-    assert api._pair("de", "de").models == ()
+    assert set(api.catalog.detector().languages) == {"de", "en", "fr"}
+    assert api.catalog.pair("de", "fr").models == CHAIN
+    assert api.catalog.pair("de", "de").models == ()

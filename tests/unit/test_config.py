@@ -117,6 +117,8 @@ BAD = {
     "max_document_unpacked_bytes": (0, "max_document_unpacked_bytes must be >= 1, got 0"),
     "max_document_characters": (-1, "max_document_characters must be >= 1, got -1"),
     "max_document_paragraphs": (0, "max_document_paragraphs must be >= 1, got 0"),
+    "jobs_max_bytes": (0, "jobs_max_bytes must be >= 1, got 0"),
+    "job_ttl_s": (0.5, "job_ttl_s must be in [1, 604800], got 0.5"),
     "grace_period_s": (-5.0, "grace_period_s must be in [0, 3600], got -5.0"),
     "drain_delay_s": (3601.0, "drain_delay_s must be in [0, 3600], got 3601.0"),
     "log_level": ("LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, "
@@ -233,3 +235,14 @@ def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Pat
               "SEQ2SERVE_MAX_DOCUMENT_MEMBERS": "12"})
     assert document_limits(c) == Limits(file_bytes=65536, members=12, unpacked_bytes=4096,
                                          elements=300, characters=900, paragraphs=7)
+
+
+def test_the_jobs_folder_must_be_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    problems = ServerConfig(models_dir=tmp_path, jobs_dir=tmp_path / "file").problems()
+    assert [(p.field, p.message) for p in problems] == [
+        ("jobs_dir", f"jobs_dir must be a directory (made if missing), got "
+                     f"{str(tmp_path / 'file')!r}")]
+    c = load(["--models-dir", str(tmp_path), "--jobs-dir", str(tmp_path / "jobs")],
+             {"SEQ2SERVE_JOB_TTL_S": "60", "SEQ2SERVE_JOBS_MAX_BYTES": "4096"})
+    assert (c.jobs_dir, c.job_ttl_s, c.jobs_max_bytes) == (tmp_path / "jobs", 60.0, 4096)

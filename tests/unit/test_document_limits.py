@@ -83,22 +83,3 @@ def test_the_upload_itself_has_a_limit_of_its_own() -> None:
     assert DEFAULT_LIMITS.file_bytes > 4 * 1024 * 1024  # a .docx with a few photos
     with pytest.raises(DocumentTooLarge, match="a.docx is 4097 bytes; the limit is 4096 bytes"):
         read_document("a.docx", b"x" * 4097, "de", limits=Limits(file_bytes=4096))
-
-
-def test_documents_in_flight_are_bounded_and_the_next_told_when_to_come_back() -> None:
-    from seq2serve.server.api.http.app import error_response
-    from seq2serve.server.core.documents.limits import InFlight
-    from seq2serve.server.core.errors import Unavailable
-
-    gate = InFlight(2)
-    with gate.admit(), gate.admit():
-        with pytest.raises(Unavailable, match="2 documents are being translated, the most "
-                                              r"this server takes at once \("
-                                              r"max_documents_in_flight\)") as refused:
-            with gate.admit():
-                pass
-    with gate.admit():  # both done: room again
-        assert gate.count == 1
-    assert gate.count == 0
-    answer = error_response(refused.value)
-    assert answer.status_code == 503 and int(answer.headers["retry-after"]) >= 1

@@ -425,7 +425,7 @@ def test_source_slots_fill_holes_and_compact(engine: Engine, sources: list[list[
                 enc.src_mask.numpy()[source])
 
     first, second = encoded(sources[:4]), encoded([max(sources, key=len)])
-    slots = SourceSlots(runner.to_device)
+    slots = SourceSlots(runner.memory)
     assert slots.place(first).tolist() == [0, 1, 2, 3]
     slots.release(np.array([1]))
     assert (slots.used, slots.holes) == (4, 1)

@@ -21,3 +21,27 @@ def test_a_file_past_a_limit_is_413_and_resource_exhausted() -> None:
     assert response.status_code == 413
     assert response.body == b'{"error":"a.docx unpacks to 9 bytes; the limit is 8 bytes"}'
     assert status_of(error) == (grpc.StatusCode.RESOURCE_EXHAUSTED, error.message)
+
+
+def test_libretranslate_and_deepl_spell_one_status_their_own_way() -> None:
+    """One table (api/http/errors.py), two bodies: LibreTranslate's {"error"}, DeepL's
+    {"message"}; DeepL answers a missing key 403 (LibreTranslate 400) and a quota 456."""
+    import json
+
+    from seq2serve.server.api.http import deepl_auth
+    from seq2serve.server.api.http.access import KeyRequired, RateLimited
+    from seq2serve.server.core.errors import ServiceError
+
+    for kind, status in HTTP_STATUS.items():
+        error = ServiceError(kind, "why")
+        libre, deepl = error_response(error), deepl_auth.error_response(error)
+        assert libre.status_code == deepl.status_code == status
+        assert json.loads(libre.body) == {"error": "why"}
+        assert json.loads(deepl.body) == {"message": "why"}
+        assert (libre.headers.get("retry-after") is not None) == (status == 503)
+        assert (deepl.headers.get("retry-after") is not None) == (status == 503)
+    assert error_response(KeyRequired("k")).status_code == 400
+    assert deepl_auth.error_response(KeyRequired("k")).status_code == 403
+    assert deepl_auth.error_response(deepl_auth.QuotaExceeded("q")).status_code == 456
+    limited = deepl_auth.error_response(RateLimited("slow", retry_after_s=7))
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "7"

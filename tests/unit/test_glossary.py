@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,39 @@ def test_request_terms_name_the_field(directory: Path, name: str,
 def test_no_glossary_dir_says_so() -> None:
     with pytest.raises(InvalidArgument, match="none \\(no --glossary-dir\\)"):
         request_terms(Glossaries.load(None), "ui", [], [], "en", "de")
+
+
+def test_stored_glossaries_survive_a_restart_and_serve_by_id(tmp_path: Path) -> None:
+    from seq2serve.server.core.glossary import (
+        Dictionary,
+        Glossaries,
+        GlossaryStore,
+        parse_entries,
+    )
+
+    entries = parse_entries('"file, old",Datei\nclose,schließen\n', "csv")
+    assert entries == [("file, old", "Datei"), ("close", "schließen")]
+    store = GlossaryStore(tmp_path, Glossaries())
+    made = store.create("mine", [Dictionary("en", "de", tuple(entries))])
+    again = GlossaryStore(tmp_path, Glossaries())  # a restart
+    assert again.get(made.glossary_id) == made
+    served = again.glossaries.get(made.glossary_id)
+    assert served is not None and served.terms("en", "de").pairs == tuple(entries)
+    assert again.delete(made.glossary_id) and again.get(made.glossary_id) is None
+    assert GlossaryStore(tmp_path, Glossaries()).list() == []
+
+
+@pytest.mark.parametrize(("text", "entries_format", "message"), [
+    ("a\tb\na\tc", "tsv", "line 2: 'a' is given twice"),
+    ("a,b,c", "csv", "line 1: expected source and target columns, got 3"),
+    ("a\t", "tsv", "line 1: the target of 'a' is empty"),
+    ("", "tsv", "at least one"),
+    ("a\tb", "xlsx", "entries_format must be tsv or csv"),
+])
+def test_glossary_entries_that_cannot_be_used_are_refused(text: str, entries_format: str,
+                                                          message: str) -> None:
+    from seq2serve.server.core.errors import InvalidArgument
+    from seq2serve.server.core.glossary import parse_entries
+
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        parse_entries(text, entries_format)

@@ -84,3 +84,32 @@ def test_forwarded_for_is_read_only_behind_a_trusted_proxy() -> None:
     # From anyone else the header is the client's own claim: ignored.
     assert access.client_address("198.51.100.9", "203.0.113.7") == "198.51.100.9"
     assert access.client_address("127.0.0.1", None) == "127.0.0.1"
+
+
+def test_a_key_s_character_limit_is_its_optional_second_column(tmp_path: Path) -> None:
+    from seq2serve.server.api.http.access import KeyFileError, read_key_file
+
+    path = tmp_path / "keys"
+    path.write_text("alpha 500000  # trial\nbeta\n")
+    found = read_key_file(path)
+    assert found.keys == ("alpha", "beta") and dict(found.char_limits) == {"alpha": 500000}
+    assert read_api_keys(path) == ("alpha", "beta")
+    path.write_text("alpha lots\n")
+    with pytest.raises(KeyFileError, match=r"keys:1: expected KEY or KEY CHARACTER_LIMIT"):
+        read_key_file(path)
+
+
+def test_deepl_usage_counts_a_key_s_characters_against_its_limit() -> None:
+    from seq2serve.server.api.http.deepl_auth import DeepLAccess, QuotaExceeded
+
+    door = DeepLAccess(Access(keys=["k1", "k2"], char_limits={"k1": 10}))
+    k1 = door.access.admit("10.0.0.1", None, "k1")
+    door.reserve(k1, 6)
+    with pytest.raises(QuotaExceeded, match="used 6 of its 10 characters"):
+        door.reserve(k1, 5)
+    assert door.usage(k1).character_count == 6  # a refusal counts nothing
+    door.refund(k1, 6)
+    assert door.usage(k1).character_count == 0
+    k2 = door.access.admit("10.0.0.1", None, "k2")
+    door.reserve(k2, 10**9)  # no limit of its own
+    assert door.usage(k2).character_limit > 10**9

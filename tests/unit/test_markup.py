@@ -305,3 +305,24 @@ def test_many_unclosed_elements():
     document = extract(html)
     assert len(document.texts) == 10_000
     assert document.render(document.texts) == html
+
+
+def test_xml_rules_split_ignore_and_find_running_text() -> None:
+    """DeepL's tag_handling=xml: ignore_tags kept, splitting_tags always split,
+    non_splitting_tags never; outline detection makes an element of running text
+    inline and the others blocks; without it only splitting_tags split."""
+    from seq2serve.server.core.markup import xml_rules
+
+    xml = ("<doc><title>Hello world</title><para>This is <term>good</term> text."
+           "<skip>keep me</skip></para></doc>")
+    document = extract(xml, xml_rules(ignore=frozenset({"skip"})))
+    assert document.texts == ("Hello world", "This is <g1>good</g1> text.")
+    assert document.render(list(document.texts)) == xml
+    flat = extract("<r><a>One</a> <b>Two</b> <c>Three</c></r>",
+                   xml_rules(splitting=frozenset({"c"}), outline_detection=False))
+    assert flat.texts == ("One <g1>Two</g1>", "Three")  # one sentence, then a split
+    outlined = extract("<r><a>One</a><b>Two</b></r>", xml_rules())  # no running text
+    assert outlined.texts == ("One", "Two")
+    kept = extract("<r><a>One</a><b>Two</b></r>",
+                   xml_rules(non_splitting=frozenset({"a", "b"})))
+    assert kept.texts == ("One<g1>Two</g1>",)

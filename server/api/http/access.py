@@ -1,19 +1,23 @@
 """Who may call, and how often: API keys and per-client rate limits.
 
-Keys come from a file (one per line, `#` comments), are compared in constant
-time and never logged; without the file a request's key is ignored, as
-LibreTranslate ignores keys without its key database. Limits use a moving
-window (the `limits` library, as LibreTranslate's Flask-Limiter does): one
-budget per valid key, else one per client address; a list request costs its
-length. The client address is the peer's, or the last untrusted hop of
-X-Forwarded-For when the peer is a trusted proxy.
+Keys come from a file (one per line, `#` comments; a line may add the key's
+character limit after the key, `KEY 500000`, which DeepL's API reports and
+enforces: /v2/usage, 456), are compared in constant time and never logged;
+without the file a request's key is ignored, as LibreTranslate ignores keys
+without its key database. Limits use a moving window (the `limits` library,
+as LibreTranslate's Flask-Limiter does): one budget per valid key, else one
+per client address; a list request costs its length. The client address is
+the peer's, or the last untrusted hop of X-Forwarded-For when the peer is a
+trusted proxy.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,16 +37,43 @@ class KeyRequired(Exception):
 
 
 class RateLimited(Exception):
-    """429: over the client's budget; the message is LibreTranslate's."""
+    """429: over the client's budget; the message is LibreTranslate's, `retry_after_s`
+    when the window frees a hit again (DeepL's answer sends it as Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class KeyFileError(ValueError):
+    """A key file line that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    keys: tuple[str, ...]
+    # A key's character limit (its optional second column); keys without one: none.
+    char_limits: Mapping[str, int]
+
+
+def read_key_file(path: Path) -> KeyFile:
+    keys: list[str] = []
+    limits: dict[str, int] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        columns = line.split("#", 1)[0].split()
+        if not columns:
+            continue
+        if len(columns) > 2 or (len(columns) == 2 and not columns[1].isdigit()):
+            raise KeyFileError(f"{path}:{number}: expected KEY or KEY CHARACTER_LIMIT (a "
+                               f"whole number), got {len(columns)} columns")
+        keys.append(columns[0])
+        if len(columns) == 2:
+            limits[columns[0]] = int(columns[1])
+    return KeyFile(tuple(keys), limits)
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:
-    keys = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        key = line.split("#", 1)[0].strip()
-        if key:
-            keys.append(key)
-    return tuple(keys)
+    return read_key_file(path).keys
 
 
 @dataclass(frozen=True)
@@ -58,8 +89,10 @@ class Access:
     request without one is refused too."""
 
     def __init__(self, keys: Sequence[str] | None = None, require_key: bool = False,
-                 per_minute: int = 0, trusted_proxies: Sequence[Network] = ()) -> None:
+                 per_minute: int = 0, trusted_proxies: Sequence[Network] = (),
+                 char_limits: Mapping[str, int] | None = None) -> None:
         self._keys = None if keys is None else tuple(key.encode() for key in keys)
+        self.char_limits: Mapping[str, int] = dict(char_limits or {})
         self.require_key = require_key and self._keys is not None
         self.trusted_proxies = tuple(trusted_proxies)
         self.limit: RateLimitItem | None = (RateLimitItemPerMinute(per_minute)
@@ -87,7 +120,9 @@ class Access:
         if self.limit is not None:
             bucket = f"key:{caller.key}" if caller.key else f"ip:{caller.address}"
             if not self._limiter.hit(self.limit, bucket, cost=max(1, cost)):
-                raise RateLimited(f"Slowdown: {self.limit}")
+                reset = self._limiter.get_window_stats(self.limit, bucket).reset_time
+                raise RateLimited(f"Slowdown: {self.limit}",
+                                  max(1, math.ceil(reset - time.time())))
         return caller
 
     def checked_key(self, key: str | None) -> str | None:

@@ -26,8 +26,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from seq2serve.server.api.http.access import Access, AccessDenied, KeyRequired, RateLimited
+from seq2serve.server.api.http import model_headers
+from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
+from seq2serve.server.api.http.deepl import DeepLApi
+from seq2serve.server.api.http.deepl_auth import DeepLAccess
+from seq2serve.server.api.http.deepl_documents import DeepLDocuments
+from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
+    HTTP_STATUS,
+    RETRY_AFTER_S,
+    retry_after,
+    status_of,
+)
+from seq2serve.server.api.http.jobs_api import JobsApi
 from seq2serve.server.api.http.libretranslate import (
     TRUNCATED_HEADER,
     LibreSettings,
@@ -35,26 +46,17 @@ from seq2serve.server.api.http.libretranslate import (
 )
 from seq2serve.server.api.http.proto_json import ProtoJsonApi
 from seq2serve.server.api.proto_api import ProtoApi
-from seq2serve.server.core.errors import DeadlineExceeded, ErrorKind, ServiceError
+from seq2serve.server.api.routing import MODEL_HEADER, PAIR_HEADER, served_value
+from seq2serve.server.core.documents.jobs import DocumentJobs
+from seq2serve.server.core.documents.service import DocumentRunner
+from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
+from seq2serve.server.core.glossary import GlossaryStore
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
 log = logging.getLogger("seq2serve.server.http")
 STATIC = Path(__file__).resolve().parent / "static"
 
-# The one table from the core's error kinds to HTTP status codes.
-HTTP_STATUS: dict[ErrorKind, int] = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.RESOURCE_EXHAUSTED: 429,
-    ErrorKind.TOO_LARGE: 413,  # Content Too Large (RFC 9110)
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.DEADLINE_EXCEEDED: 504,
-    ErrorKind.CANCELLED: 499,
-}
-# What a 503 (models loading, server draining) tells a client to wait before it asks
-# again (Retry-After, RFC 9110): loading takes seconds, a drain hands over in as many.
-RETRY_AFTER_S = 2
 FORM_SLACK_BYTES = 64 * 1024
 # Every asset comes from this server; no inline script or style.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -83,19 +85,16 @@ class HttpMetrics:
 
 
 def error_response(error: BaseException) -> JSONResponse:
-    """LibreTranslate's error body: {"error": message}, with the kind's status."""
-    if isinstance(error, ServiceError):
-        status = HTTP_STATUS[error.kind]
-        return JSONResponse({"error": error.message}, status_code=status,
-                            headers=_retry_after(status))
-    if isinstance(error, AccessDenied):
-        return JSONResponse({"error": str(error)}, status_code=403)
-    if isinstance(error, KeyRequired):
-        return JSONResponse({"error": str(error)}, status_code=400)
-    if isinstance(error, RateLimited):
-        return JSONResponse({"error": str(error)}, status_code=429)
-    log.error("unhandled error in an HTTP request", exc_info=error)
-    return JSONResponse({"error": "internal error (logged on the server)"}, status_code=500)
+    """LibreTranslate's error body: {"error": message}, with the status the one table
+    gives (errors.py)."""
+    status = status_of(error)
+    if status is None:
+        log.error("unhandled error in an HTTP request", exc_info=error)
+        return JSONResponse({"error": "internal error (logged on the server)"},
+                            status_code=500)
+    message = error.message if isinstance(error, ServiceError) else str(error)
+    return JSONResponse({"error": message}, status_code=status,
+                        headers=retry_after(error, status))
 
 
 def _retry_after(status: int) -> dict[str, str] | None:
@@ -106,8 +105,12 @@ Handler = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's code for a client that left before the answer
 
 
+Encoder = Callable[[BaseException], Response]
+
+
 async def until_client_leaves(request: Request, handler: Handler,
-                              timeout_s: float | None = None) -> Response:
+                              timeout_s: float | None = None,
+                              encode: Encoder = error_response) -> Response:
     """Run the handler; if the client disconnects first, or it takes longer than
     `timeout_s` (504), cancel it, so that its texts leave the queue and their batches
     at once (as a cancelled or expired gRPC call's do)."""
@@ -134,7 +137,7 @@ async def until_client_leaves(request: Request, handler: Handler,
     if left:
         return Response(status_code=CLIENT_CLOSED)
     # The client is still there: the time limit ended it.
-    return error_response(DeadlineExceeded(
+    return encode(DeadlineExceeded(
         f"the request took longer than this server's limit of {timeout_s:g} s "
         "(--http-timeout-s)"))
 
@@ -145,31 +148,50 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
-              metrics: Metrics, serving: Callable[[], bool], access: Access) -> FastAPI:
+              metrics: Metrics, serving: Callable[[], bool], access: Access,
+              glossaries: GlossaryStore, jobs: DocumentJobs | None = None) -> FastAPI:
     """The whole HTTP front door; `serving()` is the health state the gRPC health
-    service reports (False while loading and draining)."""
+    service reports (False while loading and draining). Files are translated as
+    `jobs`' document jobs (none: no file translation), which this door runs."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
-                  "API and the seq2serve.v1 .proto as JSON", version="1", docs_url=None,
-                  redoc_url=None)
+                  "API, DeepL's API v2 and the seq2serve.v1 .proto as JSON", version="1",
+                  docs_url=None, redoc_url=None)
     observed = HttpMetrics(metrics)
-    libre = LibreTranslateApi(translator, access, settings.libre)
+    libre = LibreTranslateApi(translator, access, settings.libre, proto_api.texts, jobs)
+    if jobs is not None:
+        jobs.attach(DocumentRunner(translator, settings.libre.document_limits,
+                                   libre.detect_source))
     proto = ProtoJsonApi(proto_api, access)
+    # One DeepL key ledger for every DeepL route: a document's characters count in
+    # /v2/usage as a text's do.
+    deepl_access = DeepLAccess(access)
+    deepl = DeepLApi(libre.texts, deepl_access, glossaries)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,
-              doc: str = "") -> None:
+              doc: str = "", encode: Encoder = error_response) -> None:
+        """`encode`: the dialect's error answer (LibreTranslate's by default)."""
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
-            try:
-                response = await until_client_leaves(request, handler, settings.timeout_s)
-            except Exception as error:  # noqa: BLE001 - every error becomes a status + body
-                response = error_response(error)
+            with model_headers.collecting() as served:
+                try:
+                    response = await until_client_leaves(request, handler, settings.timeout_s,
+                                                         encode)
+                except Exception as error:  # noqa: BLE001 - every error becomes a status + body
+                    response = encode(error)
+            if models := served_value(served):  # which model answered (api/routing.py)
+                response.headers[MODEL_HEADER] = models
             observed.requests.labels(path, str(response.status_code)).inc()
             observed.duration.labels(path).observe(time.perf_counter() - started)
             return response
 
         endpoint.__doc__ = doc or handler.__doc__
-        app.add_api_route(path, endpoint, methods=methods, name=name or handler.__name__,
-                          response_class=JSONResponse, summary=doc or None)
+        # One route per method, so that each has its own OpenAPI operation id (DeepL's
+        # routes take GET and POST alike).
+        for method in methods:
+            app.add_api_route(path, endpoint, methods=[method], name=name or handler.__name__,
+                              response_class=JSONResponse, summary=doc or None,
+                              operation_id=f"{name or handler.__name__}_{method.lower()}"
+                              if len(methods) > 1 else None)
 
     async def health(request: Request) -> Response:
         if serving():
@@ -193,6 +215,14 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     route("/summarize", libre.summarize, ["POST"], doc="Summarize English text")
     route("/health", health, ["GET"], doc="200 while serving, 503 while loading or draining")
     proto.register(route)
+    deepl.register(route)
+    if jobs is not None:
+        jobs_api = JobsApi(jobs, libre)
+        route("/v1/jobs", jobs_api.submit, ["POST"], name="submit_job",
+              doc="Queue a file for translation (the /translate_file form): a document job")
+        route("/v1/jobs/{job_id}", jobs_api.status, ["GET"], name="job_status",
+              doc="A document job's state, progress and estimate")
+        DeepLDocuments(jobs, deepl_access, translator).register(route)
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2serve API",
                                    swagger_js_url="/swagger/swagger-ui-bundle.js",
@@ -205,15 +235,17 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     app.mount("/swagger", StaticFiles(directory=swagger_ui_path), name="swagger")
 
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                       allow_methods=["GET", "POST"],
-                       allow_headers=["Authorization", "Content-Type"],
-                       expose_headers=["Authorization", TRUNCATED_HEADER],
+                       allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["Authorization", "Content-Type", MODEL_HEADER,
+                                      PAIR_HEADER],
+                       expose_headers=["Authorization", TRUNCATED_HEADER, MODEL_HEADER],
                        max_age=60 * 60 * 24 * 20)
     # A document upload has a limit of its own (images in it are copied byte for byte);
     # the slack is the multipart form around the file and the other fields.
+    upload = settings.libre.document_limits.file_bytes + FORM_SLACK_BYTES
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
-                       paths={"/translate_file": settings.libre.document_limits.file_bytes
-                              + FORM_SLACK_BYTES})
+                       paths={path: upload for path in ("/translate_file", "/v1/jobs",
+                                                        "/v2/document")})
     app.add_middleware(SecurityHeaders)
     return app
 

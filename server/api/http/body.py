@@ -17,6 +17,9 @@ from seq2serve.server.core.errors import InvalidArgument, check_unicode
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
 
+# DeepL's API (api/http/deepl.py and its document endpoints) lives under these.
+DEEPL_PATHS = ("/v2/", "/v3/")
+
 _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
              "false": False, "0": False, "no": False, "off": False}
 
@@ -230,7 +233,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await self._refuse(send, limit, setting)
+            await self._refuse(send, limit, setting, path)
             return
         seen = 0
         over = False
@@ -255,12 +258,15 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, checked_send)
         if over:
-            await self._refuse(send, limit, setting)
+            await self._refuse(send, limit, setting, path)
 
     @staticmethod
-    async def _refuse(send: Send, limit: int, setting: str) -> None:
-        body = json.dumps({"error": f"Request body too large: the limit is {limit} bytes "
-                                    f"({setting})"}).encode()
+    async def _refuse(send: Send, limit: int, setting: str, path: str) -> None:
+        # The dialect's error body: DeepL's {"message"} under its paths, else
+        # LibreTranslate's {"error"}.
+        key = "message" if path.startswith(DEEPL_PATHS) else "error"
+        body = json.dumps({key: f"Request body too large: the limit is {limit} bytes "
+                                f"({setting})"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})

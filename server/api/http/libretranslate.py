@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import unicodedata
-import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import TypedDict
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -24,35 +23,24 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
+from seq2serve.server.api.http.model_headers import door_call, named
+from seq2serve.server.api.routing import Named, agree, pair_of
 from seq2serve.server.config import setting_names
-from seq2serve.server.core.detect import Detector
-from seq2serve.server.core.documents import (
-    DEFAULT_LIMITS,
-    SUFFIXES,
-    Limits,
-    media_type,
-    read_document,
-)
-from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT, InFlight
-from seq2serve.server.core.documents.service import translate_with_core
-from seq2serve.server.core.errors import InvalidArgument, NotFound
-from seq2serve.server.core.markup import extract
-from seq2serve.server.core.options import DecodingOptions
-from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.documents import DEFAULT_LIMITS, SUFFIXES, Limits, media_type
+from seq2serve.server.core.documents.jobs import DocumentJobs
+from seq2serve.server.core.documents.jobstore import Order
+from seq2serve.server.core.errors import InvalidArgument, NotFound, Unavailable
+from seq2serve.server.core.texts import AUTO, TextFormat, TextService, TextsRequest
 from seq2serve.server.core.translator import (
-    Call,
-    ModelInfo,
     SourceTooLong,
     SummarizeRequest,
-    TranslateRequest,
     Translator,
 )
 
 # On a /summarize answer whose texts were cut to the model's input: how many were.
 TRUNCATED_HEADER = "X-Seq2serve-Truncated"
-# Translated files wait for their download this long, at most this many.
-FILE_TTL_S = 600.0
-MAX_STORED_FILES = 64
+# The door of the jobs this API submits (core/documents/jobstore.py: Order.door).
+JOBS_DOOR = "v1"
 
 
 @dataclass(frozen=True)
@@ -63,131 +51,48 @@ class LibreSettings:
     frontend_timeout_ms: int = 500
     suggestions: bool = False
     document_limits: Limits = DEFAULT_LIMITS  # one /translate_file upload's (413 past them)
-    documents_in_flight: int = DEFAULT_IN_FLIGHT  # /translate_file uploads at once (503 past)
 
 
-@dataclass(frozen=True)
-class Software:
+class _Software(TypedDict):
+    protect_placeholders: bool
+    glossary: str
+    terms: tuple[tuple[str, str], ...]
+    do_not_translate: tuple[str, ...]
+
+
+def _software(fields: Fields) -> _Software:
     """What a request protects (core/placeholders.py, core/glossary.py)."""
-
-    protect_placeholders: bool = True
-    glossary: str = ""
-    terms: tuple[tuple[str, str], ...] = ()
-    do_not_translate: tuple[str, ...] = ()
-
-    @classmethod
-    def from_fields(cls, fields: Fields) -> Software:
-        return cls(protect_placeholders=fields.boolean("protect_placeholders", True),
-                   glossary=fields.text("glossary") or "",
-                   terms=tuple(fields.term_pairs("terms")),
-                   do_not_translate=tuple(fields.strings("do_not_translate")))
-
-
-@dataclass(frozen=True)
-class Flags:
-    """What a text's best translation says beyond its words: a placeholder the model
-    lost was put back (`placeholdersRepaired`), a piece of it stopped at its length
-    limit (`finishReason: "length"`)."""
-
-    repaired: bool = False
-    cut: bool = False
-
-    @classmethod
-    def of(cls, bests: Sequence[Joined]) -> Flags:
-        """A text's flags from its best (or, for HTML, each of its blocks' best)."""
-        return cls(any(b.repaired for b in bests), any(b.finish_reason == "length"
-                                                        for b in bests))
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A pair as a request names it (`source`, `target`: the core routes it, by the
-    rule of every door) and the models that serve it: one, two through English, or
-    none (the same language, whose texts come back unchanged)."""
-
-    source: str
-    target: str
-    models: tuple[str, ...]
-
-    @property
-    def last(self) -> str:
-        """The model that writes the answer ("" for none)."""
-        return self.models[-1] if self.models else ""
-
-
-@dataclass
-class Catalog:
-    """What this door derives from the served models, for one registry generation
-    (Translator.generation): rebuilt when the models change, never frozen at the
-    first request."""
-
-    generation: int
-    models: list[ModelInfo]  # the translation models
-    pairs: dict[tuple[str, str], Pair]
-    names: dict[str, str]  # each listed language's English name, no name twice
-    detector: Detector | None = None  # built on first use: its language models cost memory
-
-    @property
-    def languages(self) -> list[str]:
-        return sorted({code for pair in self.pairs for code in pair})
+    return {"protect_placeholders": fields.boolean("protect_placeholders", True),
+            "glossary": fields.text("glossary") or "",
+            "terms": tuple(fields.term_pairs("terms")),
+            "do_not_translate": tuple(fields.strings("do_not_translate"))}
 
 
 class LibreTranslateApi:
-    def __init__(self, translator: Translator, access: Access, settings: LibreSettings) -> None:
+    def __init__(self, translator: Translator, access: Access, settings: LibreSettings,
+                 texts: TextService | None = None, jobs: DocumentJobs | None = None) -> None:
         self.translator = translator
         self.access = access
         self.settings = settings
-        self._files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
-        self._documents = InFlight(settings.documents_in_flight)
-        self._catalog: Catalog | None = None
+        self.jobs = jobs  # documents (/translate_file) run as its jobs
+        # One for every door: its detector holds each served language's model.
+        self.texts = texts or TextService(translator)
+        self.catalog = self.texts.catalog
 
     # -- languages -------------------------------------------------------------------
-
-    def catalog(self) -> Catalog:
-        """The served models and pairs (direct or through English, core/registry.py)
-        as they are now; Unavailable (503) while the models load."""
-        generation = self.translator.generation()
-        catalog = self._catalog
-        if catalog is None or catalog.generation != generation:
-            models = [m for m in self.translator.list_models() if m.task == "translate"]
-            pairs = {(r.source_language, r.target_language):
-                     Pair(r.source_language, r.target_language, r.models)
-                     for r in self.translator.list_routes()}
-            codes = sorted({code for pair in pairs for code in pair})
-            catalog = self._catalog = Catalog(generation, models, pairs,
-                                              self.translator.language_names(codes))
-        return catalog
-
-    def pairs(self) -> dict[tuple[str, str], Pair]:
-        return self.catalog().pairs
-
-    def _name(self, code: str) -> str:
-        """A language's English name (CLDR's, with its script or region), else the code."""
-        names = self.catalog().names
-        return names.get(code) or self.translator.language_names([code])[code]
-
-    def detector(self) -> Detector:
-        catalog = self.catalog()
-        if catalog.detector is None:
-            # Every served language, so that a text in a language that is only a
-            # target is named as such ("fr is not supported"), not mistaken for another.
-            # (Those the identifier knows: a multilingual model's may include more.)
-            catalog.detector = Detector([code for code in catalog.languages
-                                         if Detector.can_identify(code)])
-        return catalog.detector
 
     async def languages(self, request: Request) -> Response:
         # Every target reachable from each language, through English too (as
         # LibreTranslate lists its pivoted pairs); a language is not its own target.
-        catalog = self.catalog()
+        listing = self.catalog.listing()
         return JSONResponse([
-            {"code": code, "name": self._name(code),
-             "targets": sorted(t for s, t in catalog.pairs if s == code)}
-            for code in catalog.languages])
+            {"code": code, "name": self.catalog.name(code),
+             "targets": sorted(t for s, t in listing.pairs if s == code)}
+            for code in listing.languages])
 
     async def frontend_settings(self, request: Request) -> Response:
-        pairs = self.pairs()
-        target = sorted(t for _, t in pairs)[0] if pairs else "en"
+        targets = self.catalog.listing().targets
+        target = targets[0] if targets else "en"
         return JSONResponse({
             "charLimit": self.settings.char_limit,
             "frontendTimeout": self.settings.frontend_timeout_ms,
@@ -197,7 +102,7 @@ class LibreTranslateApi:
             "filesTranslation": True,
             "supportedFilesFormat": list(SUFFIXES),
             "language": {"source": {"code": "auto", "name": "Auto Detect"},
-                         "target": {"code": target, "name": self._name(target)}},
+                         "target": {"code": target, "name": self.catalog.name(target)}},
         })
 
     # -- translate -------------------------------------------------------------------
@@ -206,8 +111,8 @@ class LibreTranslateApi:
         fields = await read_fields(request)
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
-        source = _required(fields, "source")
-        target = _required(fields, "target")
+        wanted = named(request)
+        source, target = _source_target(fields, wanted)
         text_format = fields.text("format") or "text"
         if text_format not in ("text", "html"):
             raise invalid(f"{text_format[:64]} format is not supported")
@@ -215,13 +120,16 @@ class LibreTranslateApi:
         if not 0 <= alternatives <= self.settings.alternatives_limit:
             raise invalid(f"Invalid request: alternatives parameter must be between 0 and "
                           f"{self.settings.alternatives_limit}, got {alternatives}")
-        software = Software.from_fields(fields)
         self._check_sizes(texts)
-        detected = await self._sources(texts, source)
-        translated, flags, models = await self._translate_flagged(
-            texts, [d[0] for d in detected], target, text_format, alternatives, software)
-        repaired, cut = [f.repaired for f in flags], [f.cut for f in flags]
-        best = [options[0] for options in translated]
+        if source != AUTO:
+            self._check_pair(source, target, wanted)
+        answers = await self.texts.translate(TextsRequest(
+            texts=tuple(texts), source_language=source, target_language=target,
+            text_format=TextFormat(text_format), alternatives=alternatives,
+            **_software(fields)), door_call())
+        repaired, cut = [a.repaired for a in answers], [a.cut for a in answers]
+        models = [a.models for a in answers]
+        best = [a.best for a in answers]
         body: dict[str, object] = {"translatedText": best if as_list else best[0]}
         if any(repaired):  # LibreTranslate's own answer otherwise, field for field
             body["placeholdersRepaired"] = repaired if as_list else repaired[0]
@@ -234,13 +142,22 @@ class LibreTranslateApi:
             # they know: libretranslatepy takes "translatedText" alone).
             body["models"] = [list(m) for m in models] if as_list else list(models[0])
         if alternatives > 0:
-            alts = [_unique(options[1:], options[0]) for options in translated]
+            alts = [list(a.translations[1:]) for a in answers]
             body["alternatives"] = alts if as_list else alts[0]
-        if source == "auto":
-            found = [{"confidence": confidence, "language": language}
-                     for language, confidence in detected]
+        if source == AUTO:
+            found = [{"confidence": a.confidence, "language": a.source_language}
+                     for a in answers]
             body["detectedLanguage"] = found if as_list else found[0]
         return JSONResponse(body)
+
+    def _check_pair(self, source: str, target: str, wanted: Named) -> None:
+        """The pair as the core routes it, or LibreTranslate's 400 (the catalog's).
+        LibreTranslate's API names no model: a model the headers name must be the one
+        that serves the pair (a chain's "a+b")."""
+        pair = self.catalog.pair(source, target)
+        if wanted.model and pair.models:
+            agree("+".join(pair.models), wanted.model,
+                  f"model for {source[:16]}->{target[:16]}", wanted.model_key)
 
     def _check_sizes(self, texts: Sequence[str]) -> None:
         # LibreTranslate's words, then the setting that raises the limit here.
@@ -254,106 +171,6 @@ class LibreTranslateApi:
                               f"limit ({self.settings.char_limit}); the limit is "
                               f"{setting_names('max_text_chars')}")
 
-    async def _sources(self, texts: Sequence[str], source: str) -> list[tuple[str, float]]:
-        """Each text's source language (as given: the core routes it; else the
-        detected one, a listed code) and the confidence in it (100 when given)."""
-        sources = {s for s, _ in self.pairs()}
-        if source != "auto":
-            if self.translator.language_code(source) not in sources:
-                raise invalid(f"{source[:16]} is not supported")
-            return [(source, 100.0)] * len(texts)
-        detector = self.detector()
-        found = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: [detector.detect(text) for text in texts])
-        default = sorted(sources)[0] if sources else "en"
-        return [(d[0].language, float(d[0].confidence)) if d else (default, 0.0)
-                for d in found]
-
-    def _pair(self, source: str, target: str) -> Pair:
-        """The pair as the core routes it (the rule of every door), or LibreTranslate's
-        400 where nothing serves it."""
-        try:
-            route = self.translator.route(source, target)
-        except NotFound:
-            listed = self.translator.language_code(target)
-            if listed not in {t for _, t in self.pairs()}:
-                raise invalid(f"{target[:16]} is not supported") from None
-            raise invalid(f"{self._name(listed)} ({target[:16]}) is not available as a target "
-                          f"language from {self._name(self.translator.language_code(source))} "
-                          f"({source[:16]})") from None
-        return Pair(source, target, route.models)
-
-    async def _translate_flagged(self, texts: Sequence[str], sources: Sequence[str],
-                                 target: str, text_format: str, alternatives: int,
-                                 software: Software
-                                 ) -> tuple[list[list[str]], list[Flags], list[tuple[str, ...]]]:
-        """Every text's best translation and alternatives, what its best's flags say
-        and the models that served it; one core request per source language (one in
-        all unless `auto` found several)."""
-        out: list[list[str]] = [[] for _ in texts]
-        flags = [Flags()] * len(texts)
-        models: list[tuple[str, ...]] = [() for _ in texts]
-        groups: dict[str, list[int]] = {}
-        for i, source in enumerate(sources):
-            groups.setdefault(source, []).append(i)
-        jobs = []
-        pairs = []
-        for source, members in groups.items():
-            pairs.append(self._pair(source, target))
-            jobs.append(self._translate_group(pairs[-1], [texts[i] for i in members],
-                                              text_format, alternatives, software))
-        for members, pair, results in zip(groups.values(), pairs, await asyncio.gather(*jobs),
-                                           strict=True):
-            for i, (result, flag) in zip(members, results, strict=True):
-                out[i], flags[i], models[i] = result, flag, pair.models
-        return out, flags, models
-
-    async def _translate_group(self, pair: Pair, texts: Sequence[str], text_format: str,
-                               alternatives: int,
-                               software: Software) -> list[tuple[list[str], Flags]]:
-        options = self._options(pair.last, alternatives)
-        if text_format == "text":
-            result = await self.translator.translate(
-                self._request(pair, texts, options, software), Call())
-            return [([h.text for h in t.hypotheses], Flags.of([t.hypotheses[0]]))
-                    for t in result.translations]
-        # HTML: only the text blocks go to the model (a sentence with its inline tags as
-        # tag pairs, core/markup.py), all documents' blocks in one request.
-        documents = [extract(text) for text in texts]
-        runs = [run for document in documents for run in document.texts]
-        translated: list[str] = []
-        bests: list[Joined] = []
-        if runs:
-            result = await self.translator.translate(
-                self._request(pair, runs, self._options(pair.last, 0), software), Call())
-            bests = [t.hypotheses[0] for t in result.translations]
-            translated = [best.text for best in bests]
-        rendered, start = [], 0
-        for document in documents:
-            end = start + len(document.texts)
-            rendered.append(([document.render(translated[start:end])],
-                             Flags.of(bests[start:end])))
-            start = end
-        return rendered  # no alternatives for HTML, as LibreTranslate
-
-    @staticmethod
-    def _request(pair: Pair, texts: Sequence[str], options: DecodingOptions,
-                 software: Software) -> TranslateRequest:
-        return TranslateRequest(texts=tuple(texts), model="",
-                                source_language=pair.source, target_language=pair.target,
-                                options=options,
-                                protect_placeholders=software.protect_placeholders,
-                                glossary=software.glossary, terms=software.terms,
-                                do_not_translate=software.do_not_translate)
-
-    def _options(self, model: str, alternatives: int) -> DecodingOptions:
-        if alternatives == 0:
-            return DecodingOptions()
-        beam = next((b for m in self.catalog().models if m.name == model
-                     and isinstance(b := m.defaults.get("beam_size"), int)), 1)
-        return DecodingOptions(beam_size=max(beam, alternatives + 1),
-                               num_hypotheses=alternatives + 1)
-
     # -- summarize, detect -----------------------------------------------------------
 
     async def summarize(self, request: Request) -> Response:
@@ -365,11 +182,12 @@ class LibreTranslateApi:
         texts, as_list = fields.texts("q")
         self._admit(request, fields, cost=len(texts))
         self._check_sizes(texts)
-        model = fields.text("model") or ""
+        model = agree(fields.text("model") or "", named(request).model, "model",
+                      named(request).model_key)
         truncate = fields.boolean("truncate", False)
         try:
             result = await self.translator.summarize(
-                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), Call())
+                SummarizeRequest(texts=tuple(texts), model=model, truncate=truncate), door_call())
         except NotFound:
             names = [m.name for m in self.translator.list_models() if m.task == "summarize"]
             wanted = f"no summarize model {model[:64]!r}" if model else "no summarize model"
@@ -395,11 +213,9 @@ class LibreTranslateApi:
         texts, _ = fields.texts("q")
         self._admit(request, fields, cost=1)
         self._check_sizes(texts[:1])
-        detector = self.detector()
-        found = await asyncio.get_running_loop().run_in_executor(
-            None, detector.detect, texts[0])
+        [found] = await self.texts.detect(texts[:1])
         if not found:  # nothing to go by (digits, symbols): as LibreTranslate answers
-            sources = sorted({s for s, _ in self.pairs()})
+            sources = self.catalog.listing().sources
             return JSONResponse([{"confidence": 0.0, "language": sources[0] if sources
                                   else "en"}])
         return JSONResponse([{"confidence": float(d.confidence), "language": d.language}
@@ -414,59 +230,84 @@ class LibreTranslateApi:
     async def translate_file(self, request: Request) -> Response:
         """A whole file (core/documents/): .txt, .html, gettext .po/.pot, XLIFF, .srt,
         .docx, .pptx, .odt, .odp, .epub, read within `document_limits` (413 past them).
-        All of its texts are queued together as ordinary core requests, so placeholders,
-        markup and glossaries are protected as in /translate. `overwrite` (a seq2serve
-        field) retranslates entries that are translated already."""
-        with self._documents.admit():
-            fields = await read_fields(request)
-            self._admit(request, fields, cost=1)
-            url = await self._translate_file(request, fields)
-        return JSONResponse({"translatedFileUrl": url})
+        The file is a document job (core/documents/jobs.py) that this answer waits for:
+        its texts are queued together as ordinary core requests, so placeholders, markup
+        and glossaries are protected as in /translate. `overwrite` (a seq2serve field)
+        retranslates entries that are translated already. A client that leaves (or
+        the server's --http-timeout-s) ends the job."""
+        jobs = self._jobs()
+        order, data = await self.file_order(request)
+        record = jobs.submit(order, data)
+        try:
+            view = await jobs.wait(record.id, JOBS_DOOR)
+        except asyncio.CancelledError:
+            jobs.cancel(record.id)
+            raise
+        if view.error_kind:
+            raise view.error()
+        return JSONResponse({"translatedFileUrl": self.download_url(request, record.id,
+                                                                    view.output_name)})
 
-    async def _translate_file(self, request: Request, fields: Fields) -> str:
+    async def file_order(self, request: Request) -> tuple[Order, bytes]:
+        """A /translate_file form (the caller admitted, the fields checked) as a job's
+        order and the uploaded bytes: LibreTranslate's fields, and seq2serve's
+        `overwrite` and software fields."""
+        fields = await read_fields(request)
+        self._admit(request, fields, cost=1)
         upload = fields.files.get("file")
         if upload is None:
             raise missing("file")
-        source = _required(fields, "source")
-        target = _required(fields, "target")
+        wanted = named(request)
+        source, target = _source_target(fields, wanted)
         name = PurePath(upload.filename or "file.txt").name
         if PurePath(name).suffix.lower() not in SUFFIXES:
             raise invalid("Invalid request: file format not supported")
         raw = await upload.read()
         if not raw:
             raise invalid("Invalid request: empty file")
-        overwrite = fields.boolean("overwrite", False)
-        document = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: read_document(name, raw, target, overwrite,
-                                        self.settings.document_limits))
-        if source == "auto":
-            source = document.source_language.split("-")[0].split("_")[0] or "auto"
-        [language] = [s for s, _ in await self._sources(
-            [" ".join(document.texts[:50])[:2000]], source)]
-        template = self._request(self._pair(language, target), (), DecodingOptions(),
-                                 Software.from_fields(fields))
-        output = await translate_with_core(document, self.translator, template, Call())
-        key = f"{uuid.uuid4().hex}.{document.name}"
-        self._store(key, output)
+        # The pair is checked now (LibreTranslate's 400s); what the file says and the
+        # language detected where `source` is auto, by the job.
+        if source != AUTO:
+            self.catalog.check_source(source)
+            self._check_pair(source, target, wanted)
+        else:
+            self.catalog.check_target(target)
+        software = _software(fields)
+        return Order(name=name, target_language=target, source_language=source,
+                     overwrite=fields.boolean("overwrite", False),
+                     protect_placeholders=software["protect_placeholders"],
+                     glossary=software["glossary"], terms=software["terms"],
+                     do_not_translate=software["do_not_translate"], door=JOBS_DOOR), raw
+
+    async def detect_source(self, sample: str) -> str:
+        """The language of a file's text (a sample of it), for a job whose source is
+        auto: a served source language, as /translate's `source=auto` detects."""
+        [(language, _)] = await self.texts.sources([sample], AUTO)
+        return language
+
+    @staticmethod
+    def download_url(request: Request, job_id: str, name: str) -> str:
         # Any file name in one path segment (RFC 3986): spaces, "#", "?", "%", non-ASCII
         # letters percent-encoded, "/" too; Starlette decodes it on the way back in.
-        return str(request.url_for("download_file", filename=quote(key, safe="")))
-
-    def _store(self, key: str, data: bytes) -> None:
-        now = asyncio.get_running_loop().time()
-        while self._files and (len(self._files) >= MAX_STORED_FILES or
-                               next(iter(self._files.values()))[0] < now - FILE_TTL_S):
-            self._files.popitem(last=False)
-        self._files[key] = (now, key.split(".", 1)[1], data)
+        return str(request.url_for("download_file",
+                                   filename=quote(f"{job_id}.{name}", safe="")))
 
     async def download_file(self, request: Request) -> Response:
-        key = request.path_params["filename"]
-        stored = self._files.get(key)
-        if stored is None:
+        """A finished job's file, until the job expires (--job-ttl-s)."""
+        job_id, _, name = request.path_params["filename"].partition(".")
+        try:
+            data, stored = self._jobs().output(job_id, JOBS_DOOR)
+        except NotFound:
+            raise invalid("Invalid filename") from None
+        if stored != name:
             raise invalid("Invalid filename")
-        _, name, data = stored
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
+
+    def _jobs(self) -> DocumentJobs:
+        if self.jobs is None:
+            raise Unavailable("this server translates no files (no document jobs)")
+        return self.jobs
 
     # -- access ----------------------------------------------------------------------
 
@@ -501,18 +342,12 @@ def _api_key(fields: Fields) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _required(fields: Fields, name: str) -> str:
-    value = fields.text(name)
-    if not value:
-        raise missing(name)
-    return value
-
-
-def _unique(alternatives: Sequence[str], best: str) -> list[str]:
-    seen = {best}
-    out = []
-    for text in alternatives:
-        if text not in seen:
-            seen.add(text)
-            out.append(text)
-    return out
+def _source_target(fields: Fields, wanted: Named) -> tuple[str, str]:
+    """`source` and `target`, each the body's or else the pair header's (a conflict
+    is a 400 naming both); either missing from both is LibreTranslate's 400."""
+    source, target = pair_of(fields.text("source") or "", fields.text("target") or "",
+                             wanted, ("source", "target"))
+    for name, value in (("source", source), ("target", target)):
+        if not value:
+            raise missing(name)
+    return source, target

@@ -23,9 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api.http.access import Access
+from seq2serve.server.api.http.model_headers import door_call, named
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.core.errors import InvalidArgument, ServiceError
-from seq2serve.server.core.requests import Call
 
 P = TypeVar("P", bound=Message)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -75,12 +75,12 @@ class ProtoJsonApi:
     async def translate(self, request: Request) -> Response:
         message = parse(await request.body(), pb.TranslateRequest())
         self._admit(request, max(1, len(message.texts)))
-        return to_json(await self.api.translate(message, Call()))
+        return to_json(await self.api.translate(message, door_call(), named(request)))
 
     async def summarize(self, request: Request) -> Response:
         message = parse(await request.body(), pb.SummarizeRequest())
         self._admit(request, max(1, len(message.texts)))
-        return to_json(await self.api.summarize(message, Call()))
+        return to_json(await self.api.summarize(message, door_call(), named(request)))
 
     async def models(self, request: Request) -> Response:
         self._admit(request, 1)
@@ -89,8 +89,8 @@ class ProtoJsonApi:
     async def translate_stream(self, request: Request) -> Response:
         message = parse(await request.body(), pb.TranslateRequest())
         self._admit(request, 1)
-        call = Call()
-        chunks = self.api.stream(message, call)
+        call = door_call()
+        chunks = self.api.stream(message, call, named(request))
         # The first chunk is awaited here, so that a bad request is an HTTP error
         # status rather than an error event inside a 200 stream.
         try:

@@ -13,15 +13,12 @@ tree is built) fed the member's bytes as they are inflated; the other formats by
 from __future__ import annotations
 
 import codecs
-import contextlib
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from lxml import etree
 
 from seq2serve.server.core.documents.base import DocumentError, DocumentTooLarge
-from seq2serve.server.core.errors import Unavailable
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
-DEFAULT_IN_FLIGHT = 4  # documents read or translated at once (`InFlight`)
+DEFAULT_IN_FLIGHT = 4  # documents read or translated at once (the document jobs' workers)
 
 
 class Counts:
@@ -204,28 +201,3 @@ def prescan(name: str, suffix: str, data: bytes, limits: Limits) -> None:
     if (texts := _TEXTS.get(suffix)) is not None:
         for _ in texts.finditer(data):
             counts.add_paragraph("")
-
-
-class InFlight:
-    """At most `limit` documents read or translated at once: each holds its upload, its
-    parsed parts and its paragraphs (up to about 100 MB while read) until it is written.
-    One past it is refused at once (Unavailable: HTTP 503 with Retry-After), not queued:
-    a queue of uploads would hold their bytes while they wait."""
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        self.limit = limit
-        self.count = 0
-
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        if self.count >= self.limit:
-            raise Unavailable(f"{self.count} documents are being translated, the most this "
-                              f"server takes at once (max_documents_in_flight); try again "
-                              "shortly")
-        self.count += 1
-        try:
-            yield
-        finally:
-            self.count -= 1

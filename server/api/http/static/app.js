@@ -4,7 +4,8 @@
  * so the server's Content-Security-Policy (default-src 'self') holds.
  *
  * It speaks the server's LibreTranslate API: GET /frontend/settings, GET /languages,
- * POST /translate, /translate_file and /summarize. Every failure is shown in words
+ * POST /translate, /summarize and /v1/jobs (a file as a document job, whose progress it
+ * polls with GET /v1/jobs/{id}). Every failure is shown in words
  * in #error (the server's {"error": ...} message, or the HTTP status, or a network
  * failure); nothing fails silently.
  *
@@ -28,7 +29,9 @@
  *   #copy, #copy-status   copies #target-text to the clipboard; "Copied" after
  *   #alternatives-box, #alternatives   the other translations (buttons: a click
  *                      makes one the translation)
- *   #file-form, #file-input, #file-translate, #file-busy   the file tab (.txt, .html)
+ *   #file-form, #file-input, #file-translate, #file-busy   the file tab (.txt, .html);
+ *                      #file-busy says where the job stands ("Translating NAME: 3 of 40
+ *                      texts, about 5 s left"), #file-progress shows it
  *   #file-result, #file-download   the translated file's download link
  *   #summarize-text, #summarize-count, #summarize-run, #summary-text, #summarize-busy
  *                      the summarize tab (English text)
@@ -52,6 +55,8 @@
     },
   };
   const KEY_STORAGE = "seq2serve.apiKey";
+  /** How often a document job's progress is asked for. */
+  const JOB_POLL_MS = 500;
 
   const $ = (id) => document.getElementById(id);
   const el = {
@@ -79,6 +84,7 @@
     fileFormats: $("file-formats"),
     fileTranslate: $("file-translate"),
     fileBusy: $("file-busy"),
+    fileProgress: $("file-progress"),
     fileResult: $("file-result"),
     fileDownload: $("file-download"),
     summarizeText: $("summarize-text"),
@@ -441,10 +447,18 @@
     form.append("target", el.targetLang.value);
     if (apiKey()) form.append("api_key", apiKey());
     el.fileTranslate.disabled = true;
-    el.fileBusy.textContent = `Translating ${file.name}…`;
+    el.fileBusy.textContent = `Sending ${file.name}…`;
     try {
-      const body = await api("/translate_file", { method: "POST", body: form });
-      const url = new URL(String(body.translatedFileUrl || ""), window.location.href);
+      let job = await api("/v1/jobs", { method: "POST", body: form });
+      while (job.state !== "done" && job.state !== "error") {
+        showJob(file.name, job);
+        await sleep(JOB_POLL_MS);
+        job = await api(`/v1/jobs/${encodeURIComponent(String(job.id))}`, {});
+      }
+      if (job.state === "error") {
+        throw new ApiError(String(job.error || "the translation failed"), 200);
+      }
+      const url = new URL(String(job.translatedFileUrl || ""), window.location.href);
       if (url.protocol !== "http:" && url.protocol !== "https:") {
         throw new ApiError("The server's answer has no download address.", 200);
       }
@@ -458,7 +472,35 @@
     } finally {
       el.fileTranslate.disabled = false;
       el.fileBusy.textContent = "";
+      el.fileProgress.hidden = true;
     }
+  }
+
+  /** Where a document job stands, in words and on the progress bar. */
+  function showJob(name, job) {
+    const progress = job.progress || {};
+    const done = Number(progress.done) || 0;
+    const total = Number(progress.total) || 0;
+    if (job.state === "queued") {
+      el.fileBusy.textContent = `${name} is waiting for its turn…`;
+    } else {
+      const left = Number.isFinite(job.secondsRemaining)
+        ? `, about ${job.secondsRemaining} s left` : "";
+      el.fileBusy.textContent = total
+        ? `Translating ${name}: ${done} of ${total} texts${left}`
+        : `Reading ${name}…`;
+    }
+    el.fileProgress.hidden = false;
+    if (total) {
+      el.fileProgress.max = total;
+      el.fileProgress.value = done;
+    } else {
+      el.fileProgress.removeAttribute("value"); // indeterminate
+    }
+  }
+
+  function sleep(ms) {
+    return new Promise((resolve) => setTimeout(resolve, ms));
   }
 
   function translatedName(name) {

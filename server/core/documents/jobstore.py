@@ -1,0 +1,215 @@
+"""Document jobs on disk: one folder per job under the jobs folder, so that a restart
+loses none.
+
+    JOBS_DIR/.lock               held (flock) by the one server that uses the folder
+    JOBS_DIR/<id>/state.json     the order and where the job stands (`Record`)
+    JOBS_DIR/<id>/input          the uploaded file, until the job ends
+    JOBS_DIR/<id>/output         the translated file, until it expires (or, for DeepL's
+                                 door, until its one download)
+
+Every write is whole or not at all (a temporary file, then `os.replace`), so a server
+stopped at any moment leaves each job's last state. The folder has a byte budget: a
+new job reserves its upload twice (the upload, and an output about its size) and is
+refused (ResourceExhausted) where that would pass the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+from seq2serve.server.core.errors import ResourceExhausted
+
+log = logging.getLogger("seq2serve.server.jobs")
+
+FORMAT = 1  # of state.json
+# What a job's folder and state file cost beside the upload and the output: a block each.
+JOB_OVERHEAD_BYTES = 8192
+_ID = re.compile(r"[0-9A-F]{32}")
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"  # waiting for a worker (also after a restart, to be run again)
+    TRANSLATING = "translating"
+    DONE = "done"
+    ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.ERROR)
+
+
+@dataclass(frozen=True)
+class Order:
+    """What a job translates and how: the door's request, converted to the core's terms."""
+
+    name: str  # the file's name: its suffix says the format
+    target_language: str
+    source_language: str = "auto"  # "auto": what the file says, else detected
+    overwrite: bool = False
+    protect_placeholders: bool = True
+    glossary: str = ""
+    terms: tuple[tuple[str, str], ...] = ()
+    do_not_translate: tuple[str, ...] = ()
+    door: str = "v1"  # whose endpoints see the job: "v1" (LibreTranslate's, /v1/jobs), "deepl"
+    key_digest: str = ""  # sha256 of the DeepL document_key ("" for the other door)
+
+
+@dataclass
+class Record:
+    """One job as state.json holds it."""
+
+    id: str
+    order: Order
+    state: JobState
+    created: float  # seconds since the epoch
+    input_bytes: int
+    started: float | None = None
+    finished: float | None = None
+    attempts: int = 0  # runs started: a restart during a run counts one
+    output_name: str = ""
+    output_bytes: int = 0
+    billed_characters: int = 0  # characters of the texts sent to the models
+    report: str = ""  # what the translation did (Tally.describe)
+    error_kind: str = ""  # an ErrorKind name, or "INTERNAL"
+    error_message: str = ""
+    downloaded: bool = False  # DeepL's door: its one download is done
+    notes: list[str] = field(default_factory=list)  # what happened to it across restarts
+
+    def held_bytes(self) -> int:
+        """What the job holds of the budget: the upload until it ends, the output
+        (reserved at the upload's size until written) until it expires or is taken."""
+        held = JOB_OVERHEAD_BYTES
+        if not self.state.finished:
+            return held + 2 * self.input_bytes
+        if self.state is JobState.DONE and not self.downloaded:
+            held += self.output_bytes
+        return held
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **dataclasses.asdict(self), "state": self.state.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"state format {data.get('format')!r}, expected {FORMAT}")
+        values = {k: v for k, v in data.items() if k != "format"}
+        order = dict(values.pop("order"))
+        order["terms"] = tuple(tuple(pair) for pair in order.get("terms", ()))
+        order["do_not_translate"] = tuple(order.get("do_not_translate", ()))
+        return cls(**{**values, "order": Order(**order), "state": JobState(values["state"])})
+
+
+def new_id() -> str:
+    """A job's id: 128 random bits, which only its submitter learns."""
+    return secrets.token_hex(16).upper()
+
+
+class JobStore:
+    """The jobs folder: `records` is every job found there or created since. One server
+    at a time: a second one on the same folder is refused (OSError naming it)."""
+
+    def __init__(self, folder: Path, max_bytes: int) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        folder.mkdir(parents=True, exist_ok=True)
+        self._lock: IO[bytes] | None = (folder / ".lock").open("ab")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise OSError(f"the jobs folder {folder} is in use by another server "
+                          "(--jobs-dir: one folder per server)") from None
+        self.records: dict[str, Record] = {}
+        for path in sorted(folder.iterdir()):
+            if path.is_dir() and _ID.fullmatch(path.name):
+                self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            record = Record.from_json(json.loads((path / "state.json").read_text("utf-8")))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            # Written whole or not at all: only a hand-made change gets here.
+            log.error("jobs folder: %s has no readable state.json (%s); left as it is", path, e)
+            return
+        self.records[record.id] = record
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+    def held_bytes(self) -> int:
+        return sum(record.held_bytes() for record in self.records.values())
+
+    def create(self, order: Order, data: bytes, now: float) -> Record:
+        """A new queued job holding `data`; ResourceExhausted past the byte budget."""
+        record = Record(id=new_id(), order=order, state=JobState.QUEUED, created=now,
+                        input_bytes=len(data))
+        held, need = self.held_bytes(), record.held_bytes()
+        if held + need > self.max_bytes:
+            raise ResourceExhausted(
+                f"the jobs folder holds {held} bytes of its {self.max_bytes} and this file "
+                f"needs {need} (its upload and room for its output); try again when jobs "
+                "finish or expire (the server's --jobs-max-bytes, --job-ttl-s)")
+        folder = self.folder / record.id
+        folder.mkdir()
+        _write(folder / "input", data)
+        self.records[record.id] = record
+        self.save(record)
+        return record
+
+    def save(self, record: Record) -> None:
+        _write(self.folder / record.id / "state.json",
+               json.dumps(record.to_json(), ensure_ascii=False).encode("utf-8"))
+
+    def input(self, record: Record) -> bytes:
+        return (self.folder / record.id / "input").read_bytes()
+
+    def finish(self, record: Record, output: bytes | None) -> None:
+        """The job ended (its state set by the caller): the output written, the upload
+        dropped, the state saved, in that order, so a stop between them re-runs it."""
+        if output is not None:
+            _write(self.folder / record.id / "output", output)
+            record.output_bytes = len(output)
+        self.save(record)
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / record.id / "input").unlink()
+
+    def output(self, record: Record) -> bytes:
+        return (self.folder / record.id / "output").read_bytes()
+
+    def drop_output(self, record: Record) -> None:
+        record.downloaded = True
+        self.save(record)
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / record.id / "output").unlink()
+
+    def remove(self, record: Record) -> None:
+        self.records.pop(record.id, None)
+        shutil.rmtree(self.folder / record.id, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` at `path`, whole or not at all."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,94 @@
+"""The DeepL door's conversions without a model: regional targets listed as DeepL
+lists them (EN-GB/EN-US, PT-BR/PT-PT, ZH-HANS/ZH-HANT for what the served models
+have), codes upper case, formality never offered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.testclient import TestClient
+
+from seq2serve.server.api.http.access import Access
+from seq2serve.server.api.http.deepl import DeepLApi
+from seq2serve.server.api.http.deepl_auth import DeepLAccess
+from seq2serve.server.core.catalog import Listing, Pair
+from seq2serve.server.core.glossary import Glossaries, GlossaryStore
+
+# What langcodes' matching (CodeTable.find) answers for these codes on such models.
+CODES = {"en-gb": "en", "en-us": "en", "pt-br": "pt", "pt-pt": "pt", "zh-hans": "zh-Hans",
+         "zh-hant": "zh-Hant", "de": "de", "en": "en", "pt": "pt"}
+NAMES = {"de": "German", "en": "English", "pt": "Portuguese",
+         "zh-Hant": "Chinese (Traditional)"}
+
+
+class FakeCatalog:
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._listing = Listing(1, [], {p: Pair(*p, ("m",)) for p in pairs}, NAMES)
+
+    def listing(self) -> Listing:
+        return self._listing
+
+    def code(self, code: str) -> str:
+        return CODES.get(code.lower(), code)
+
+    def name(self, code: str) -> str:
+        return NAMES[code]
+
+
+class FakeTexts:
+    def __init__(self, catalog: FakeCatalog) -> None:
+        self.catalog = catalog
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    catalog = FakeCatalog([("de", "en"), ("de", "pt"), ("de", "zh-Hant"), ("en", "de")])
+    api = DeepLApi(FakeTexts(catalog), DeepLAccess(Access()),  # type: ignore[arg-type]
+                   GlossaryStore(tmp_path, Glossaries()))
+    app = Starlette()
+
+    def route(path: str, handler: Callable[[Request], object], methods: list[str],
+              name: str, doc: str, encode: Callable[[BaseException], Response]) -> None:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)  # type: ignore[no-any-return, misc]
+            except Exception as error:  # noqa: BLE001
+                return encode(error)
+        app.add_route(path, endpoint, methods=methods, name=name)
+
+    api.register(route)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_targets_are_listed_with_deepl_s_regional_variants(client: TestClient) -> None:
+    targets = client.get("/v2/languages", params={"type": "target"}).json()
+    assert [(t["language"], t["name"]) for t in targets] == [
+        ("DE", "German"), ("EN-GB", "English (British)"), ("EN-US", "English (American)"),
+        ("PT-BR", "Portuguese (Brazilian)"), ("PT-PT", "Portuguese (European)"),
+        ("ZH-HANT", "Chinese (traditional)")]
+    assert not any(t["supports_formality"] for t in targets)
+    # requests' GET with a form body (as the deepl client sends type=target) reads the same.
+    form = client.request("GET", "/v2/languages", data={"type": "target"}).json()
+    assert form == targets
+    sources = client.get("/v2/languages").json()
+    assert sources == [{"language": "DE", "name": "German"},
+                       {"language": "EN", "name": "English"}]
+
+
+def test_bad_values_are_deepl_s_400_with_a_message(client: TestClient) -> None:
+    answer = client.get("/v2/languages", params={"type": "both"})
+    assert answer.status_code == 400 and "type" in answer.json()["message"]
+    answer = client.post("/v2/translate", json={"text": ["x"], "target_lang": "DE",
+                                                 "tag_handling": "markdown"})
+    assert answer.status_code == 400 and "tag_handling" in answer.json()["message"]
+    answer = client.post("/v2/translate", json={"text": ["x"]})
+    assert answer.json() == {"message": "Parameter 'target_lang' not specified."}
+    answer = client.post("/v2/glossaries", json={"name": "g", "source_lang": "en",
+                                                  "target_lang": "fr", "entries": "a\tb"})
+    assert answer.status_code == 400 and "EN->FR" in answer.json()["message"]

@@ -1,0 +1,254 @@
+"""Document jobs (core/documents/jobs.py, jobstore.py) with a stand-in runner: state on
+disk, a restart takes every unfinished job up again or fails it with a reason (none
+vanishes), the byte budget, the time-to-live, one download for DeepL's door."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from seq2serve.server.core.documents.jobs import MAX_ATTEMPTS, DocumentJobs, Outcome
+from seq2serve.server.core.documents.jobstore import JOB_OVERHEAD_BYTES, JobState, Order
+from seq2serve.server.core.documents.queueing import Progress
+from seq2serve.server.core.errors import (
+    ErrorKind,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+
+ORDER = Order(name="a.txt", target_language="de", source_language="en")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def upper(gate: asyncio.Event | None = None) -> Callable[[Order, bytes, Progress],
+                                                          Awaitable[Outcome]]:
+    """A runner that "translates" to upper case, reporting progress per line; it waits
+    for `gate` (if given) after the first line."""
+
+    async def run(order: Order, data: bytes, progress: Progress) -> Outcome:
+        lines = data.decode().splitlines()
+        progress(0, len(lines))
+        for i, _ in enumerate(lines):
+            progress(i + 1, len(lines))
+            if gate is not None and i == 0:
+                await gate.wait()
+        return Outcome(data=data.upper(), name=order.name, billed_characters=len(data),
+                       report=f"{len(lines)} lines")
+
+    return run
+
+
+def jobs_in(folder: Path, clock: Clock | None = None, max_bytes: int = 10**6,
+            runner: Callable[..., Awaitable[Outcome]] | None = None) -> DocumentJobs:
+    jobs = DocumentJobs(folder, max_bytes=max_bytes, ttl_s=60.0, workers=1,
+                        clock=clock or Clock())
+    jobs.attach(runner or upper())
+    return jobs
+
+
+def state_of(folder: Path, job_id: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((folder / job_id / "state.json").read_text())
+    return loaded
+
+
+def test_a_job_runs_and_its_file_and_state_are_on_disk(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\ntwo\n")
+        assert state_of(tmp_path, record.id)["state"] == "queued"
+        view = await jobs.wait(record.id, "v1")
+        assert (view.state, view.done, view.total) == (JobState.DONE, 0, 0)  # live: gone
+        assert view.billed_characters == 8 and view.report == "2 lines"
+        assert jobs.output(record.id, "v1") == (b"ONE\nTWO\n", "a.txt")
+        assert state_of(tmp_path, record.id)["state"] == "done"
+        assert not (tmp_path / record.id / "input").exists()  # only the output is kept
+        with pytest.raises(NotFound):
+            jobs.view(record.id, "deepl")  # another door's job is no job there
+        await jobs.stop(0)
+
+    asyncio.run(main())
+
+
+def test_progress_and_an_estimate_while_translating(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock, gate = Clock(), asyncio.Event()
+        jobs = jobs_in(tmp_path, clock, runner=upper(gate))
+        await jobs.start()
+        record = jobs.submit(ORDER, b"a\nb\nc\nd\n")
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if jobs.view(record.id, "v1").done:
+                break
+        clock.now += 6.0  # one of four lines in 6 s: three more take about 18 s
+        view = jobs.view(record.id, "v1")
+        assert (view.state, view.done, view.total) == (JobState.TRANSLATING, 1, 4)
+        assert view.seconds_remaining == 18
+        gate.set()
+        assert (await jobs.wait(record.id, "v1")).state is JobState.DONE
+        await jobs.stop(0)
+
+    asyncio.run(main())
+
+
+def test_a_failed_run_is_an_error_with_its_reason(tmp_path: Path) -> None:
+    async def refuse(order: Order, data: bytes, progress: Progress) -> Outcome:
+        raise InvalidArgument("a.txt is not UTF-8 text (byte 0)")
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path, runner=refuse)
+        await jobs.start()
+        record = jobs.submit(ORDER, b"\xff")
+        view = await jobs.wait(record.id, "v1")
+        assert (view.state, view.error_kind) == (JobState.ERROR, "INVALID_ARGUMENT")
+        error = view.error()
+        assert error.kind is ErrorKind.INVALID_ARGUMENT
+        assert error.message == "a.txt is not UTF-8 text (byte 0)"
+        with pytest.raises(NotFound):
+            jobs.output(record.id, "v1")
+        await jobs.stop(0)
+
+    asyncio.run(main())
+
+
+def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path) -> None:
+    async def first() -> str:
+        gate = asyncio.Event()  # never set: the stop comes mid-job
+        jobs = jobs_in(tmp_path, runner=upper(gate))
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\ntwo\n")
+        queued = jobs.submit(ORDER, b"three\n")  # never picked: one worker
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if jobs.view(record.id, "v1").done:
+                break
+        await jobs.stop(0)
+        assert state_of(tmp_path, record.id)["state"] == "translating"
+        assert state_of(tmp_path, queued.id)["state"] == "queued"
+        return record.id + " " + queued.id
+
+    async def second(ids: str) -> None:
+        jobs = jobs_in(tmp_path)
+        await jobs.start()
+        for job_id, out in zip(ids.split(), (b"ONE\nTWO\n", b"THREE\n"), strict=True):
+            view = await jobs.wait(job_id, "v1")
+            assert view.state is JobState.DONE
+            assert jobs.output(job_id, "v1")[0] == out
+        assert any("stopped while translating" in n for n in jobs.view(ids.split()[0],
+                                                                          "v1").notes)
+        await jobs.stop(0)
+
+    asyncio.run(second(asyncio.run(first())))
+
+
+def test_a_job_that_stopped_the_server_each_time_is_failed_not_run_again(
+        tmp_path: Path) -> None:
+    jobs = jobs_in(tmp_path)
+    record = jobs.submit(ORDER, b"one\n")
+    record.state, record.attempts = JobState.TRANSLATING, MAX_ATTEMPTS
+    jobs.store.save(record)
+    jobs.close()
+    again = jobs_in(tmp_path)
+    view = again.view(record.id, "v1")
+    assert view.state is JobState.ERROR
+    assert f"stopped {MAX_ATTEMPTS} times" in view.error_message
+    again.close()
+
+
+def test_a_job_whose_upload_is_gone_is_failed_with_that_reason(tmp_path: Path) -> None:
+    jobs = jobs_in(tmp_path)
+    record = jobs.submit(ORDER, b"one\n")
+    jobs.close()
+    (tmp_path / record.id / "input").unlink()
+    again = jobs_in(tmp_path)
+    view = again.view(record.id, "v1")
+    assert view.state is JobState.ERROR and "missing" in view.error_message
+    again.close()
+
+
+def test_the_byte_budget_refuses_a_job_naming_the_setting(tmp_path: Path) -> None:
+    data = b"x" * 1000
+    need = 2 * len(data) + JOB_OVERHEAD_BYTES
+    jobs = jobs_in(tmp_path, max_bytes=2 * need - 1)
+    jobs.submit(ORDER, data)
+    with pytest.raises(ResourceExhausted, match=r"holds \d+ bytes of its \d+ .*"
+                                                r"--jobs-max-bytes"):
+        jobs.submit(ORDER, data)
+    assert len(jobs.store.records) == 1  # nothing half-made
+    jobs.close()
+
+
+def test_finished_jobs_expire_after_their_time_to_live(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = Clock()
+        jobs = jobs_in(tmp_path, clock)
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\n")
+        await jobs.wait(record.id, "v1")
+        clock.now += 59.0
+        jobs.sweep()
+        assert jobs.view(record.id, "v1").state is JobState.DONE
+        clock.now += 1.0
+        jobs.sweep()
+        with pytest.raises(NotFound):
+            jobs.view(record.id, "v1")
+        assert not (tmp_path / record.id).exists()
+        await jobs.stop(0)
+
+    asyncio.run(main())
+
+
+def test_a_taken_file_is_downloadable_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        await jobs.start()
+        record = jobs.submit(Order(name="a.txt", target_language="de", door="deepl"), b"a\n")
+        await jobs.wait(record.id, "deepl")
+        assert jobs.take(record.id, "deepl") == (b"A\n", "a.txt")
+        with pytest.raises(NotFound):
+            jobs.take(record.id, "deepl")
+        assert jobs.view(record.id, "deepl").downloaded  # the state stays until it expires
+        assert not (tmp_path / record.id / "output").exists()
+        await jobs.stop(0)
+
+    asyncio.run(main())
+
+
+def test_one_folder_serves_one_server(tmp_path: Path) -> None:
+    jobs = jobs_in(tmp_path)
+    with pytest.raises(OSError, match="in use by another server"):
+        jobs_in(tmp_path)
+    jobs.close()
+    jobs_in(tmp_path).close()  # free again
+
+
+def test_a_cancelled_job_leaves_the_folder(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = jobs_in(tmp_path, runner=upper(asyncio.Event()))
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\ntwo\n")
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if jobs.view(record.id, "v1").done:
+                break
+        jobs.cancel(record.id)
+        await asyncio.sleep(0)
+        assert not (tmp_path / record.id).exists()
+        later = jobs.submit(ORDER, b"x\n")  # the worker is free again
+        jobs.attach(upper())
+        assert (await jobs.wait(later.id, "v1")).state is JobState.DONE
+        await jobs.stop(0)
+
+    asyncio.run(main())
