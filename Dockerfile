@@ -9,7 +9,20 @@
 # CUDA and cuDNN wheels, so no CUDA base image is needed; the node provides the
 # driver (NVIDIA container toolkit: `docker run --gpus 1 ...`). Both variants take
 # the versions of deploy/constraints.txt (the wheelhouse carries it).
+# Models: the CPU variant serves the shipped int8 packages (models/); the GPU
+# variant serves fp16 packages of the same models (int8's MatMulIntegerToFloat has
+# no CUDA kernel: `seq2serve check-package`), which build-image.sh exports from
+# models/checkpoints into deploy/models-gpu/ on the host before the build.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG VARIANT=cpu
+
+# --- the packages each variant serves (only the chosen stage is built) ---------
+FROM scratch AS models-cpu
+COPY models /models
+FROM scratch AS models-gpu
+COPY deploy/models-gpu /models
+# hadolint ignore=DL3006
+FROM models-${VARIANT} AS models
 
 # --- builder: a virtual environment from the wheelhouse, nothing compiled -----
 FROM ${BASE_IMAGE} AS builder
@@ -57,9 +70,9 @@ COPY --from=builder /opt/seq2serve /opt/seq2serve
 RUN find /opt/seq2serve -type d -path "*/site-packages/nvidia/*/lib" \
       > /etc/ld.so.conf.d/seq2serve-nvidia.conf \
     && ldconfig
-# Shipped packages; mount others over /models (read-only is fine) or point
-# SEQ2SERVE_MODELS_DIR elsewhere.
-COPY models /models
+# Shipped packages (int8 on CPU, fp16 on GPU); mount others over /models
+# (read-only is fine) or point SEQ2SERVE_MODELS_DIR elsewhere.
+COPY --from=models /models /models
 
 # Every server setting is a SEQ2SERVE_* variable too (seq2serve serve --help).
 # Nothing writes below / at run time: bytecode was compiled at install, so a

@@ -51,6 +51,23 @@ echo "build-image.sh: base $base: Python $py, $machine, glibc $glibc; variant $v
 "$python" deploy/wheelhouse.py --variant "$variant" --python "$py" --machine "$machine" \
   --glibc "$glibc" --out deploy/wheelhouse --constraints "${CONSTRAINTS-deploy/constraints.txt}"
 
+# The GPU image serves fp16 (int8's MatMulIntegerToFloat has no CUDA kernel): each
+# shipped package exported again from its checkpoint, under its own name, checked
+# to run whole on CUDA (--for cuda). Exported here, where the project's training
+# extra (torch) is installed, so the image build needs neither torch nor network;
+# EXPORT_PYTHON (default: .venv/bin/python, else PYTHON) runs it.
+if [ "$variant" = gpu ]; then
+  export_python=${EXPORT_PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo "$python")}
+  rm -rf deploy/models-gpu && mkdir -p deploy/models-gpu
+  for manifest in models/*/manifest.json; do
+    name=$(basename "$(dirname "$manifest")")
+    [ -d "models/checkpoints/$name" ] || { echo "build-image.sh: no models/checkpoints/$name to export $name at fp16" >&2; exit 1; }
+    "$export_python" -m seq2serve.server.cli.main export "models/checkpoints/$name" \
+      "deploy/models-gpu/$name" --precision fp16 --attention fused --for cuda --name "$name" \
+      --quiet
+  done
+fi
+
 version=$("$python" -c 'import re, sys; print(re.search(r"^version = \"([^\"]+)\"", open("pyproject.toml").read(), re.M).group(1))')
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)

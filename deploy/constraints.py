@@ -12,8 +12,10 @@ environment (`pip freeze`, without seq2serve itself and without local version
 labels such as torch's `+cpu`, so that `torch==2.13.0` fits the CPU and the CUDA
 build alike), then what the `gpu` extra and PyPI's CUDA build of torch add,
 resolved together for CPython on manylinux x86_64 (metadata only, nothing is
-installed), so that `.[train,gpu]` installs with the same file. Constraints only
-constrain: a package that an install does not need is not installed.
+installed), so that `.[train,gpu]` installs with the same file. onnxruntime is
+installed at onnxruntime-gpu's newest release (its releases may lag), so that the
+suite tests the release the GPU image runs; the file is refused unless they agree.
+Constraints only constrain: a package that an install does not need is not installed.
 
 Run it where pip sees PyPI's torch: an index or find-links that serves torch's
 +cpu build hides the CUDA build's dependencies from the gpu section.
@@ -99,12 +101,31 @@ def gpu_pins(venv: Path, python: str, known: dict[str, str]) -> list[str]:
     return sorted((p for n, p in pins.items() if n not in known), key=str.lower)
 
 
+def newest_gpu_onnxruntime(venv: Path, python: str) -> str:
+    """The newest onnxruntime-gpu release for CPython `python` on manylinux x86_64:
+    the CPU suite runs onnxruntime at that version, so that the CPU and the GPU image
+    run one release (onnxruntime-gpu's releases may lag onnxruntime's)."""
+    sys.path.insert(0, str(ROOT / "deploy"))
+    from wheelhouse import manylinux_platforms
+
+    platforms = [a for p in manylinux_platforms("x86_64", "2.36") for a in ("--platform", p)]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        run(str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--quiet",
+            "--ignore-installed", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
+            "--python-version", python, *platforms, "--target", str(Path(tmp) / "target"),
+            "--report", str(report), "onnxruntime-gpu")
+        [item] = json.loads(report.read_text())["install"]
+    return str(item["metadata"]["version"])
+
+
 def fresh_venv(where: Path) -> Path:
     venv = where / "venv"
     run(sys.executable, "-m", "venv", str(venv))
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     run(*pip, TORCH)
-    run(*pip, "-e", EXTRAS, *TOOLS)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    run(*pip, "-e", EXTRAS, *TOOLS, f"onnxruntime=={newest_gpu_onnxruntime(venv, python)}")
     run(str(venv / "bin" / "python"), "-m", "pytest", "-q")
     return venv
 
@@ -121,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
                      "import sys; print('%d.%d' % sys.version_info[:2])").strip()
         pins = frozen(venv)
         gpu = gpu_pins(venv, python, pins)
+    cpu_ort = pins.get("onnxruntime", "")
+    gpu_ort = next((p for p in gpu if p.startswith("onnxruntime-gpu==")), "")
+    if cpu_ort.partition("==")[2] != gpu_ort.partition("==")[2]:
+        print(f"{cpu_ort} but {gpu_ort}: the CPU and GPU builds must be one release "
+              "(install onnxruntime at onnxruntime-gpu's newest release and rerun)")
+        return 1
     marker = f' ; python_version >= "{python}"'
     text = (HEADER.format(python=python)
             + "".join(p + marker + "\n" for p in sorted(pins.values(), key=str.lower))

@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -28,6 +29,7 @@ from seq2serve.model.families.generation_keys import KNOWN, refused_keys
 from seq2serve.model.families.registry import families_help
 from seq2serve.model.families.source import Source, SourceError
 from seq2serve.model.families.tasks import TaskRequest
+from seq2serve.model.package import kernels, placement
 from seq2serve.model.package.manifest import (
     ATTENTIONS,
     DECODER_FILE,
@@ -39,6 +41,7 @@ from seq2serve.model.package.manifest import (
     SHORTLIST_DECODER_FILE,
     SHORTLIST_FILE,
     Manifest,
+    ModelPackage,
     ShortlistSpec,
     SpecialTokens,
     format_version,
@@ -145,7 +148,31 @@ def _convert_fp16(src: Path, dst: Path, cfg: ModelConfig) -> None:
                                      node_block_list=_fp16_kept_nodes(model, cfg))
     if cfg.norm == "rms":
         _drop_cast_round_trips(model)
+    _unique_node_names(model)
     onnx.save(model, str(dst))
+
+
+def _unique_node_names(model: Any) -> None:
+    """onnxruntime 1.31's converter adds its cast after a value once per consumer it
+    keeps at fp32 (mT5's untied embedding: two), each with the same node and output
+    name, and onnxruntime's loader refuses a name defined twice: a node that repeats
+    an earlier one (same op, inputs, attributes and outputs) is dropped, and a node
+    name still taken gets a suffix."""
+    graph = model.graph
+    seen: dict[tuple[str, ...], Any] = {}
+    for node in list(graph.node):
+        key = (node.op_type, node.domain, *node.input, "|", *node.output, "|",
+               *(a.SerializeToString().hex() for a in node.attribute))
+        if key in seen:
+            graph.node.remove(node)
+        else:
+            seen[key] = node
+    names: Counter[str] = Counter()
+    for node in graph.node:
+        if node.name:
+            names[node.name] += 1
+            if names[node.name] > 1:
+                node.name = f"{node.name}_{names[node.name] - 1}"
 
 
 def _graph_dtypes(path: Path) -> dict[str, str]:
@@ -174,7 +201,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
            attention: str = DEFAULT_ATTENTION, shortlist_from: str | Path | None = None,
            shortlist: ShortlistSettings | None = None,
            shortlist_default: bool = False, task: str | None = None,
-           ignore_generation_keys: Sequence[str] = ()) -> ExportReport:
+           ignore_generation_keys: Sequence[str] = (),
+           for_provider: str | None = None) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
     "plain" (the traced chain of standard operators, format 6).
@@ -192,6 +220,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     generate()'s tokens and that the package does not apply
     (families/generation_keys.py): export refuses the folder naming them unless
     they are listed here, and the manifest's generation.ignored_keys lists them.
+    for_provider: a device provider the package must run on whole ("cuda"): options
+    it cannot run are refused before anything is traced (`device_problems`), and the
+    written package's every node must have a kernel there (model/package/placement.py).
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -203,7 +234,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     settings = shortlist or ShortlistSettings()
     source = _checked_source(source_dir, output_dir, precision, attention, settings,
                              shortlist_from, shortlist_default, task,
-                             tuple(ignore_generation_keys))
+                             tuple(ignore_generation_keys), for_provider)
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -247,7 +278,9 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
                              fp32=fp32)
         manifest.files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
-        load_package(tmp)  # the loader the server uses must accept what we wrote
+        package = load_package(tmp)  # the loader the server uses must accept what we wrote
+        if for_provider is not None:
+            _check_placement(package, for_provider)
         _readable_like_a_new_dir(tmp)  # mkdtemp made it 0700; a package is shared data
         os.rename(tmp, output_dir)
         steps.update()
@@ -264,7 +297,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
 def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
                     settings: ShortlistSettings, shortlist_from: str | Path | None,
                     shortlist_default: bool, task: str | None = None,
-                    ignored: tuple[str, ...] = ()) -> Source:
+                    ignored: tuple[str, ...] = (), for_provider: str | None = None) -> Source:
     """The loaded source, or SourceError listing every problem of the request (the
     CTranslate2 converters' rule: collect all, then fail once)."""
     problems: list[str] = []
@@ -296,6 +329,9 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
         problems.append(f"--attention fused needs a head size that is a multiple of 8, "
                         f"this model's is {source.model.cfg.decoder_head_dim}: export it "
                         f"with --attention plain")
+    if for_provider is not None:
+        problems += device_problems(for_provider, precision, attention,
+                                    None if source is None else source.model.cfg)
     problems += [f"--ignore-generation-key {key}: not a key of transformers' "
                  "GenerationConfig" for key in ignored if key not in KNOWN]
     if source is not None and str(source.origin.get("format", "")).startswith("huggingface"):
@@ -303,6 +339,46 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
     if problems or source is None:
         raise SourceError(source_dir, problems)
     return source
+
+
+def device_problems(for_provider: str, precision: str, attention: str,
+                    cfg: ModelConfig | None) -> list[str]:
+    """What `--for PROVIDER` cannot run of the options asked, each with its reason:
+    the provider's kernel table (model/package/kernels.py) for the precision's and
+    the fused attention's operators, and the kernels that refuse an input."""
+    if for_provider not in placement.PROVIDERS:
+        return [f"--for must be one of {', '.join(placement.PROVIDERS)}, got {for_provider!r}"]
+    provider = placement.PROVIDERS[for_provider]
+    table = kernels.load(provider)
+    problems = []
+    if precision == "int8" and not table.registrations("com.microsoft", "MatMulIntegerToFloat"):
+        problems.append(f"--precision int8 cannot run on {for_provider}: {provider} has no "
+                        "kernel for its com.microsoft MatMulIntegerToFloat (ONNX Runtime would "
+                        "run every one on the CPU); export --precision fp16")
+    if attention == "fused":
+        dtype = {"fp32": "float", "fp16": "float16"}.get(precision, "float")
+        takes = {t for k in table.registrations("com.microsoft", "GroupQueryAttention")
+                 for t in k.types.get("T", ())}
+        if dtype not in takes:
+            problems.append(f"--attention fused at {precision} cannot run on {for_provider}: "
+                            f"{provider}'s GroupQueryAttention takes {', '.join(sorted(takes))} "
+                            f"only (the decoder's self-attention would run on the CPU, copying "
+                            f"the cache each step); export --precision fp16, or --attention "
+                            f"plain")
+        refused = placement.REFUSED_INPUTS.get((provider, "com.microsoft", "GroupQueryAttention"))
+        if cfg is not None and cfg.positions == "relative" and refused is not None:
+            problems.append(f"--attention fused cannot run this model on {for_provider}: its "
+                            f"relative position bias is GroupQueryAttention's attention_bias, "
+                            f"and {refused[1].removeprefix('its ')}; export --attention plain")
+    return problems
+
+
+def _check_placement(package: ModelPackage, for_provider: str) -> None:
+    """ExportError unless every node of the written package runs on the provider."""
+    found = placement.check_package(package, placement.PROVIDERS[for_provider])
+    if not found.ok:
+        raise ExportError("\n".join(placement.report(found, package.manifest.precision,
+                                                     every_node=False)))
 
 
 def _generation_keys(source: Source, ignored: tuple[str, ...],
@@ -544,6 +620,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "(a GenerationConfig key that changes generate()'s tokens and that "
                         "seq2serve does not apply: export names them) without applying it; "
                         "the manifest and ListModels say so. Repeatable")
+    parser.add_argument("--for", dest="for_provider", choices=sorted(placement.PROVIDERS),
+                        help="a device the package must run on whole: refuse options it "
+                        "cannot run (int8 on cuda; fused attention at fp32, or with T5's "
+                        "position bias) and check that its kernels take every node of the "
+                        "written graphs (seq2serve check-package)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -560,7 +641,8 @@ def run(args: argparse.Namespace) -> int:
                             getattr(args, "shortlist_threshold", 0.0)),
                         shortlist_default=getattr(args, "shortlist_default", False),
                         task=getattr(args, "task", None),
-                        ignore_generation_keys=getattr(args, "ignore_generation_keys", ()))
+                        ignore_generation_keys=getattr(args, "ignore_generation_keys", ()),
+                        for_provider=getattr(args, "for_provider", None))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ from seq2serve.model.package.manifest import (
     PackageError,
     load_package,
 )
+from seq2serve.model.package.placement import enforce_placement
 from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.batching.scheduler import BatchLimits, Scheduler
 from seq2serve.server.batching.worker import ModelWorker
@@ -46,7 +47,7 @@ from seq2serve.server.core.registry import ModelHandle, ModelRegistry, stop_work
 from seq2serve.server.core.residency import Loaded, ModelState
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions
-from seq2serve.server.engine.runner import CUDA, RunnerConfig, choose_provider
+from seq2serve.server.engine.runner import CPU, CUDA, RunnerConfig, choose_provider
 from seq2serve.server.metrics import Metrics
 from seq2serve.server.resources import usable_cores
 
@@ -362,10 +363,13 @@ def build_handle(handle: ModelHandle, config: ServerConfig, metrics: Metrics) ->
     held once), as started workers over one scheduler."""
     package = handle.package
     name = package.manifest.name
-    count, threads = engine_layout(config.threads, config.engines,
-                                   choose_provider(config.provider))
+    provider = choose_provider(config.provider)
+    if provider != CPU:  # known before a session is made: what the device cannot run
+        enforce_placement(package, provider, config.allow_cpu_nodes)
+    count, threads = engine_layout(config.threads, config.engines, provider)
     runner = RunnerConfig(provider=config.provider, intra_op_threads=threads,
-                          emulate_device=config.emulate_device)
+                          emulate_device=config.emulate_device, device_id=config.device_id,
+                          cuda=config.cuda_settings())
     limits = option_limits(config)
     first = Engine(package, runner, limits)
     engines = [first] + [Engine(package, runner, limits, sessions=first.runner.sessions)

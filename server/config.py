@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seq2serve.model.package.session import ARENA_STRATEGIES, CudaSettings
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
 from seq2serve.server.resources import PROVIDERS, usable_cores
 
@@ -157,6 +158,24 @@ class ServerConfig:
         "serve gRPC reflection (lists the services and their messages to any client)"))
     provider: str = field(default="auto", metadata=_meta(
         "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda", "NAME"))
+    allow_cpu_nodes: bool = field(default=False, metadata=_meta(
+        "with a device provider (cuda), serve a package even where the provider has no "
+        "kernel for some of its nodes (`seq2serve check-package`): ONNX Runtime runs those "
+        "on the CPU, with copies around each, and each is logged as a warning; without it "
+        "such a package is refused, naming the nodes and the precision to export instead"))
+    device_id: int = field(default=0, metadata=_meta(
+        "the CUDA device the sessions run on (--provider cuda)", "N"))
+    gpu_mem_limit_mb: int = field(default=0, metadata=_meta(
+        "the most MiB the CUDA arena may hold; 0 = no limit", "MIB"))
+    arena_extend_strategy: str = field(default="next_power_of_two", metadata=_meta(
+        f"how the CUDA arena grows: {' or '.join(ARENA_STRATEGIES)} (ONNX Runtime's "
+        "kNextPowerOfTwo, kSameAsRequested)", "NAME"))
+    shared_arena: bool = field(default=True, metadata=_meta(
+        "one CUDA arena per device for every session of the process (ONNX Runtime's "
+        "environment allocator), not one per session of each engine of each model"))
+    allow_tf32: bool = field(default=False, metadata=_meta(
+        "let fp32 packages' MatMuls run in TF32 on CUDA (Ampere and later; faster, about "
+        "3 decimal digits): off, fp32 computes fp32 as on the CPU"))
     emulate_device: bool = field(default=False, metadata=_meta(
         "for tests, on the CPU provider: the CPU takes every branch a GPU device takes "
         "(tensors kept apart "
@@ -284,6 +303,10 @@ class ServerConfig:
             self._admin_keys_problem(),
             self._glossary_dir_problem(),
             _choice_problem("provider", self.provider, PROVIDERS),
+            int_problem("device_id", self.device_id, 0, 1023),
+            int_problem("gpu_mem_limit_mb", self.gpu_mem_limit_mb, 0, note="0 = no limit"),
+            _choice_problem("arena_extend_strategy", self.arena_extend_strategy,
+                            tuple(ARENA_STRATEGIES)),
             int_problem("threads", self.threads, 0, 1024, note="0 = the usable cores"),
             int_problem("engines", self.engines, 0, 64, note="0 = auto"),
             int_problem("max_running_rows", self.max_running_rows, 0,
@@ -307,7 +330,8 @@ class ServerConfig:
             _choice_problem("log_level", self.log_level, LOG_LEVELS, upper=True),
             *(_bool_problem(name, getattr(self, name))
               for name in ("serve_valid_models", "reflection", "require_api_key",
-                           "batch_similar_lengths", "lazy")),
+                           "batch_similar_lengths", "lazy", "allow_cpu_nodes",
+                           "shared_arena", "allow_tf32")),
             *self._tls_problems(),
         ]
         return [p for p in found if p is not None]
@@ -419,6 +443,12 @@ class ServerConfig:
             if path is not None and not Path(path).is_file():
                 out.append(Problem(name, f"{name} must be an existing file, got {str(path)!r}"))
         return out
+
+    def cuda_settings(self) -> CudaSettings:
+        """The CUDA provider's session settings of this config."""
+        return CudaSettings(allow_tf32=self.allow_tf32, gpu_mem_limit=self.gpu_mem_limit_mb * 2**20,
+                            arena_extend_strategy=self.arena_extend_strategy,
+                            shared_arena=self.shared_arena)
 
     @property
     def tls(self) -> bool:

@@ -27,6 +27,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        "package over its vocabulary shortlist and over the whole vocabulary: "
                        "BLEU, chrF and identical outputs, and whether the shortlist may be "
                        "on by default"),
+    "check-package": ("seq2serve.model.package.placement", "list the nodes of model "
+                      "packages an execution provider has no kernel for (they would run on "
+                      "the CPU); exit 1 when there are any"),
     "serve": ("seq2serve.server.app", "serve model packages over gRPC (health, reflection, "
               "Prometheus metrics)"),
     "bench": ("seq2serve.bench.engine.harness", "benchmark the engine side by side with "

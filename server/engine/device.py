@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # onnx is imported where a graph is built: the CPU path never
 # The opset of the small graphs built here and in pick.py: every op they use has a
 # CPU and a CUDA kernel at it for the types used (float32, float16, int64).
 OPSET = 17
+# onnx's helper writes its own newest IR version (14 with onnx 1.23), which
+# onnxruntime 1.31 (the newest onnxruntime-gpu, pinned) refuses; opset 17 needs 8.
+IR_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,8 @@ def edit_graph(op: str, element: int, axis: int = 0) -> onnx.ModelProto:
     else:
         raise ValueError(f"no device edit {op!r}")
     graph = helper.make_graph([*nodes, node], f"device_{op}", inputs, [tensor("y")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             ir_version=IR_VERSION)
 
 
 # An OrtValue's element type (its data_type()) as numpy's, for the types a package's

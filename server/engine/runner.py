@@ -93,7 +93,7 @@ from seq2serve.model.package.manifest import (
     PackageError,
     TensorSpec,
 )
-from seq2serve.model.package.session import EXACT_INT8_CONFIG
+from seq2serve.model.package.session import EXACT_INT8_CONFIG, CudaSettings, share_cuda_arena
 from seq2serve.server.engine.device import DeviceMemory, HostMemory, Memory
 from seq2serve.server.engine.edits import StepEdits
 from seq2serve.server.engine.pick import Picker
@@ -155,10 +155,13 @@ class RunnerConfig:
     # reduced there to each row's candidates) and counts every host<->device
     # crossing, so the device path's traffic is proven without a GPU.
     emulate_device: bool = False
+    cuda: CudaSettings = CudaSettings()  # the CUDA provider's sessions (TF32 off, arena)
 
     def validate(self) -> RunnerConfig:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        for problem in self.cuda.problems():
+            raise ValueError(problem)
         if self.graph_optimization not in OPTIMIZATION_LEVELS:
             raise ValueError(f"graph_optimization must be one of {tuple(OPTIMIZATION_LEVELS)}, "
                              f"got {self.graph_optimization!r}")
@@ -418,8 +421,8 @@ class Runner:
         return HostMemory()
 
     def _providers(self) -> list[Any]:
-        if self.provider == CUDA:
-            return [(CUDA, {"device_id": self.config.device_id}), CPU]
+        if self.provider == CUDA:  # TF32 off unless allowed, the arena as set
+            return [(CUDA, self.config.cuda.provider_options(self.config.device_id)), CPU]
         return [CPU]
 
     def _session_options(self) -> ort.SessionOptions:
@@ -437,18 +440,25 @@ class Runner:
         opts.inter_op_num_threads = self.config.inter_op_threads
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = OPTIMIZATION_LEVELS[self.config.graph_optimization]
-        opts.log_severity_level = 3
+        on_device = self.provider == CUDA and not cpu_only
+        # On a device ONNX Runtime's warnings say which nodes it left to the CPU and
+        # where it copies between host and device: never hidden there.
+        opts.log_severity_level = 2 if on_device else 3
         opts.add_session_config_entry("session.intra_op.allow_spinning",
                                       "1" if self.config.allow_spinning else "0")
         for key, value in EXACT_INT8_CONFIG.items():
             opts.add_session_config_entry(key, value)
-        providers: list[Any] = [CPU]
-        if self.provider == CUDA and not cpu_only:
-            providers = [(CUDA, {"device_id": self.device_id}), CPU]
+        providers = self._providers() if on_device else [CPU]
+        if on_device:
+            cuda = self.config.cuda
+            if cuda.shared_arena and share_cuda_arena(cuda, self.device_id):
+                for key, value in cuda.session_entries().items():
+                    opts.add_session_config_entry(key, value)
         session = ort.InferenceSession(path, opts, providers=providers)
-        if session.get_providers()[0] != (CPU if cpu_only else self.provider):
-            raise RuntimeError(f"{path}: onnxruntime did not enable {self.provider} "
-                               f"(got {session.get_providers()})")
+        wanted = [p if isinstance(p, str) else p[0] for p in providers]
+        if session.get_providers() != wanted:  # every provider of the list, in order
+            raise RuntimeError(f"{path}: onnxruntime enabled {session.get_providers()}, "
+                               f"not {wanted}")
         return session
 
     def _warmup(self) -> float:

@@ -77,3 +77,11 @@ def test_every_install_command_takes_the_constraints() -> None:
     assert "--constraint /wheels/constraints.txt" in dockerfile
     wheelhouse = (ROOT / "deploy" / "wheelhouse.py").read_text(encoding="utf-8")
     assert '"--constraint", str(pinned)' in wheelhouse
+
+
+def test_onnxruntime_and_onnxruntime_gpu_are_one_release() -> None:
+    """The CPU suite tests the release the GPU image runs (issue 52): onnxruntime at
+    the newest onnxruntime-gpu release, which may lag onnxruntime's own."""
+    pinned = pins()
+    assert pinned["onnxruntime"] == pinned["onnxruntime-gpu"]
+    assert Version(metadata.version("onnxruntime")) == pinned["onnxruntime"]

@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import CORPUS
+from cuda_device import requires_cuda
 from family_checks import run_joined
 from hf_reference import reference_nbest
 
@@ -288,8 +289,7 @@ def test_runner_config() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                    reason="needs onnxruntime-gpu with CUDAExecutionProvider")
+@requires_cuda()  # a device answers, not only a build with the provider
 def test_cuda_matches_cpu(marian_package: Path, engine: Engine,
                           sources: list[list[int]]) -> None:
     cuda = Engine(marian_package, RunnerConfig(provider="cuda"), default_limits())
