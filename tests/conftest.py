@@ -6,12 +6,15 @@ import json
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import system_tools
 import torch
+from serving import RunningServer
 
 # One intra-op thread: the models here are tiny, and OpenMP's spinning threads
 # slow a loaded 2-core machine down by 30x or more (measured: 139 s vs 4 s to
@@ -200,3 +203,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     why = system_tools.missing(names)
     if why is not None:
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    """A client of the HTTP door of the module's own `server` fixture (a document, or
+    a beam on a loaded 2-core machine, takes minutes: a generous timeout)."""
+    assert server.http_url is not None
+    with httpx.Client(base_url=server.http_url, timeout=300) as client:
+        yield client

@@ -96,13 +96,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=300) as client:
-        yield client
-
-
 @pytest.fixture
 def client(server: RunningServer) -> Iterator[deepl.Translator]:
     translator = deepl.Translator(KEY, server_url=server.http_url)

@@ -56,13 +56,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=300) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def grpc_target(server: RunningServer) -> str:
     return server.target
 

@@ -40,13 +40,6 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def grpc_client(server: RunningServer) -> Iterator[Seq2ServeClient]:
     with Seq2ServeClient(server.target) as client:
         yield client

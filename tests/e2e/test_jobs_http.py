@@ -40,13 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, jobs_dir: Path) -> Iterator
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=300) as client:
-        yield client
-
-
 def test_the_libretranslate_door_shows_a_job_s_progress(http: httpx.Client) -> None:
     lines = "".join(f"Please save the file number {i}.\n" for i in range(60))
     answer = http.post("/v1/jobs", data={"source": "en", "target": "de"},

@@ -56,13 +56,6 @@ def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
         yield pb_grpc.TranslatorStub(channel)
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=120) as client:
-        yield client
-
-
 def served_by(call: grpc.Call) -> list[str]:
     return [value for key, value in call.trailing_metadata() if key == "seq2serve-model"]
 

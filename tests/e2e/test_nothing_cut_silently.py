@@ -41,13 +41,6 @@ def server(marian_package: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def client(server: RunningServer) -> Iterator[Seq2ServeClient]:
     with Seq2ServeClient(server.target, timeout=60) as c:
         yield c

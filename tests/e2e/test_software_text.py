@@ -66,13 +66,6 @@ def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
         yield pb_grpc.TranslatorStub(channel)
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=120) as client:
-        yield client
-
-
 def translate(stub: pb_grpc.TranslatorStub, texts: list[str],
               **fields: object) -> list[pb.Hypothesis]:
     request = pb.TranslateRequest(texts=texts, source_language="en", target_language="de",

@@ -62,13 +62,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    assert server.http_url is not None
-    with httpx.Client(base_url=server.http_url, timeout=300) as client:
-        yield client
-
-
 def upload(http: httpx.Client, name: str, **fields: str) -> httpx.Response:
     answer = http.post("/translate_file", data={"source": "en", "target": "de", **fields},
                        files={"file": (name, (CATALOGS / name).read_bytes())})
