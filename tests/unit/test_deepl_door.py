@@ -18,6 +18,8 @@ from seq2serve.server.api.http.deepl import DeepLApi
 from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.core.catalog import Listing, Pair
 from seq2serve.server.core.glossary import Glossaries, GlossaryStore
+from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.texts import AUTO, TextAnswer, TextsRequest
 
 # What langcodes' matching (CodeTable.find) answers for these codes on such models.
 CODES = {"en-gb": "en", "en-us": "en", "pt-br": "pt", "pt-pt": "pt", "zh-hans": "zh-Hans",
@@ -43,6 +45,12 @@ class FakeCatalog:
 class FakeTexts:
     def __init__(self, catalog: FakeCatalog) -> None:
         self.catalog = catalog
+
+    async def translate(self, request: TextsRequest, call: object = None) -> list[TextAnswer]:
+        """Each text as its own translation, its source as given (German if auto)."""
+        source = "de" if request.source_language == AUTO else request.source_language
+        return [TextAnswer((Joined(t, None, None, None, "eos", False),), ("m",), source, 100.0)
+                for t in request.texts]
 
 
 @pytest.fixture
@@ -92,3 +100,16 @@ def test_bad_values_are_deepl_s_400_with_a_message(client: TestClient) -> None:
     answer = client.post("/v2/glossaries", json={"name": "g", "source_lang": "en",
                                                   "target_lang": "fr", "entries": "a\tb"})
     assert answer.status_code == 400 and "EN->FR" in answer.json()["message"]
+
+
+def test_fields_nothing_acts_on_are_said_in_the_answer(client: TestClient) -> None:
+    """split_sentences other than 1, formality and context are accepted as DeepL
+    accepts them; the answer's X-Seq2serve-Ignored names those it was given."""
+    plain = client.post("/v2/translate", json={"text": ["Hallo"], "target_lang": "EN-GB"})
+    assert plain.status_code == 200 and "X-Seq2serve-Ignored" not in plain.headers
+    answer = client.post("/v2/translate", json={
+        "text": ["Hallo"], "target_lang": "EN-GB", "split_sentences": "0",
+        "formality": "more", "context": "a greeting"})
+    assert answer.status_code == 200
+    assert answer.headers["X-Seq2serve-Ignored"] == "split_sentences, formality, context"
+    assert answer.json()["translations"][0]["text"] == "Hallo"

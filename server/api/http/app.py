@@ -29,7 +29,7 @@ from swagger_ui_bundle import swagger_ui_path
 from seq2serve.server.api.http import model_headers
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import BodyLimit
-from seq2serve.server.api.http.deepl import DeepLApi
+from seq2serve.server.api.http.deepl import IGNORED_HEADER, DeepLApi
 from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.api.http.deepl_documents import DeepLDocuments
 from seq2serve.server.api.http.errors import (  # noqa: F401 - HTTP_STATUS: the table's name here too
@@ -238,7 +238,8 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
                        allow_methods=["GET", "POST", "DELETE"],
                        allow_headers=["Authorization", "Content-Type", MODEL_HEADER,
                                       PAIR_HEADER],
-                       expose_headers=["Authorization", TRUNCATED_HEADER, MODEL_HEADER],
+                       expose_headers=["Authorization", TRUNCATED_HEADER, MODEL_HEADER,
+                                       IGNORED_HEADER],
                        max_age=60 * 60 * 24 * 20)
     # A document upload has a limit of its own (images in it are copied byte for byte);
     # the slack is the multipart form around the file and the other fields.

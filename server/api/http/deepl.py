@@ -44,6 +44,10 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "zh": (("ZH-HANS", "Chinese (simplified)"), ("ZH-HANT", "Chinese (traditional)")),
 }
 _SPLITTING = {"0": Splitting.OFF, "1": Splitting.ON, "nonewlines": Splitting.NO_NEWLINES}
+# On a /v2/translate answer: the fields it was given that nothing here acts on
+# (split_sentences other than 1: the core always cuts at sentences and lines; formality:
+# no served model offers it; context).
+IGNORED_HEADER = "X-Seq2serve-Ignored"
 
 
 def deepl_code(code: str) -> str:
@@ -136,10 +140,16 @@ class DeepLApi:
             self.access.refund(caller, characters)
             raise
         billed = fields.boolean("show_billed_characters", False)
+        # Accepted as DeepL accepts them, but nothing here acts on them: said, not silent.
+        ignored = [name for name, given in (
+            ("split_sentences", _text(fields, "split_sentences") not in (None, "", "1")),
+            ("formality", formality != "default"), ("context", bool(_text(fields, "context"))))
+            if given]
         return JSONResponse({"translations": [
             {"detected_source_language": deepl_code(a.source_language), "text": a.best,
              **({"billed_characters": len(text)} if billed else {})}
-            for a, text in zip(answers, texts, strict=True)]})
+            for a, text in zip(answers, texts, strict=True)]},
+            headers={IGNORED_HEADER: ", ".join(ignored)} if ignored else None)
 
     def _check_code(self, code: str, role: str) -> None:
         listing = self.catalog.listing()
