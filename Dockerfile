@@ -16,7 +16,7 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 ARG VARIANT=cpu
 
-# --- the packages each variant serves (only the chosen stage is built) ---------
+# --- the packages each variant serves (BuildKit builds the chosen stage only) -
 FROM scratch AS models-cpu
 COPY models /models
 FROM scratch AS models-gpu

@@ -66,6 +66,10 @@ if [ "$variant" = gpu ]; then
       "deploy/models-gpu/$name" --precision fp16 --attention fused --for cuda --name "$name" \
       --quiet
   done
+else
+  # The CPU image serves models/; Docker's classic builder builds every stage,
+  # the GPU one's COPY of this folder too, so it must exist (empty).
+  mkdir -p deploy/models-gpu
 fi
 
 version=$("$python" -c 'import re, sys; print(re.search(r"^version = \"([^\"]+)\"", open("pyproject.toml").read(), re.M).group(1))')

@@ -18,6 +18,7 @@ from seq2serve.model.package.manifest import (
     DEFAULT_ATTENTION,
     ENCODER_FILE,
     ENCODER_INPUTS,
+    GRAPH_IR_VERSION,
     MOVE_FILE,
     REORDER_FILE,
     SELECT_FILE,
@@ -167,7 +168,7 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
              outputs: list[TensorSpec], file: str) -> None:
         graph = helper.make_graph(nodes, name, info(inputs), info(outputs))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                                  ir_version=IR_VERSION, producer_name="seq2serve")
+                                  ir_version=GRAPH_IR_VERSION, producer_name="seq2serve")
         onnx.checker.check_model(model)
         onnx.save(model, str(path / file))
 
@@ -188,15 +189,11 @@ def write_cache_graphs(path: Path, layers: int, cache_dtype: str = "float32",
     graph = helper.make_graph(nodes, "select", info(SELECT_INPUTS), info(SELECT_OUTPUTS),
                               constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=IR_VERSION, producer_name="seq2serve")
+                              ir_version=GRAPH_IR_VERSION, producer_name="seq2serve")
     onnx.checker.check_model(model)
     onnx.save(model, str(path / SELECT_FILE))
 
 
-# The IR version of the graphs built here, as the traced ones have it: onnx's helper
-# writes its own newest (14 with onnx 1.23), which onnxruntime 1.31 (the newest
-# onnxruntime-gpu) refuses ("max supported IR version: 13"); opset 17 needs 8.
-IR_VERSION = 8
 # The select graph's chunk: the vocabulary is cut into chunks of this many ids.
 SELECT_CHUNK = 64
 

@@ -7,12 +7,14 @@ the tests, as it should: that machine is misconfigured)."""
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+import system_tools
+
+from seq2serve.model.package.manifest import GRAPH_IR_VERSION
 
 CUDA = "CUDAExecutionProvider"
 
@@ -29,7 +31,7 @@ def device_answers() -> str | None:
                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                      ir_version=8)
+                                      ir_version=GRAPH_IR_VERSION)
             session = ort.InferenceSession(model.SerializeToString(), providers=[CUDA])
             if session.get_providers()[0] == CUDA:
                 session.run(None, {"x": np.ones(2, dtype=np.float32)})
@@ -40,7 +42,7 @@ def device_answers() -> str | None:
             reason = "the CUDA provider fell back to the CPU"
     else:
         reason = f"onnxruntime has no {CUDA}"
-    smi = shutil.which("nvidia-smi")
+    smi = system_tools.find("nvidia-smi")
     if smi is not None:
         listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
         if listed.returncode == 0 and "GPU" in listed.stdout:

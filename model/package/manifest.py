@@ -51,6 +51,11 @@ ATTENTIONS = ("fused", "plain")
 # writes the cache, export_graphs' signature) are made format-aware.
 DEFAULT_ATTENTION = "plain"
 
+# The IR version of every graph a package holds or a server builds: onnx's helper
+# writes its own newest (14 with onnx 1.23), which onnxruntime 1.31 (the newest
+# onnxruntime-gpu, pinned) refuses ("max supported IR version: 13"); opset 17 needs 8.
+GRAPH_IR_VERSION = 8
+
 
 def format_version(attention: str, shortlist: bool = False) -> int:
     """The package format of graphs exported with `attention` (one of ATTENTIONS),

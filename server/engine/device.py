@@ -33,15 +33,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from seq2serve.model.package.manifest import GRAPH_IR_VERSION
+
 if TYPE_CHECKING:  # onnx is imported where a graph is built: the CPU path never needs it
     import onnx
 
 # The opset of the small graphs built here and in pick.py: every op they use has a
 # CPU and a CUDA kernel at it for the types used (float32, float16, int64).
 OPSET = 17
-# onnx's helper writes its own newest IR version (14 with onnx 1.23), which
-# onnxruntime 1.31 (the newest onnxruntime-gpu, pinned) refuses; opset 17 needs 8.
-IR_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -321,7 +320,7 @@ def edit_graph(op: str, element: int, axis: int = 0) -> onnx.ModelProto:
         raise ValueError(f"no device edit {op!r}")
     graph = helper.make_graph([*nodes, node], f"device_{op}", inputs, [tensor("y")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                             ir_version=IR_VERSION)
+                             ir_version=GRAPH_IR_VERSION)
 
 
 # An OrtValue's element type (its data_type()) as numpy's, for the types a package's

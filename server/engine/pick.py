@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from seq2serve.server.engine.device import IR_VERSION, OPSET, Memory
+from seq2serve.model.package.manifest import GRAPH_IR_VERSION
+from seq2serve.server.engine.device import OPSET, Memory
 from seq2serve.server.engine.edits import StepEdits
 
 if TYPE_CHECKING:  # onnx is imported where a graph is built: the CPU path never needs it
@@ -137,6 +138,6 @@ def pick_graph(renormalize: bool) -> onnx.ModelProto:
     nodes.append(node("TopK", [last, "k"], ["values", "ids"], axis=1, largest=1, sorted=1))
     graph = helper.make_graph(nodes, "pick", inputs, outputs, initializer=consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              ir_version=IR_VERSION)
+                              ir_version=GRAPH_IR_VERSION)
     onnx.checker.check_model(model)
     return model

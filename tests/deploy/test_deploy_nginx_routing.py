@@ -228,11 +228,13 @@ def test_each_model_reaches_the_replicas_that_hold_it(pools: dict[str, Replica],
 # --- Kubernetes: re-resolving a headless Service --------------------------------------
 
 class Dns:
-    """dnsmasq answering from a hosts file of our own (rewritten, then SIGHUP)."""
+    """dnsmasq answering from a hosts file of our own (rewritten, then SIGHUP). The
+    first names are written before it starts: a SIGHUP that reaches dnsmasq before it
+    has set its handler ends it (then nginx answers 502)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, names: dict[str, list[str]]) -> None:
         self.hosts = tmp / "hosts"
-        self.hosts.write_text("")
+        self._write(names)
         self.port = free_port()
         self.process = subprocess.Popen(
             [system_tools.path("dnsmasq"), "--keep-in-foreground", "--no-resolv",
@@ -241,9 +243,12 @@ class Dns:
              f"--pid-file={tmp / 'dnsmasq.pid'}", "--user=root", "--log-facility=-"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def serve(self, names: dict[str, list[str]]) -> None:
+    def _write(self, names: dict[str, list[str]]) -> None:
         self.hosts.write_text("".join(f"{a} {n}\n" for n, addrs in names.items()
                                       for a in addrs))
+
+    def serve(self, names: dict[str, list[str]]) -> None:
+        self._write(names)
         self.process.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
@@ -285,13 +290,12 @@ def test_kubernetes_proxy_follows_the_headless_service(tmp_path: Path) -> None:
     service = {"grpc": free_port(), "http": free_port()}  # each pod's (the Service's)
     http_stand_ins: list[StandIn] = []
     grpc_servers: list[grpc.Server] = []
-    dns = Dns(tmp_path)
+    dns = Dns(tmp_path, {fqdn: addresses[:2]})
     try:
         for i, address in enumerate(addresses):
             # Each pod on its own address, all on the Service's port.
             http_stand_ins.append(StandIn(i, address, service["http"]))
             grpc_servers.append(grpc_stand_in(address, service["grpc"]))
-        dns.serve({fqdn: addresses[:2]})
         site = kubernetes_site(dns.port, {50051: service["grpc"], 5000: service["http"]})
         with nginx(tmp_path, site, grpc_port, http_port) as access_log:
             def spread(calls: int) -> Counter[str]:

@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from serving import RunningServer, server_config
 
 from seq2serve.export.quantize import per_row_activations, quantize_int8
+from seq2serve.model.package.manifest import GRAPH_IR_VERSION
 from seq2serve.model.package.tokenizer import package_tokenizer
 from seq2serve.server.assembly import default_limits
 from seq2serve.server.client import Seq2ServeClient
@@ -47,7 +48,8 @@ def _matmul_model(path: Path, weight: np.ndarray) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", weight.shape[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", weight.shape[1]])],
         [numpy_helper.from_array(weight, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=GRAPH_IR_VERSION), path)
 
 
 @pytest.fixture(scope="module")

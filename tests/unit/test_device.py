@@ -438,7 +438,7 @@ def test_serve_flag_reaches_the_engines_and_metrics(marian_package: Path) -> Non
     import argparse
 
     from seq2serve.model.package.manifest import load_package
-    from seq2serve.server.assembly import build_handle
+    from seq2serve.server.assembly import build_handle, package_handle, stop_handle
     from seq2serve.server.config import add_arguments, from_args
 
     parser = argparse.ArgumentParser()
@@ -447,18 +447,19 @@ def test_serve_flag_reaches_the_engines_and_metrics(marian_package: Path) -> Non
                                           "--threads", "1", "--engines", "1"]), environ={})
     assert config.emulate_device
     metrics = Metrics()
-    handle = build_handle(load_package(marian_package), config, metrics)
+    handle = package_handle(load_package(marian_package), config)
+    loaded = build_handle(handle, config, metrics)
     try:
-        assert handle.engine.runner.memory.on_device
+        [engine] = [worker.engine for worker in loaded.workers]
+        assert engine.runner.memory.on_device
         name = handle.name
         text = metrics.render().decode()
         # The warm-up ran on the emulated device: its bytes are counted already.
         assert f'seq2serve_host_device_bytes_total{{direction="to_host",model="{name}"}}' \
             in text
-        assert handle.engine.runner.memory.counter.read().to_host_bytes > 0
+        assert engine.runner.memory.counter.read().to_host_bytes > 0
     finally:
-        for worker in handle.workers:
-            worker.stop(timeout=5)
+        stop_handle(handle, loaded, metrics)
 
 
 def test_a_step_the_candidates_cannot_decide_takes_the_whole_rows(

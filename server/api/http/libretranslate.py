@@ -121,7 +121,7 @@ class LibreTranslateApi:
             raise invalid(f"Invalid request: alternatives parameter must be between 0 and "
                           f"{self.settings.alternatives_limit}, got {alternatives}")
         self._check_sizes(texts)
-        if source != AUTO:
+        if source != AUTO and wanted.model:
             self._check_pair(source, target, wanted)
         answers = await self.texts.translate(TextsRequest(
             texts=tuple(texts), source_language=source, target_language=target,
@@ -154,6 +154,7 @@ class LibreTranslateApi:
         """The pair as the core routes it, or LibreTranslate's 400 (the catalog's).
         LibreTranslate's API names no model: a model the headers name must be the one
         that serves the pair (a chain's "a+b")."""
+        self.catalog.check_source(source)  # "es is not supported", as LibreTranslate says
         pair = self.catalog.pair(source, target)
         if wanted.model and pair.models:
             agree("+".join(pair.models), wanted.model,
@@ -268,7 +269,6 @@ class LibreTranslateApi:
         # The pair is checked now (LibreTranslate's 400s); what the file says and the
         # language detected where `source` is auto, by the job.
         if source != AUTO:
-            self.catalog.check_source(source)
             self._check_pair(source, target, wanted)
         else:
             self.catalog.check_target(target)
