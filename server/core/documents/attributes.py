@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 
@@ -56,11 +56,11 @@ def _kept(name: str, attributes: dict[str, str]) -> bool:
 # -- an lxml tree (XHTML) ---------------------------------------------------------------
 
 
-def tree_attributes(root: etree._Element, local: Callable[[etree._Element], str | None]
-                    ) -> list[Paragraph]:
-    """The attributes meant for people under `root`, each one text; `local` gives an
-    element's (X)HTML name, None for other vocabularies (SVG, MathML: not entered)."""
-    found: list[Paragraph] = []
+def _translated_elements(root: etree._Element, local: Callable[[etree._Element], str | None]
+                         ) -> Iterator[tuple[etree._Element, str, dict[str, str]]]:
+    """Each (X)HTML element under `root` whose content is translated, in document
+    order, with its name and attributes; `local` gives an element's (X)HTML name, None
+    for other vocabularies (SVG, MathML: not entered); kept elements are not entered."""
     stack = [root]
     while stack:
         element = stack.pop()
@@ -70,6 +70,15 @@ def tree_attributes(root: etree._Element, local: Callable[[etree._Element], str 
         attributes = {str(k): str(v) for k, v in element.attrib.items()}
         if _kept(name, attributes):
             continue
+        yield element, name, attributes
+        stack.extend(reversed(element))
+
+
+def tree_attributes(root: etree._Element, local: Callable[[etree._Element], str | None]
+                    ) -> list[Paragraph]:
+    """The attributes meant for people under `root`, each one text."""
+    found: list[Paragraph] = []
+    for element, name, attributes in _translated_elements(root, local):
         wanted = [a for a in attributes if a in FOR_PEOPLE]
         if _meta_role(name, attributes) == "text":
             wanted.append("content")
@@ -77,7 +86,6 @@ def tree_attributes(root: etree._Element, local: Callable[[etree._Element], str 
             paragraph = value_paragraph(attributes[attribute], _setter(element, attribute))
             if paragraph is not None:
                 found.append(paragraph)
-        stack.extend(reversed(element))
     return found
 
 
@@ -86,22 +94,13 @@ def mark_tree(root: etree._Element, target: Target,
     """Every language mark of translated content under `root` says the target; whether
     one changed."""
     changed = False
-    stack = [root]
-    while stack:
-        element = stack.pop()
-        name = local(element) if isinstance(element.tag, str) else None
-        if name is None:
-            continue
-        attributes = {str(k): str(v) for k, v in element.attrib.items()}
-        if _kept(name, attributes):
-            continue
+    for element, name, attributes in _translated_elements(root, local):
         for attribute in ("lang", XML_LANG):
             if target.replaces(element.get(attribute)):
                 changed |= put(element, attribute, target.tag)
         if _meta_role(name, attributes) == "language" and target.replaces(
                 element.get("content")):
             changed |= put(element, "content", target.tag)
-        stack.extend(reversed(element))
     return changed
 
 
