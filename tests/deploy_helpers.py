@@ -217,3 +217,27 @@ def debian_base_image(docker: Docker, tmp: Path) -> str:
     assert tar.wait(60) == 0
     shutil.rmtree(rootfs, ignore_errors=True)
     return TEST_BASE_IMAGE
+
+
+def nginx_main_config(tmp: Path, site: str, log_format: str = "$upstream_addr $status") -> Path:
+    """An nginx main config around `site` whose files all live in tmp, each call
+    logged as `log_format` (named `calls`) to tmp/access.log."""
+    (tmp / "site.conf").write_text(site)
+    main = tmp / "nginx.conf"
+    main.write_text(f"""
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    log_format calls '{log_format}';
+    access_log {tmp}/access.log calls;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    include {tmp}/site.conf;
+}}
+""")
+    return main

@@ -38,7 +38,15 @@ from typing import Any
 import grpc
 import pytest
 import system_tools
-from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process
+from deploy_helpers import (
+    DEPLOY,
+    Replica,
+    free_port,
+    nginx_main_config,
+    record,
+    replicas,
+    stop_process,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from served_series import NOT_YET, http_front_door
 
@@ -85,25 +93,7 @@ def render_config(tmp: Path, grpc_targets: list[str], http_targets: list[str], g
     assert listens == 1
     site, listens = re.subn(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{http_port};", site)
     assert listens == 1
-    (tmp / "seq2serve.conf").write_text(site)
-    main = tmp / "nginx.conf"
-    main.write_text(f"""
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    log_format calls '$msec $upstream_addr $status';
-    access_log {tmp}/access.log calls;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    include {tmp}/seq2serve.conf;
-}}
-""")
-    return main
+    return nginx_main_config(tmp, site, log_format="$msec $upstream_addr $status")
 
 
 @dataclass

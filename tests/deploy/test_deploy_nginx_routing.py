@@ -31,7 +31,15 @@ from pathlib import Path
 import grpc
 import pytest
 import system_tools
-from deploy_helpers import DEPLOY, Replica, free_port, models_dir, start_replica, stop_process
+from deploy_helpers import (
+    DEPLOY,
+    Replica,
+    free_port,
+    models_dir,
+    nginx_main_config,
+    start_replica,
+    stop_process,
+)
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_nginx import StandIn, fetch
@@ -72,28 +80,6 @@ def listen_on(site: str, grpc_port: int, http_port: int) -> str:
     return site
 
 
-def main_config(tmp: Path, site: str) -> Path:
-    (tmp / "site.conf").write_text(site)
-    main = tmp / "nginx.conf"
-    main.write_text(f"""
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    log_format calls '$upstream_addr $status';
-    access_log {tmp}/access.log calls;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    include {tmp}/site.conf;
-}}
-""")
-    return main
-
-
 def listening(address: str, port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex((address, port)) == 0
@@ -103,7 +89,7 @@ def listening(address: str, port: int) -> bool:
 def nginx(tmp: Path, site: str, grpc_port: int, http_port: int) -> Iterator[Path]:
     """nginx with `site`, until it listens; yields its access log."""
     binary = system_tools.path("nginx")
-    config = main_config(tmp, listen_on(site, grpc_port, http_port))
+    config = nginx_main_config(tmp, listen_on(site, grpc_port, http_port))
     check = subprocess.run([binary, "-t", "-c", str(config), "-p", str(tmp)],
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
@@ -159,7 +145,7 @@ def test_committed_by_model_config_passes_nginx_t(tmp_path: Path) -> None:
     site = BY_MODEL.read_text()
     names = re.findall(r"^upstream (\S+) \{", site, re.M)
     targets = {name: [f"127.0.0.1:{free_port()}"] for name in names}
-    config = main_config(tmp_path, listen_on(render_upstreams(site, targets), free_port(),
+    config = nginx_main_config(tmp_path, listen_on(render_upstreams(site, targets), free_port(),
                                              free_port()))
     check = subprocess.run([system_tools.path("nginx"), "-t", "-c", str(config), "-p",
                             str(tmp_path)], capture_output=True, text=True, timeout=30)
