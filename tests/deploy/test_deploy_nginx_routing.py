@@ -111,6 +111,17 @@ def upstreams(access_log: Path, skip: int = 0) -> list[str]:
     return [line.split()[0] for line in access_log.read_text().splitlines()[skip:]]
 
 
+def logged(access_log: Path, count: int, skip: int = 0) -> list[str]:
+    """`upstreams` once nginx has logged `count` requests after the first `skip`: it
+    writes a request's line when the request ends, which can be just after its client
+    has the answer (a gRPC stream's end)."""
+    deadline = time.monotonic() + 10
+    while len(seen := upstreams(access_log, skip)) < count:
+        assert time.monotonic() < deadline, f"nginx logged {len(seen)} of {count} requests"
+        time.sleep(0.05)
+    return seen
+
+
 def served(replica: Replica, model: str) -> float:
     """Translate calls of `model` the replica answered OK, from its own /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/metrics",
@@ -184,7 +195,7 @@ def test_each_model_reaches_the_replicas_that_hold_it(pools: dict[str, Replica],
                                                       timeout=120, metadata=[(key, model)])
             assert response.translations[0].hypotheses[0].text == direct[model]
             assert ("seq2serve-model", model) in call.trailing_metadata()
-        grpc_seen = upstreams(access_log)
+        grpc_seen = logged(access_log, CALLS)
         assert Counter(grpc_seen) == {grpc_of["en-de"]: CALLS // 2,
                                       grpc_of["en-fr"]: CALLS // 2}
         # Named nowhere but in the body: the default pool (en-de's), which has no en-fr.
@@ -193,14 +204,14 @@ def test_each_model_reaches_the_replicas_that_hold_it(pools: dict[str, Replica],
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
         url = f"http://127.0.0.1:{http_port}/translate"
-        skip = len(upstreams(access_log))
+        skip = len(logged(access_log, CALLS + 1))  # the refused call's line too
         for i in range(CALLS):
             model = ("en-de", "en-fr")[i % 2]
             header = ("X_Seq2serve_Model", "X_Seq2serve_Pair")[(i // 2) % 2]
             status, body = fetch(url, {"q": TEXT, "source": "en", "target": model[3:]},
                                  **{header: model})
             assert (status, body["translatedText"]) == (200, direct[model]), body
-        assert Counter(upstreams(access_log, skip)) == {http_of["en-de"]: CALLS // 2,
+        assert Counter(logged(access_log, CALLS, skip)) == {http_of["en-de"]: CALLS // 2,
                                                         http_of["en-fr"]: CALLS // 2}
         status, body = fetch(url, {"q": TEXT, "source": "en", "target": "fr"})
         assert status == 400 and "fr" in body["error"], body  # the default pool: en-de only
