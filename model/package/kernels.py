@@ -4,12 +4,15 @@ has a kernel for. A CPU wheel of onnxruntime cannot list the CUDA provider's
 kernels, so the table is vendored (`data/operator_kernels.json`), parsed from
 ONNX Runtime's own `docs/OperatorKernels.md` (generated from the registered
 kernels by its tools/python/gen_opkernel_doc.py), or dumped from a live
-onnxruntime build that has the provider (`--from-runtime`, on a GPU machine with
-onnxruntime-gpu: the exact registrations of that wheel).
+onnxruntime build that has the provider (`--from-runtime`: the exact registrations
+of that build, one entry per registered kernel). kernels_from_wheel.py runs
+`--from-runtime` in the pinned onnxruntime-gpu wheel on a machine without a GPU,
+which is how the vendored table is made.
 
     python -m seq2serve.model.package.kernels --markdown OperatorKernels.md \\
         --version 1.31.1 --source "microsoft/onnxruntime@v1.31.1"
     python -m seq2serve.model.package.kernels --from-runtime --source "onnxruntime-gpu 1.31.1"
+    python -m seq2serve.model.package.kernels_from_wheel 1.31.1 --constraints deploy/constraints.txt
 
 The table is {provider: {domain: {op: [[first, last or None, {constraint:
 [types]}], ...]}}} with domain "" for ai.onnx and types as the element names
@@ -143,6 +146,9 @@ def from_runtime() -> dict[str, dict[str, dict[str, list[Any]]]]:
         domain = _DOMAINS.get(k.domain, k.domain)
         out.setdefault(k.provider, {}).setdefault(domain, {}).setdefault(k.op_name, []).append(
             entry)
+    for ops in (ops for domains in out.values() for ops in domains.values()):
+        for entries in ops.values():  # the registry's order is a hash map's: sort for diffs
+            entries.sort(key=lambda e: (e[0], e[1] or 0, json.dumps(e[2], sort_keys=True)))
     return out
 
 

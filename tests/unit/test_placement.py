@@ -66,10 +66,6 @@ def test_markdown_rows_parse_as_onnxruntime_writes_them() -> None:
         "T1": ["optional(seq(tensor(int8)))", "seq(tensor(float))"], "M": ["int32"]}]]
 
 
-@pytest.mark.xfail(strict=True, reason="the v1.31.1 tag's OperatorKernels.md could not be "
-                   "fetched (no GitHub here, the upstream mirror is too large): the table is "
-                   "main's at 1.25.0; refresh it with `python -m "
-                   "seq2serve.model.package.kernels --from-runtime` on a GPU machine")
 def test_the_table_is_the_pinned_onnxruntime_gpu_release() -> None:
     pins = {Requirement(line.split("#")[0]).name: Requirement(line.split("#")[0])
             for line in (ROOT / "deploy" / "constraints.txt").read_text().splitlines()
