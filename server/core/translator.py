@@ -54,6 +54,7 @@ from seq2serve.server.core.pieces import (
 )
 from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
+from seq2serve.server.core.residency import ModelState
 from seq2serve.server.core.requests import (
     Call,
     ModelInfo,
@@ -287,6 +288,13 @@ class Translator:
         self.registry.require_ready()
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
+
+    def loaded_models(self) -> frozenset[str]:
+        """The models loaded now (state ready): a request for them waits for no load
+        (core/residency.py); Unavailable while the models load."""
+        self.registry.require_ready()
+        return frozenset(h.name for h in self.registry.handles()
+                         if h.state is ModelState.READY)
 
     def route(self, source_language: str, target_language: str) -> RouteInfo:
         """The route a request of this pair without a model takes (registry.route: the
