@@ -54,7 +54,6 @@ from seq2serve.server.core.pieces import (
 )
 from seq2serve.server.core.placeholders import Masked, Terms, mask, restore
 from seq2serve.server.core.registry import PIVOT, Leg, ModelHandle, ModelRegistry, Route
-from seq2serve.server.core.residency import ModelState
 from seq2serve.server.core.requests import (
     Call,
     ModelInfo,
@@ -69,6 +68,7 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
+from seq2serve.server.core.residency import ModelState
 from seq2serve.server.engine.options import ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
