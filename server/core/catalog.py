@@ -3,7 +3,8 @@ through English, registry.routes) with its models, each language's English name,
 language detector over the served languages. Derived from the Translator per registry
 generation (rebuilt when the models change, never frozen at a first request); each door
 converts it to its own listing (LibreTranslate's /languages, DeepL's /v2/languages,
-ListModels)."""
+ListModels). Which of those models are loaded now (core/residency.py) is read at each
+listing, not kept per generation: a model loads and unloads without a new generation."""
 
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ class Pair:
     def last(self) -> str:
         """The model that writes the answer ("" for none)."""
         return self.models[-1] if self.models else ""
+
+
+@dataclass(frozen=True)
+class ServedLanguage:
+    """A listed language: its targets (direct or through English), and what of it is
+    loaded now. Under --lazy a language served only by models not loaded yet is
+    listed all the same: its first request loads them (and waits)."""
+
+    code: str
+    name: str
+    targets: tuple[str, ...]
+    # Every model that serves a pair from or to it is loaded: nothing it is asked
+    # for waits for a load.
+    loaded: bool
+    # The targets whose pair's models (one, or both legs through English) are loaded.
+    loaded_targets: tuple[str, ...]
 
 
 class UnsupportedLanguage(InvalidArgument):
@@ -77,6 +94,8 @@ class Catalog:
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
         self._listing: Listing | None = None
+        # The last languages() answer, by the generation and the loaded models it read.
+        self._languages: tuple[int, frozenset[str], list[ServedLanguage]] | None = None
 
     def listing(self) -> Listing:
         generation = self.translator.generation()
@@ -90,6 +109,28 @@ class Catalog:
             listing = self._listing = Listing(generation, models, pairs,
                                               self.translator.language_names(codes))
         return listing
+
+    def languages(self) -> list[ServedLanguage]:
+        """Every listed language, by code, with its targets and what is loaded now."""
+        listing = self.listing()
+        ready = self.translator.loaded_models()
+        known = self._languages
+        if known is not None and known[:2] == (listing.generation, ready):
+            return known[2]
+        targets: dict[str, list[str]] = {code: [] for code in listing.languages}
+        loaded_targets: dict[str, list[str]] = {code: [] for code in listing.languages}
+        loaded = dict.fromkeys(listing.languages, True)
+        # One pass over the pairs (NLLB-200 has 40,000), not one per language.
+        for (source, target), pair in sorted(listing.pairs.items()):
+            targets[source].append(target)
+            if all(model in ready for model in pair.models):
+                loaded_targets[source].append(target)
+            else:
+                loaded[source] = loaded[target] = False
+        served = [ServedLanguage(code, self.name(code), tuple(targets[code]), loaded[code],
+                                 tuple(loaded_targets[code])) for code in listing.languages]
+        self._languages = (listing.generation, ready, served)
+        return served
 
     def name(self, code: str) -> str:
         """A language's English name (CLDR's, with its script or region), else the code."""

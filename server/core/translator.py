@@ -68,6 +68,7 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
+from seq2serve.server.core.residency import ModelState
 from seq2serve.server.engine.options import ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
@@ -287,6 +288,13 @@ class Translator:
         self.registry.require_ready()
         return [RouteInfo(r.source_language, r.target_language, r.names)
                 for r in self.registry.routes()]
+
+    def loaded_models(self) -> frozenset[str]:
+        """The models loaded now (state ready): a request for them waits for no load
+        (core/residency.py); Unavailable while the models load."""
+        self.registry.require_ready()
+        return frozenset(h.name for h in self.registry.handles()
+                         if h.state is ModelState.READY)
 
     def route(self, source_language: str, target_language: str) -> RouteInfo:
         """The route a request of this pair without a model takes (registry.route: the

@@ -19,15 +19,17 @@ import system_tools
 import yaml
 from deploy_helpers import DEPLOY
 from served_series import (
+    MODEL_STATE_SERIES,
     NOT_YET,
-    PENDING_SERIES,
     exported_series,
     front_door_series,
     http_front_door,
     reads_external,
+    reads_model_state,
     registered_series,
 )
 
+from seq2serve.server.core.residency import ModelState
 from seq2serve.server.metrics import Metrics
 
 DASHBOARD = DEPLOY / "grafana" / "seq2serve.json"
@@ -126,7 +128,7 @@ def test_panels_cover_what_the_operator_needs() -> None:
     # The GPUs (dcgm-exporter: utilisation, frame buffer used and free) and the models'
     # states (loaded per pod, every state's count).
     for series in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-                   *PENDING_SERIES):
+                   MODEL_STATE_SERIES):
         assert series in queries, series
     assert "by (state)" in queries and 'state="ready"' in queries
 
@@ -141,16 +143,17 @@ def test_front_door_series_are_registered() -> None:
                          f"{sorted(missing)}; tests/deploy/served_series.py builds it")
 
 
-def test_pending_series_are_registered_as_said() -> None:
-    """The series the dashboard reads ahead of the server (served_series.PENDING_SERIES)
-    have the type said there once the server registers them."""
-    registered = {c.name: c.type for c in Metrics().registry.collect()}
-    waiting = [name for name in PENDING_SERIES if name not in registered]
-    for name in set(PENDING_SERIES) - set(waiting):
-        assert registered[name] == PENDING_SERIES[name], name
-    if waiting:
-        pytest.skip(f"not exported yet (issue 54 item 4, the runtime's per-model state): "
-                    f"{', '.join(waiting)}")
+def test_model_state_series_is_the_gauge_the_panels_read() -> None:
+    """The model panels' series (evaluated on sample series below, and on a live
+    Prometheus in test_deploy_prometheus.py) as the server registers and sets it: a
+    gauge by model and state, 1 for the model's state and 0 for each other state."""
+    metrics = Metrics()
+    registered = {c.name: c.type for c in metrics.registry.collect()}
+    assert registered[MODEL_STATE_SERIES] == "gauge"
+    metrics.set_model_state("en-de", ModelState.LOADING.value)
+    samples = {s.labels["state"]: s.value for c in metrics.registry.collect()
+               if c.name == MODEL_STATE_SERIES for s in c.samples}
+    assert samples == {state: float(state == "loading") for state in STATES}
 
 
 # --- the GPU and model-state panels on sample series (promtool) ------------------------
@@ -168,7 +171,7 @@ MODEL_STATES = {  # (pod, model) -> its state
     ("seq2serve-6d9f-b", "en-de"): "ready", ("seq2serve-6d9f-b", "en-fr"): "loading",
     ("seq2serve-6d9f-b", "nllb"): "failed",
 }
-STATES = ("available", "loading", "ready", "unloading", "failed")
+STATES = tuple(state.value for state in ModelState)
 
 
 def _sample_series() -> list[dict[str, str]]:
@@ -216,7 +219,7 @@ def test_gpu_and_model_panels_evaluate_on_sample_series(tmp_path: Path) -> None:
     for panel in panels():
         for target in panel["targets"]:
             expr = target["expr"]
-            if not (reads_external(expr) or any(name in expr for name in PENDING_SERIES)):
+            if not (reads_external(expr) or reads_model_state(expr)):
                 continue
             query = (expr.replace("$namespace", ".*").replace("$pod", ".*")
                      .replace("$model", ".*"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -30,9 +31,10 @@ import pytest
 import system_tools
 import yaml
 from deploy_helpers import DEPLOY, Replica, free_port, record, replicas, stop_process
-from served_series import http_front_door, pending, reads_external, reads_front_door
+from served_series import http_front_door, reads_external, reads_front_door, reads_model_state
 
 from seq2serve.server.client import Seq2ServeClient
+from seq2serve.server.core.residency import ModelState
 
 pytestmark = pytest.mark.slow
 PROMETHEUS = DEPLOY / "prometheus"
@@ -352,7 +354,7 @@ def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             if (not http_front_door() and reads_front_door(target["expr"])) \
-                    or reads_external(target["expr"]) or pending(target["expr"]):
+                    or reads_external(target["expr"]):
                 skipped += 1  # test_deploy_dashboard.py evaluates these on sample series
                 continue
             expr = (target["expr"].replace("$__rate_interval", "30s")
@@ -364,6 +366,34 @@ def test_every_dashboard_panel_has_data(fleet: Fleet) -> None:
             assert any(v == v for v in values), f"{panel['title']}: no data for {expr}"
             checked += 1
     assert checked + skipped >= len([p for p in dashboard["panels"] if p["type"] != "row"])
+
+
+@pytest.mark.needs("prometheus")
+def test_model_state_panels_count_what_each_replica_says(fleet: Fleet) -> None:
+    """The model panels' queries (the pickers at All), on what the replicas export:
+    each pod's loaded models and the fleet's count per state are what the replicas'
+    own GET /v1/models lists."""
+    dashboard = json.loads((DEPLOY / "grafana" / "seq2serve.json").read_text())
+    queries = [target["expr"].replace("$namespace", ".*").replace("$model", ".*")
+               .replace("$pod", ".*") for panel in dashboard["panels"]
+               for target in panel.get("targets", []) if reads_model_state(target["expr"])]
+    assert len(queries) == 2, queries
+    states = {}  # pod -> each model's state, as the replica lists it
+    for i, replica in enumerate(fleet.replicas):
+        status, body = http_json(f"{replica.http_url}/v1/models")
+        assert status == 200, body
+        states[f"replica-{i}"] = [model["state"] for model in body["models"]]
+    by_state = {state.value: float(sum(listed.count(state.value) for listed in states.values()))
+                for state in ModelState}
+    by_pod = {pod: float(listed.count("ready")) for pod, listed in states.items()}
+    assert by_state["ready"] == len(fleet.replicas)  # en-de on each (deploy_helpers)
+    for query in queries:
+        [by] = re.findall(r"by \((\w+)\)", query)
+        want = by_state if by == "state" else by_pod
+        result = fleet.prometheus.wait(
+            query, lambda r, want=want, by=by: {s["metric"][by]: float(s["value"][1])
+                                                for s in r} == want, 30, "model states")
+        assert len(result) == len(want)
 
 
 @pytest.mark.needs("prometheus")

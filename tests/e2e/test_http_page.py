@@ -61,6 +61,17 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
+@pytest.fixture
+def lazy_url(models_dir: Path) -> Iterator[str]:
+    """A server started with --lazy: the tiny model is found and checked, not loaded
+    (one per test: a translation loads it)."""
+    running = RunningServer(server_config(models_dir, http_port=free_port(), lazy=True,
+                                          max_text_chars=CHAR_LIMIT))
+    assert running.http_url is not None
+    yield running.http_url
+    running.stop()
+
+
 @pytest.fixture(scope="module")
 def base_url(server: RunningServer) -> str:
     assert server.http_url is not None, "the server has no HTTP port"
@@ -231,6 +242,36 @@ def test_page_source_has_nothing_inline_and_nothing_from_elsewhere() -> None:
         assert "http://" not in text and "https://" not in text, f"{name} names another host"
 
 
+def test_languages_say_what_is_loaded(lazy_url: str, api: httpx.Client) -> None:
+    """Under --lazy /languages lists the pair before its model loads, with LibreTranslate's
+    fields as they are and ours saying it is not loaded; a request loads it, and then
+    /languages and GET /v1/models say so. A server that loads all at start lists all
+    loaded. The page's script reads these fields (the browser test below shows them)."""
+    with httpx.Client(base_url=lazy_url, timeout=60) as lazy:
+        before = {lang["code"]: lang for lang in lazy.get("/languages").json()}
+        [model] = lazy.get("/v1/models").json()["models"]
+        assert model["state"] == "available"
+        eager = {lang["code"]: lang for lang in api.get("/languages").json()}
+        assert before.keys() == eager.keys() and "en" in before
+        for code, lang in before.items():  # LibreTranslate's three, then ours
+            assert list(lang) == ["code", "name", "targets", "loaded", "loadedTargets"]
+            assert {k: lang[k] for k in ("code", "name", "targets")} == \
+                {k: eager[code][k] for k in ("code", "name", "targets")}
+            assert (lang["loaded"], lang["loadedTargets"]) == (False, [])
+            assert (eager[code]["loaded"], eager[code]["loadedTargets"]) == \
+                (True, eager[code]["targets"])
+        target = before["en"]["targets"][0]
+        answer = lazy.post("/translate", json={"q": SENTENCE, "source": "en", "target": target})
+        assert answer.status_code == 200, answer.text
+        after = {lang["code"]: lang for lang in lazy.get("/languages").json()}
+        assert after["en"]["loaded"] and after["en"]["loadedTargets"] == before["en"]["targets"]
+        assert after[target]["loaded"]
+        [model] = lazy.get("/v1/models").json()["models"]
+        assert model["state"] == "ready"
+        page = lazy.get("/static/app.js").text
+        assert "loadedTargets" in page and "loads on first request" in page
+
+
 # -- in the browser -------------------------------------------------------------------
 
 @needs_chromium
@@ -267,6 +308,45 @@ def test_typing_shows_what_the_api_answers(open_page: OpenPage, base_url: str,
         page.click("#swap")
         expect(page.locator("#source-lang")).to_have_value(target)
     screenshot(page, tmp_path / "page-desktop.png")
+    watched.assert_clean(base_url)
+
+
+@needs_chromium
+def test_the_page_says_which_models_are_loaded(open_page: OpenPage, browser: Browser,
+                                               lazy_url: str, base_url: str,
+                                               api: httpx.Client) -> None:
+    """On a --lazy server the chosen pair's target is marked and #model-note says its
+    model loads on the first request; once a translation has loaded it, both say it is
+    loaded. On a server that loads everything at start the page says nothing of it."""
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        watched = load(context.new_page(), lazy_url)
+        page = watched.page
+        source, target = pick_pair(page, api)
+        note = page.locator("#model-note")
+        expect(note).to_have_attribute("data-loaded", "false")
+        expect(note).to_contain_text("loads on the first request")
+        name = {lang["code"]: lang["name"] for lang in api.get("/languages").json()}[target]
+        chosen = page.locator(f"#target-lang option[value='{target}']")
+        expect(chosen).to_have_text(f"{name} · loads on first request")
+        with page.expect_response(is_translation_of(SENTENCE), timeout=WAIT_MS):
+            page.fill("#source-text", SENTENCE)
+        expect(page.locator("#target-text")).not_to_have_value("", timeout=WAIT_MS)
+        languages = {lang["code"]: lang for lang in httpx.get(f"{lazy_url}/languages",
+                                                              timeout=60).json()}
+        assert languages[source]["loadedTargets"] == [target]  # the server's answer
+        # Everything the tiny server serves is loaded now: the marks and the note go.
+        expect(chosen).to_have_text(name, timeout=WAIT_MS)
+        expect(note).to_be_empty()
+        expect(page.locator("#error")).to_be_empty()
+        watched.assert_clean(lazy_url)
+    finally:
+        context.close()
+    watched = open_page()
+    pick_pair(watched.page, api)
+    expect(watched.page.locator("#model-note")).to_be_empty()
+    assert not watched.page.locator("#target-lang option").first.inner_text().endswith(
+        "loads on first request")
     watched.assert_clean(base_url)
 
 

@@ -82,13 +82,13 @@ class LibreTranslateApi:
     # -- languages -------------------------------------------------------------------
 
     async def languages(self, request: Request) -> Response:
-        # Every target reachable from each language, through English too (as
-        # LibreTranslate lists its pivoted pairs); a language is not its own target.
-        listing = self.catalog.listing()
+        # LibreTranslate's fields (every target reachable from each language, through
+        # English too, as LibreTranslate lists its pivoted pairs), then two of ours:
+        # whether all its models are loaded now, and the targets whose models are.
         return JSONResponse([
-            {"code": code, "name": self.catalog.name(code),
-             "targets": sorted(t for s, t in listing.pairs if s == code)}
-            for code in listing.languages])
+            {"code": language.code, "name": language.name, "targets": list(language.targets),
+             "loaded": language.loaded, "loadedTargets": list(language.loaded_targets)}
+            for language in self.catalog.languages()])
 
     async def frontend_settings(self, request: Request) -> Response:
         targets = self.catalog.listing().targets

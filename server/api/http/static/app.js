@@ -19,6 +19,11 @@
  *   #target-lang       target language <select>; its options follow #source-lang
  *   #swap              swaps the languages (and the texts); disabled, with the reason
  *                      in #swap-note, when no model translates from the target
+ *   #model-note        while this server holds some model not loaded (--lazy, a memory
+ *                      budget): whether the chosen pair's models are loaded, its
+ *                      data-loaded "true", "false" or "" (auto: it depends on the
+ *                      detected language); options whose models are not loaded end in
+ *                      " · loads on first request" (/languages' loaded, loadedTargets)
  *   #source-text       text to translate; translated as you type, debounced by the
  *                      server's frontendTimeout (Ctrl+Enter translates at once)
  *   #char-count        "<characters> / <charLimit>"; class "over" past the limit
@@ -69,6 +74,7 @@
     targetLang: $("target-lang"),
     swap: $("swap"),
     swapNote: $("swap-note"),
+    modelNote: $("model-note"),
     sourceText: $("source-text"),
     charCount: $("char-count"),
     clear: $("clear"),
@@ -97,7 +103,7 @@
 
   const state = {
     settings: DEFAULT_SETTINGS,
-    /** code -> {code, name, targets} from /languages */
+    /** code -> {code, name, targets, loaded, loadedTargets} from /languages */
     languages: new Map(),
     /** The language /translate detected for the current text when the source is auto. */
     detected: "",
@@ -219,22 +225,118 @@
     return language ? language.targets.slice().sort(byName) : [];
   }
 
-  function fillSelect(select, codes, wanted) {
-    select.replaceChildren(...codes.map((code) => new Option(languageName(code), code)));
+  /** A language as /languages lists it. A server that does not say what is loaded
+   * (LibreTranslate) counts as holding everything. */
+  function readLanguage(language) {
+    const targets = Array.isArray(language.targets) ? language.targets : [];
+    return {
+      code: language.code,
+      name: typeof language.name === "string" ? language.name : language.code,
+      targets,
+      loaded: language.loaded !== false,
+      loadedTargets: Array.isArray(language.loadedTargets) ? language.loadedTargets : targets,
+    };
+  }
+
+  function readLanguages(languages) {
+    return new Map((Array.isArray(languages) ? languages : [])
+      .filter((language) => language && typeof language.code === "string")
+      .map((language) => [language.code, readLanguage(language)]));
+  }
+
+  // -- what is loaded ----------------------------------------------------------------
+
+  const LOADS_MARK = " · loads on first request";
+
+  /** Whether every model this server serves is loaded (then the page says nothing). */
+  function allLoaded() {
+    return Array.from(state.languages.values()).every((language) => language.loaded);
+  }
+
+  /** Whether source -> target's models are loaded: true, false, or null when the
+   * source is auto and some languages' models into the target are loaded, some not. */
+  function pairLoaded(source, target) {
+    if (!target) return true;
+    if (source !== "auto") {
+      const language = state.languages.get(source);
+      return !language || language.loadedTargets.includes(target);
+    }
+    const writers = Array.from(state.languages.values())
+      .filter((language) => language.targets.includes(target));
+    const loaded = writers.filter((language) => language.loadedTargets.includes(target));
+    if (loaded.length === writers.length) return true;
+    return loaded.length === 0 ? false : null;
+  }
+
+  /** A source is marked when every translation from it loads a model first. */
+  function sourceLabel(code) {
+    const language = state.languages.get(code);
+    const none = Boolean(language) && language.targets.length > 0
+      && language.loadedTargets.length === 0;
+    return languageName(code) + (none ? LOADS_MARK : "");
+  }
+
+  /** A target is marked when the chosen source's pair to it is not loaded. */
+  function targetLabel(code) {
+    return languageName(code)
+      + (pairLoaded(el.sourceLang.value, code) === false ? LOADS_MARK : "");
+  }
+
+  function updateModelNote() {
+    const target = el.targetLang.value;
+    const loaded = pairLoaded(el.sourceLang.value, target);
+    const quiet = allLoaded() || !target;
+    el.modelNote.dataset.loaded = quiet || loaded === null ? "" : String(loaded);
+    if (quiet) {
+      el.modelNote.textContent = "";
+    } else if (loaded === true) {
+      el.modelNote.textContent = "Loaded: this pair's model answers at once.";
+    } else if (loaded === false) {
+      el.modelNote.textContent = "Not loaded yet: this pair's model loads on the first "
+        + "request, which waits for it.";
+    } else {
+      el.modelNote.textContent = "Some languages' models into "
+        + `${languageName(target)} are not loaded yet: they load on their first request.`;
+    }
+  }
+
+  /** The options' marks and the note, after /languages answered again. */
+  function relabel() {
+    for (const option of el.sourceLang.options) {
+      if (option.value !== "auto") option.text = sourceLabel(option.value);
+    }
+    for (const option of el.targetLang.options) option.text = targetLabel(option.value);
+    updateModelNote();
+  }
+
+  /** Asks /languages again once a translation may have loaded a model. */
+  async function refreshLoaded() {
+    try {
+      state.languages = readLanguages(await api("/languages"));
+      relabel();
+    } catch (error) {
+      showError("Could not ask which models are loaded", error);
+    }
+  }
+
+  function fillSelect(select, codes, wanted, label) {
+    select.replaceChildren(...codes.map((code) => new Option(label(code), code)));
     select.value = codes.includes(wanted) ? wanted : (codes[0] || "");
   }
 
   function fillSources(wanted) {
-    fillSelect(el.sourceLang, ["auto", ...sourceCodes()], wanted);
+    fillSelect(el.sourceLang, ["auto", ...sourceCodes()], wanted,
+      (code) => (code === "auto" ? languageName(code) : sourceLabel(code)));
   }
 
   /** The target options follow the source; the chosen target stays when it can. */
   function fillTargets(wanted) {
     const targets = targetsOf(el.sourceLang.value);
     const keep = targets.includes(wanted) ? wanted : state.settings.language.target.code;
-    fillSelect(el.targetLang, targets, keep);
+    fillSelect(el.targetLang, targets, keep, targetLabel);
     el.targetLang.disabled = targets.length === 0;
     updateSwap();
+    updateModelNote();
   }
 
   /** The source swap would make: the chosen one, or the detected one under auto. */
@@ -298,8 +400,9 @@
     el.copyStatus.textContent = "";
   }
 
-  function setBusy(busy) {
-    el.busy.textContent = busy ? "Translating…" : "";
+  function setBusy(busy, loading) {
+    el.busy.textContent = busy
+      ? (loading ? "Loading the model, then translating…" : "Translating…") : "";
     el.targetText.setAttribute("aria-busy", busy ? "true" : "false");
   }
 
@@ -330,7 +433,8 @@
     }
     const controller = new AbortController();
     state.inFlight = controller;
-    setBusy(true);
+    const loaded = pairLoaded(el.sourceLang.value, el.targetLang.value);
+    setBusy(true, loaded !== true);
     const request = {
       q: text,
       source: el.sourceLang.value,
@@ -343,6 +447,7 @@
       if (sequence !== state.sequence) return;
       showTranslation(body);
       clearError();
+      if (loaded !== true) refreshLoaded(); // the request loaded its model
     } catch (error) {
       if ((error && error.name === "AbortError") || sequence !== state.sequence) return;
       const cap = alternativesCap(error);
@@ -625,6 +730,7 @@
     });
     el.targetLang.addEventListener("change", () => {
       updateSwap();
+      updateModelNote();
       translateNow();
     });
     el.swap.addEventListener("click", swap);
@@ -683,13 +789,7 @@
     clearError();
     const [settings, languages] = loaded;
     state.settings = mergeSettings(settings);
-    state.languages = new Map((Array.isArray(languages) ? languages : [])
-      .filter((language) => language && typeof language.code === "string")
-      .map((language) => [language.code, {
-        code: language.code,
-        name: typeof language.name === "string" ? language.name : language.code,
-        targets: Array.isArray(language.targets) ? language.targets : [],
-      }]));
+    state.languages = readLanguages(languages);
     const formats = Array.isArray(state.settings.supportedFilesFormat)
       ? state.settings.supportedFilesFormat : DEFAULT_SETTINGS.supportedFilesFormat;
     el.fileInput.accept = formats.join(",");
