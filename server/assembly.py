@@ -44,7 +44,7 @@ from seq2serve.server.batching.worker import ModelWorker
 from seq2serve.server.config import ServerConfig
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry, stop_workers
-from seq2serve.server.core.residency import Loaded, ModelState
+from seq2serve.server.core.residency import Loaded, ModelState, Resource
 from seq2serve.server.engine.engine import Engine
 from seq2serve.server.engine.options import OptionLimits, Resolvable, ResolvedOptions
 from seq2serve.server.engine.runner import CPU, CUDA, RunnerConfig, choose_provider
@@ -157,6 +157,9 @@ def load_models(registry: ModelRegistry, config: ServerConfig, metrics: Metrics)
     for handle in handles:
         registry.add(handle)
         metrics.set_model_state(handle.name, handle.state.value)
+    if config.max_device_memory and not any(h.device_cost for h in handles):
+        log.warning("--max-device-memory is set but no model runs on a device (provider "
+                    "%s chose the CPU): the device budget applies to none", config.provider)
     if not config.lazy:
         broken += _load_now(registry, handles)
     try:
@@ -237,7 +240,8 @@ def configure(registry: ModelRegistry, config: ServerConfig, metrics: Metrics) -
     residency.build = lambda handle: build_handle(handle, config, metrics)
     residency.stop = lambda handle, loaded: stop_handle(handle, loaded, metrics)
     residency.freed = return_freed_memory
-    residency.budget = config.max_model_memory
+    residency.budgets = {Resource.HOST: config.max_model_memory,
+                         Resource.DEVICE: config.max_device_memory}
     residency.wait_s = config.load_wait_s
 
     def changed(handle: ModelHandle) -> None:
@@ -255,10 +259,11 @@ def _load_now(registry: ModelRegistry, handles: list[ModelHandle]) -> list[Broke
     broken = []
     residency = registry.residency
     for handle in handles:
-        if residency.budget and residency.resident() + handle.cost > residency.budget:
-            log.info("%s (%d bytes) is left to its first request: the loaded models fill "
-                     "the memory budget of %d bytes", handle.name, handle.cost,
-                     residency.budget)
+        short = residency.short_of(handle)
+        if short is not None:
+            log.info("%s (%d bytes of %s) is left to its first request: the loaded models "
+                     "fill the %s budget of %d bytes (%s)", handle.name, short.cost(handle),
+                     short.value, short.value, residency.budgets[short], short.option)
             continue
         try:
             residency.load(handle).result()
@@ -315,6 +320,25 @@ def package_cost(package: ModelPackage, engines: int) -> int:
     return int(files * LOAD_FACTOR) + MODEL_BYTES + engines * ENGINE_BYTES
 
 
+def device_graphs(package: ModelPackage) -> list[Path]:
+    """The graphs whose sessions run on a device provider (runner.Runner: the step's
+    selection runs on the host's log-probs, so select.onnx stays on the CPU)."""
+    graphs = [package.encoder_path, package.decoder_path, package.reorder_path,
+              package.move_path]
+    shortlist = package.shortlist_decoder_path
+    return graphs if shortlist is None else [*graphs, shortlist]
+
+
+def device_cost(package: ModelPackage, engines: int) -> int:
+    """The bytes a package holds on a device once loaded, known before it loads: the
+    weights of the graphs run there (their files' bytes, at the package's precision;
+    engines share the sessions, so once) and each engine's own buffers (the share
+    measured on the host). Not counted: the decoding's caches and activations, which
+    grow with the traffic in ONNX Runtime's arena (--gpu-mem-limit-mb bounds it)."""
+    weights = sum(p.stat().st_size for p in device_graphs(package))
+    return weights + engines * ENGINE_BYTES
+
+
 @dataclass
 class PackageOptions:
     """A package's options as its engines resolve them (engine.Engine.resolve; its
@@ -354,8 +378,10 @@ def package_handle(package: ModelPackage, config: ServerConfig) -> ModelHandle:
         raise PackageError(package.path, [f"{MANIFEST}: generation defaults do not apply "
                                           f"on this server: {e}"]) from None
     count, _ = engine_layout(config.threads, config.engines, provider)
+    on_device = provider == CUDA or config.emulate_device
     return ModelHandle(package.manifest.name, package, package_tokenizer(package), options,
-                       cost=package_cost(package, count))
+                       cost=package_cost(package, count),
+                       device_cost=device_cost(package, count) if on_device else 0)
 
 
 def build_handle(handle: ModelHandle, config: ServerConfig, metrics: Metrics) -> Loaded:

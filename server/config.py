@@ -24,7 +24,7 @@ from typing import Any
 
 from seq2serve.model.package.session import ARENA_STRATEGIES, CudaSettings
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
-from seq2serve.server.resources import PROVIDERS, usable_cores
+from seq2serve.server.resources import PROVIDERS, Provider, usable_cores
 
 ENV_PREFIX = "SEQ2SERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -89,6 +89,12 @@ class ServerConfig:
         "and engines; ListModels shows it): loading past it unloads the least recently "
         "used idle models, and is refused (RESOURCE_EXHAUSTED / 503) when the models "
         "holding it are busy; 0 = no budget", "BYTES"))
+    max_device_memory: int = field(default=0, metadata=_meta(
+        "bytes the loaded models may hold on the device (--device-id), for models on a "
+        "device (--provider cuda, or the CPU emulating one: --emulate-device), by each "
+        "model's device cost (its graphs' weights and its engines' buffers; not the "
+        "decoding's caches, which --gpu-mem-limit-mb bounds): kept as --max-model-memory "
+        "is, least recently used idle models unloaded first; 0 = no budget", "BYTES"))
     admin_keys: Path | None = field(default=None, metadata=_meta(
         "keys of the model-control calls (LoadModel, UnloadModel; POST /v1/models/NAME/"
         "load and /unload), one per line, separate from --api-keys; without it the "
@@ -299,6 +305,8 @@ class ServerConfig:
                           "comma-separated"),
             float_problem("load_wait_s", self.load_wait_s, 0.0, 86400.0),
             int_problem("max_model_memory", self.max_model_memory, 0, note="0 = no budget"),
+            int_problem("max_device_memory", self.max_device_memory, 0, note="0 = no budget"),
+            self._device_budget_problem(),
             float_problem("poll_models_s", self.poll_models_s, 0.0, 86400.0),
             self._admin_keys_problem(),
             self._glossary_dir_problem(),
@@ -343,6 +351,19 @@ class ServerConfig:
         if not Path(self.models_dir).is_dir():
             return Problem("models_dir", "models_dir must be an existing directory, got "
                            f"{str(self.models_dir)!r}")
+        return None
+
+    def _device_budget_problem(self) -> Problem | None:
+        """A device budget on a server that runs every model on the host is a mistake
+        (with --provider auto the device is known only when the models load: the
+        assembly warns there)."""
+        if (is_int(self.max_device_memory) and self.max_device_memory > 0
+                and self.provider == Provider.CPU and not self.emulate_device):
+            return Problem("max_device_memory", "max_device_memory applies to models on a "
+                           "device (--provider cuda, or auto where CUDA is found, or "
+                           "--emulate-device); with --provider cpu no model is on one: set "
+                           "--max-model-memory for host memory, or 0 here, got "
+                           f"{self.max_device_memory!r}")
         return None
 
     def _metrics_port_clash(self) -> Problem | None:

@@ -80,7 +80,8 @@ class ModelHandle:
     # Its options, limits and provider as every engine of it has them, known before
     # it loads (assembly.PackageOptions).
     engine: ModelEngine
-    cost: int = 0  # bytes it holds once loaded (assembly.package_cost)
+    cost: int = 0  # bytes of host memory it holds once loaded (assembly.package_cost)
+    device_cost: int = 0  # bytes of the device's memory it holds (assembly.device_cost)
     loaded: Loaded | None = None
     state: ModelState = ModelState.AVAILABLE
     error: str = ""  # why it failed to load
@@ -465,7 +466,9 @@ class ModelRegistry:
         still running at the deadline is terminated (its ONNX Runtime runs end),
         and every engine thread is joined before this returns."""
         self.residency.close()
-        stop_workers([w for handle in self._handles.values() for w in handle.workers],
+        # The models a rescan removed but whose last requests still run, too.
+        handles = {id(h): h for h in [*self._handles.values(), *self.residency.held()]}
+        stop_workers([w for handle in handles.values() for w in handle.workers],
                      drain, timeout)
 
 

@@ -7,11 +7,17 @@ from admission to its answer (`lease`): a model with a lease is never unloaded
 under it. A request for a model that is not loaded loads it and waits, up to
 `wait_s` (then Unavailable: 503 with Retry-After), while other models answer.
 
-With a budget (`--max-model-memory`), loading a model whose cost (known from its
-files and engines before it loads: assembly.package_cost) would pass it unloads the
-least recently used idle models first; when the models with leases hold too much,
-the load is refused at once (OverBudget naming the budget: gRPC RESOURCE_EXHAUSTED,
-HTTP 503 with Retry-After), never queued.
+With a budget, loading a model whose cost (known from its files and engines before
+it loads: assembly.package_cost) would pass it unloads the least recently used idle
+models first; when the models with leases hold too much, the load is refused at once
+(OverBudget naming the budget: gRPC RESOURCE_EXHAUSTED, HTTP 503 with Retry-After),
+never queued. There is a budget per resource (`Resource`): host memory
+(`--max-model-memory`) and the device's (`--max-device-memory`, for models whose
+provider is a device), each model costing its own bytes of each; one arithmetic
+keeps them all, and unloads only models that free a resource that is short. A model
+counts from the moment it starts loading until it is really unloaded: one an
+operator or a rescan unloads (removed from the registry's listing meanwhile) still
+counts while its last requests finish.
 
 Loads and unloads run one at a time on one thread of their own (ONNX Runtime work
 blocks), so the budget's arithmetic never sees two at once; the states are kept
@@ -56,6 +62,21 @@ class ModelState(str, Enum):
 RESIDENT = (ModelState.LOADING, ModelState.READY, ModelState.UNLOADING)
 
 
+class Resource(Enum):
+    """What a budget holds; the value says it in a refusal."""
+
+    HOST = "memory"  # the process's memory: every model's `cost`
+    DEVICE = "device memory"  # the device's (--device-id): a model's `device_cost`
+
+    @property
+    def option(self) -> str:
+        """The setting of its budget (server/config.py's flag; its test holds them equal)."""
+        return "--max-model-memory" if self is Resource.HOST else "--max-device-memory"
+
+    def cost(self, handle: Resident) -> int:
+        return handle.cost if self is Resource.HOST else handle.device_cost
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What a loaded model runs on: its queue and one worker per engine."""
@@ -69,7 +90,8 @@ class Resident(Protocol):
     a protocol, so that the registry imports this module and not the other way)."""
 
     name: str
-    cost: int
+    cost: int  # bytes of host memory it holds once loaded
+    device_cost: int  # bytes of the device's memory it holds (0: not on a device)
     loaded: Loaded | None
     state: ModelState
     error: str
@@ -102,23 +124,54 @@ class Residency(Generic[H]):
         self._lock = threading.RLock()
         self._jobs = ThreadPoolExecutor(1, thread_name_prefix="seq2serve-models")
         self._loads: dict[int, Future[None]] = {}  # id(handle): its pending load
+        # id(handle): each model loading, ready or unloading, whether the registry still
+        # lists it or not (a rescan removes a model before its requests finish).
+        self._held: dict[int, H] = {}
         self.build: Callable[[H], Loaded] = _no_build
         self.stop: Callable[[H, Loaded], None] = _no_stop
         # Called once an unloaded model's memory is freed (the assembly hands the heap
         # back to the system).
         self.freed: Callable[[], None] = lambda: None
-        self.budget = 0  # bytes the loaded models may hold; 0 = no budget
+        # Bytes the loaded models may hold of each resource; absent or 0 = no budget.
+        self.budgets: dict[Resource, int] = {}
         self.wait_s = DEFAULT_WAIT_S
 
     # -- what is held ------------------------------------------------------------------
 
-    def resident(self) -> int:
-        """The bytes the loaded (and loading, and unloading) models hold, by their costs."""
+    def held(self) -> list[H]:
+        """The models loading, ready or unloading (listed by the registry or not)."""
         with self._lock:
-            return sum(h.cost for h in self._handles() if h.state in RESIDENT)
+            return list(self._held.values())
+
+    def resident(self, resource: Resource = Resource.HOST) -> int:
+        """The bytes of `resource` the loaded (and loading, and unloading) models hold,
+        by their costs."""
+        with self._lock:
+            return sum(resource.cost(h) for h in self._held.values())
+
+    def short_of(self, handle: H) -> Resource | None:
+        """The first resource whose budget `handle` would pass beside the models held
+        now (none unloaded); None when it fits every budget."""
+        with self._lock:
+            shortfalls = self._shortfalls(handle)
+        return next(iter(shortfalls), None)
+
+    def _shortfalls(self, handle: H) -> dict[Resource, int]:
+        """Per resource whose budget `handle` would pass: the bytes short."""
+        short = {}
+        for resource, budget in self.budgets.items():
+            if budget and resource.cost(handle):
+                need = self.resident(resource) + resource.cost(handle) - budget
+                if need > 0:
+                    short[resource] = need
+        return short
 
     def _set(self, handle: H, state: ModelState, error: str = "") -> None:
         handle.state, handle.error = state, error
+        if state in RESIDENT:
+            self._held[id(handle)] = handle
+        else:
+            self._held.pop(id(handle), None)
         self._changed(handle)
 
     # -- requests ----------------------------------------------------------------------
@@ -254,31 +307,36 @@ class Residency(Generic[H]):
             self._set(handle, ModelState.READY)
 
     def _victims(self, handle: H) -> list[H]:
-        """The least recently used idle models to unload so that `handle` fits the
-        budget; OverBudget (naming the budget) where those cannot free enough."""
-        if not self.budget:
-            return []
-        held = self.resident()
-        need = held + handle.cost - self.budget
-        if need <= 0:
+        """The least recently used idle models to unload so that `handle` fits every
+        budget (each one frees some of a resource that is short); OverBudget naming
+        the budget when those cannot free enough."""
+        needs = self._shortfalls(handle)
+        if not needs:
             return []
         idle = sorted((h for h in self._handles() if h is not handle
                        and h.state is ModelState.READY and h.leases == 0),
                       key=lambda h: h.last_used)
         chosen: list[H] = []
         for victim in idle:
-            if need <= 0:
-                break
+            if not any(need > 0 and r.cost(victim) for r, need in needs.items()):
+                continue  # frees nothing that is short
             chosen.append(victim)
-            need -= victim.cost
-        if need > 0:
-            busy = sorted(h.name for h in self._handles() if h.state in RESIDENT and h.leases)
-            raise OverBudget(
-                f"model {handle.name!r} needs {handle.cost} bytes and the memory budget of "
-                f"{self.budget} bytes (--max-model-memory) has {self.budget - held} free; "
-                f"the models holding the rest have requests in flight "
-                f"({', '.join(busy) or 'none'}): retry when they finish")
+            needs = {r: need - r.cost(victim) for r, need in needs.items()}
+        for resource, need in needs.items():
+            if need > 0:
+                raise OverBudget(self._refusal(handle, resource))
         return chosen
+
+    def _refusal(self, handle: H, resource: Resource) -> str:
+        budget, cost = self.budgets[resource], resource.cost(handle)
+        named = f"the {resource.value} budget of {budget} bytes ({resource.option})"
+        if cost > budget:
+            return (f"model {handle.name!r} needs {cost} bytes of {resource.value}, more "
+                    f"than {named}: raise it, or serve a smaller package")
+        busy = sorted(h.name for h in self._held.values() if h.leases and resource.cost(h))
+        return (f"model {handle.name!r} needs {cost} bytes and {named} has "
+                f"{budget - self.resident(resource)} free; the models holding the rest have "
+                f"requests in flight ({', '.join(busy) or 'none'}): retry when they finish")
 
     def _unload_job(self, handle: H) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
-"""A server that holds fewer models than it serves (--lazy, --max-model-memory), on
-the shipped en-de, de-en, en-fr and fr-en: every pair, direct and through English,
-asked in random order, answers what a server holding everything answers; the
-model-control calls (gRPC LoadModel / UnloadModel, HTTP /v1/models) behind an admin
-key; a package added broken at run time fails alone; an unload waits for a stream."""
+"""A server that holds fewer models than it serves (--lazy, --max-model-memory, and
+--max-device-memory on the emulated device), on the shipped en-de, de-en, en-fr and
+fr-en: every pair, direct and through English, asked in random order, answers what a
+server holding everything answers; the model-control calls (gRPC LoadModel /
+UnloadModel, HTTP /v1/models) behind an admin key, and under load with no request
+lost; a package added broken at run time fails alone; an unload waits for a stream."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import random
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -19,8 +20,12 @@ import httpx
 import pytest
 from serving import RunningServer, free_port, server_config
 
+from seq2serve.model.package.manifest import load_package
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.protos import translator_pb2_grpc as pb_grpc
+from seq2serve.server.assembly import device_cost
+from seq2serve.server.core.registry import ModelHandle, ModelRegistry
+from seq2serve.server.core.residency import Resource
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 PAIRS = ("en-de", "de-en", "en-fr", "fr-en")
@@ -68,8 +73,9 @@ def every_pair() -> list[tuple[str, str]]:
     return [(a, b) for a in TEXTS for b in TEXTS if a != b]
 
 
-def test_a_lazy_server_within_its_budget_answers_what_one_holding_everything_does(
-        models: Path) -> None:
+@pytest.fixture(scope="module")
+def reference(models: Path) -> tuple[dict[tuple[str, str], str], dict[str, int]]:
+    """Each pair's answer from a server holding every model, and each model's cost."""
     full = RunningServer(server_config(models, threads=1))
     try:
         with grpc.insecure_channel(full.target) as channel:
@@ -79,12 +85,30 @@ def test_a_lazy_server_within_its_budget_answers_what_one_holding_everything_doe
                 pb.ListModelsRequest()).models}
     finally:
         full.stop()
+    return expected, costs
+
+
+def watch(registry: ModelRegistry, seen: Callable[[], None]) -> None:
+    """Call `seen` at every model's state change too (a load's end, an unload's)."""
+    chained = registry.on_change
+
+    def changed(handle: ModelHandle) -> None:
+        seen()
+        chained(handle)
+
+    registry.on_change = changed
+
+
+def test_a_lazy_server_within_its_budget_answers_what_one_holding_everything_does(
+        models: Path, reference: tuple[dict[tuple[str, str], str], dict[str, int]]) -> None:
+    expected, costs = reference
     # Room for a chain's two models, not for all four.
     budget = int(2.5 * max(costs.values()))
     assert budget < sum(costs.values())
     lazy = RunningServer(server_config(models, threads=1, lazy=True, max_model_memory=budget))
     try:
         registry = lazy.server.registry
+        assert {h.device_cost for h in registry.handles()} == {0}  # on the host only
         # The server's own base: started, and ONNX Runtime's one-time start paid (a
         # model loaded and unloaded).
         first = registry.find(name_of(models / "en-de"))
@@ -92,14 +116,14 @@ def test_a_lazy_server_within_its_budget_answers_what_one_holding_everything_doe
         registry.residency.unload(first).result(120)
         first.held_out = False  # unloaded as the budget unloads: served on request
         before = _rss()
-        most = 0
+        most = peak = 0
 
-        def watch(handle: object) -> None:
-            nonlocal most
+        def sample() -> None:
+            nonlocal most, peak
             most = max(most, registry.residency.resident())
+            peak = max(peak, _rss())
 
-        chained = registry.on_change
-        registry.on_change = lambda h: (watch(h), chained(h))[1]
+        watch(registry, sample)
         with grpc.insecure_channel(lazy.target) as channel:
             stub = pb_grpc.TranslatorStub(channel)
             states = {m.name: m.state for m in stub.ListModels(pb.ListModelsRequest()).models}
@@ -108,10 +132,44 @@ def test_a_lazy_server_within_its_budget_answers_what_one_holding_everything_doe
             random.Random(54).shuffle(order)
             for pair in order:
                 assert translate(stub, *pair) == expected[pair], pair
+                sample()
             states = {m.name: m.state for m in stub.ListModels(pb.ListModelsRequest()).models}
         assert 0 < most <= budget
         assert list(states.values()).count("ready") < len(PAIRS)  # some were unloaded
-        assert _rss() - before <= budget, "the loaded models hold more than the budget"
+        assert peak - before <= budget, "the loaded models held more than the budget"
+    finally:
+        lazy.stop()
+
+
+def test_a_lazy_server_within_a_device_budget_answers_what_one_holding_everything_does(
+        models: Path, reference: tuple[dict[tuple[str, str], str], dict[str, int]]) -> None:
+    # The emulated device: the CPU takes the device's branches, and each model costs
+    # its device cost (its graphs' weights and its engine's buffers) on the device.
+    expected, _ = reference
+    on_device = {name_of(models / p): device_cost(load_package(models / p), 1) for p in PAIRS}
+    budget = int(2.5 * max(on_device.values()))
+    assert budget < sum(on_device.values())
+    lazy = RunningServer(server_config(models, threads=1, lazy=True, emulate_device=True,
+                                       max_device_memory=budget))
+    try:
+        registry = lazy.server.registry
+        assert {h.name: h.device_cost for h in registry.handles()} == on_device
+        most = 0
+
+        def sample() -> None:
+            nonlocal most
+            most = max(most, registry.residency.resident(Resource.DEVICE))
+
+        watch(registry, sample)
+        with grpc.insecure_channel(lazy.target) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+            order = every_pair() * 2
+            random.Random(55).shuffle(order)
+            for pair in order:
+                assert translate(stub, *pair) == expected[pair], pair
+            states = {m.name: m.state for m in stub.ListModels(pb.ListModelsRequest()).models}
+        assert 0 < most <= budget
+        assert list(states.values()).count("ready") < len(PAIRS)  # some were unloaded
     finally:
         lazy.stop()
 
@@ -222,3 +280,84 @@ def test_an_unload_during_a_stream_finishes_the_stream_first(
     registry = server.server.registry
     registry.residency.unload(registry.find(name)).result(60)
     assert states(stub)[name] == ("available", "")
+
+
+CLIENTS = 3
+CYCLES = 16  # unload-then-load cycles, over the four models in turn
+MOST_REQUESTS = 400  # per client: a bound, in case the control calls hang
+
+
+def test_the_control_calls_under_load_lose_no_request(
+        models: Path, keys: Path,
+        reference: tuple[dict[tuple[str, str], str], dict[str, int]]) -> None:
+    """Clients ask every pair while an operator unloads and loads each model in turn:
+    every request is answered with the text a server holding everything gives, or,
+    while its model is held out, refused at admission (UNAVAILABLE naming LoadModel);
+    none is lost or answered wrongly."""
+    expected, _ = reference
+    running = RunningServer(server_config(models, threads=1, lazy=True, admin_keys=keys))
+    names = [name_of(models / p) for p in PAIRS]
+    outcomes: list[tuple[tuple[str, str], str | tuple[grpc.StatusCode, str]]] = []
+    in_flight = 0
+    busy_at_control: list[int] = []
+    told: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    try:
+        with grpc.insecure_channel(running.target) as channel:
+            stub = pb_grpc.TranslatorStub(channel)
+
+            def client(seed: int) -> None:
+                nonlocal in_flight
+                rng = random.Random(seed)
+                for _ in range(MOST_REQUESTS):
+                    if done.is_set():
+                        return
+                    pair = rng.choice(every_pair())
+                    with lock:
+                        in_flight += 1
+                    try:
+                        outcome: str | tuple[grpc.StatusCode, str] = translate(stub, *pair)
+                    except grpc.RpcError as e:
+                        outcome = (e.code(), str(e.details()))
+                    with lock:
+                        in_flight -= 1
+                        outcomes.append((pair, outcome))
+
+            def control() -> None:
+                try:
+                    for cycle in range(CYCLES):
+                        name = names[cycle % len(names)]
+                        with lock:
+                            busy_at_control.append(in_flight)
+                        told.append(stub.UnloadModel(pb.ModelControlRequest(name=name),
+                                                     metadata=ADMIN, timeout=120).model.state)
+                        loaded = stub.LoadModel(pb.ModelControlRequest(name=name),
+                                                metadata=ADMIN, timeout=120)
+                        assert loaded.model.state == "ready", loaded.model
+                finally:
+                    done.set()
+
+            for pair in every_pair():  # every model loaded before the load starts
+                assert translate(stub, *pair) == expected[pair]
+            threads = [threading.Thread(target=client, args=(seed,))
+                       for seed in range(CLIENTS)]
+            threads.append(threading.Thread(target=control))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(300)
+            assert not any(thread.is_alive() for thread in threads)
+            assert len(told) == CYCLES and set(told) <= {"unloading", "available"}
+            assert sum(busy_at_control) > 0, "the control calls ran with no request in flight"
+            wrong = [(pair, outcome) for pair, outcome in outcomes if outcome != expected[pair]
+                     and not (isinstance(outcome, tuple)
+                              and outcome[0] == grpc.StatusCode.UNAVAILABLE
+                              and "unloaded by the operator" in outcome[1])]
+            assert wrong == []
+            answered = sum(isinstance(outcome, str) for _, outcome in outcomes)
+            assert answered >= len(outcomes) // 2, (answered, len(outcomes))
+            for pair in every_pair():  # all loaded again, all answering
+                assert translate(stub, *pair) == expected[pair]
+    finally:
+        running.stop()

@@ -14,6 +14,7 @@ from seq2serve.server.assembly import batch_limits, option_limits
 from seq2serve.server.config import ConfigError, ServerConfig
 from seq2serve.server.core.documents import DEFAULT_LIMITS, Limits
 from seq2serve.server.core.documents.limits import DEFAULT_IN_FLIGHT
+from seq2serve.server.core.residency import Resource
 from seq2serve.server.problems import Problem
 from seq2serve.server.resources import usable_cores
 
@@ -101,6 +102,8 @@ BAD = {
     "metrics_port": (70000, "metrics_port must be in [0, 65535] (0 = disabled), got 70000"),
     "provider": ("tpu", "provider must be one of auto, cpu, cuda, got 'tpu'"),
     "threads": (-1, "threads must be in [0, 1024] (0 = the usable cores), got -1"),
+    "max_model_memory": (-1, "max_model_memory must be >= 0 (0 = no budget), got -1"),
+    "max_device_memory": (-1, "max_device_memory must be >= 0 (0 = no budget), got -1"),
     "max_batch_size": (0, "max_batch_size must be >= 1, got 0"),
     "max_batch_tokens": (0, "max_batch_tokens must be >= 1, got 0"),
     "max_queue_delay_ms": (-1.0, "max_queue_delay_ms must be in [0, 60000], got -1.0"),
@@ -246,3 +249,21 @@ def test_the_jobs_folder_must_be_a_folder(tmp_path: Path) -> None:
     c = load(["--models-dir", str(tmp_path), "--jobs-dir", str(tmp_path / "jobs")],
              {"SEQ2SERVE_JOB_TTL_S": "60", "SEQ2SERVE_JOBS_MAX_BYTES": "4096"})
     assert (c.jobs_dir, c.job_ttl_s, c.jobs_max_bytes) == (tmp_path / "jobs", 60.0, 4096)
+
+
+def test_the_device_budget_is_set_as_the_host_s_and_needs_a_device(tmp_path: Path) -> None:
+    config = load(["--models-dir", str(tmp_path), "--max-device-memory", "2000000000"],
+                  {"SEQ2SERVE_MAX_MODEL_MEMORY": "3000000000"})
+    assert (config.max_device_memory, config.max_model_memory) == (2_000_000_000, 3_000_000_000)
+    # The budgets' refusals name these flags.
+    assert Resource.HOST.option == cfg.flag_name("max_model_memory")
+    assert Resource.DEVICE.option == cfg.flag_name("max_device_memory")
+    on_cpu = ServerConfig(models_dir=tmp_path, provider="cpu", max_device_memory=10**9)
+    [problem] = on_cpu.problems()
+    assert problem.field == "max_device_memory"
+    assert "applies to models on a device (--provider cuda" in problem.message
+    assert "got 1000000000" in problem.message
+    for device in ({"provider": "cpu", "emulate_device": True}, {"provider": "cuda"},
+                   {"provider": "auto"}):  # auto: known when the models load (a warning)
+        assert ServerConfig(models_dir=tmp_path, max_device_memory=10**9,
+                            **device).problems() == []

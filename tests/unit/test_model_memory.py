@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from seq2serve.model.package.manifest import load_package
-from seq2serve.server.assembly import build_handle, load_models, package_handle
+from seq2serve.server.assembly import (
+    ENGINE_BYTES,
+    build_handle,
+    device_cost,
+    device_graphs,
+    load_models,
+    package_handle,
+)
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.residency import ModelState
@@ -106,6 +113,51 @@ def test_a_packages_cost_is_what_loading_it_takes() -> None:
     # is below it, but not far below (an int8 NLLB-600M: 0.92-0.97 of it).
     for row in measure(2, 2, SHIPPED / "fr-en", SHIPPED / "en-de", SHIPPED / "summarize-en")[1:]:
         assert 0.55 * row["cost"] <= row["grew"] <= row["cost"], row
+
+
+def _tensor_bytes(graph: Path) -> int:
+    """The bytes of a graph's weights, as the onnx library reads them: its initializers
+    and its Constant nodes' values."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(graph))
+    tensors = [*model.graph.initializer,
+               *(a.t for n in model.graph.node if n.op_type == "Constant"
+                 for a in n.attribute if a.name == "value")]
+    return sum(numpy_helper.to_array(t).nbytes for t in tensors)
+
+
+@needs_shipped
+def test_a_packages_device_cost_is_its_device_graphs_weights() -> None:
+    for pair in ("en-de", "fr-en"):
+        package = load_package(SHIPPED / pair)
+        assert [p.name for p in device_graphs(package)] == [
+            "encoder.onnx", "decoder.onnx", "reorder.onnx", "move.onnx"]  # select: the host's
+        weights = sum(_tensor_bytes(graph) for graph in device_graphs(package))
+        for engines in (1, 2):
+            graphs = device_cost(package, engines) - engines * ENGINE_BYTES
+            # The files hold the weights at the package's precision, and the graphs'
+            # structure beside them (an int8 graph's many small nodes: 10%).
+            assert weights <= graphs <= 1.15 * weights, (pair, weights, graphs)
+
+
+def test_a_device_budget_where_no_model_is_on_a_device_is_said(
+        models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    registry = ModelRegistry()
+    with caplog.at_level("WARNING", logger="seq2serve.server"):
+        load_models(registry, server_config(models_dir, lazy=True, provider="auto",
+                                            max_device_memory=10**9), Metrics())
+    on_device = [h.device_cost for h in registry.handles()]
+    registry.close(drain=False, timeout=10)
+    if any(on_device):
+        pytest.skip("this onnxruntime found CUDA: the models are on the device")
+    assert "--max-device-memory is set but no model runs on a device" in caplog.text
+    emulated = ModelRegistry()
+    load_models(emulated, server_config(models_dir, lazy=True, emulate_device=True,
+                                        max_device_memory=10**9), Metrics())
+    assert all(h.device_cost > 0 for h in emulated.handles())
+    emulated.close(drain=False, timeout=10)
 
 
 def _rss() -> int:

@@ -17,7 +17,7 @@ from seq2serve.server.batching.scheduler import Scheduler
 from seq2serve.server.config import ServerConfig
 from seq2serve.server.core.errors import OverBudget, Unavailable
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry
-from seq2serve.server.core.residency import Loaded, ModelState
+from seq2serve.server.core.residency import Loaded, ModelState, Resource
 from seq2serve.server.metrics import MODEL_STATES
 
 T = TypeVar("T")
@@ -40,6 +40,7 @@ class Recorder:
         self.gate = threading.Event()
         self.gate.set()
         self.most = 0  # the most bytes the resident models ever held
+        self.most_on_device = 0
         registry.residency.build = self.build
         registry.residency.stop = self.stop
         self.registry = registry
@@ -57,21 +58,26 @@ class Recorder:
 
     def changed(self, handle: ModelHandle) -> None:
         self.most = max(self.most, self.registry.residency.resident())
+        self.most_on_device = max(self.most_on_device,
+                                  self.registry.residency.resident(Resource.DEVICE))
 
 
-def stand_in(name: str, cost: int) -> ModelHandle:
+def stand_in(name: str, cost: int, device_cost: int = 0) -> ModelHandle:
     manifest = SimpleNamespace(task="translate", source_language=name[:2],
                                target_language=name[3:], languages=None)
     return ModelHandle(name, SimpleNamespace(manifest=manifest),  # type: ignore[arg-type]
-                       None, None, cost=cost)  # type: ignore[arg-type]
+                       None, None, cost=cost, device_cost=device_cost)  # type: ignore[arg-type]
 
 
-def registry_of(*names: str, cost: int = 10, budget: int = 0,
+def registry_of(*names: str, cost: int = 10, budget: int = 0, device_cost: int = 0,
+                device_budget: int = 0,
                 broken: tuple[str, ...] = ()) -> tuple[ModelRegistry, Recorder]:
+    """Stand-ins of `names`, each costing `cost` bytes of host memory and `device_cost`
+    of the device's (a model on a device provider), under those budgets."""
     registry = ModelRegistry()
     for name in names:
-        registry.add(stand_in(name, cost))
-    registry.residency.budget = budget
+        registry.add(stand_in(name, cost, device_cost))
+    registry.residency.budgets = {Resource.HOST: budget, Resource.DEVICE: device_budget}
     registry.loaded()
     return registry, Recorder(registry, broken)
 
@@ -144,6 +150,94 @@ def test_a_model_larger_than_the_budget_is_refused_naming_it() -> None:
         use(registry, "en-de")
     assert recorder.events == []
     assert states(registry) == {"en-de": "available"}
+    registry.close()
+
+
+def test_the_device_budget_unloads_the_least_recently_used_idle_model_and_names_itself(
+        ) -> None:
+    # Models on a device: 5 bytes of host memory (no host budget), 10 of the device's.
+    registry, recorder = registry_of("en-de", "de-en", "en-fr", cost=5, device_cost=10,
+                                     device_budget=25)
+    use(registry, "en-de")
+    use(registry, "de-en")
+    use(registry, "en-de")  # de-en is now the least recently used
+    use(registry, "en-fr")
+    assert recorder.events == ["load en-de", "load de-en", "unload de-en", "load en-fr"]
+    assert (recorder.most_on_device, recorder.most) == (20, 10)  # within 25; no host budget
+
+    async def both_busy_then_a_third() -> str:
+        async with registry.residency.lease([registry.find("en-de"), registry.find("en-fr")]):
+            with pytest.raises(OverBudget) as refused:
+                async with registry.residency.lease([registry.find("de-en")]):
+                    pass
+            return refused.value.message
+
+    assert run(both_busy_then_a_third()) == (
+        "model 'de-en' needs 10 bytes and the device memory budget of 25 bytes "
+        "(--max-device-memory) has 5 free; the models holding the rest have requests in "
+        "flight (en-de, en-fr): retry when they finish")
+    registry.close()
+
+
+def test_a_model_larger_than_the_device_budget_is_refused_naming_it() -> None:
+    registry, recorder = registry_of("en-de", cost=5, device_cost=30, budget=100,
+                                     device_budget=25)
+    with pytest.raises(OverBudget) as refused:
+        use(registry, "en-de")
+    assert refused.value.message == (
+        "model 'en-de' needs 30 bytes of device memory, more than the device memory budget "
+        "of 25 bytes (--max-device-memory): raise it, or serve a smaller package")
+    assert recorder.events == []
+    registry.close()
+
+
+def test_each_budget_is_kept_and_only_models_freeing_the_short_one_are_unloaded() -> None:
+    registry = ModelRegistry()
+    # en-de holds host memory only; de-en and en-fr hold the device's too.
+    for handle in (stand_in("en-de", 10), stand_in("de-en", 10, 10), stand_in("en-fr", 5, 10)):
+        registry.add(handle)
+    registry.residency.budgets = {Resource.HOST: 30, Resource.DEVICE: 15}
+    registry.loaded()
+    recorder = Recorder(registry)
+    use(registry, "en-de")
+    use(registry, "de-en")
+    use(registry, "en-fr")  # the device is short: en-de (least recently used) frees none
+    assert recorder.events == ["load en-de", "load de-en", "unload de-en", "load en-fr"]
+    assert (recorder.most, recorder.most_on_device) == (20, 10)
+    assert registry.residency.short_of(registry.find("de-en")) is Resource.DEVICE
+    registry.residency.budgets[Resource.HOST] = 20
+    use(registry, "de-en")  # both short now: en-de for the host, en-fr for the device
+    assert recorder.events[-3:] == ["unload en-de", "unload en-fr", "load de-en"]
+    assert states(registry) == {"en-de": "available", "de-en": "ready", "en-fr": "available"}
+    registry.close()
+
+
+def test_a_model_a_rescan_removed_counts_in_the_budget_until_it_is_unloaded() -> None:
+    registry, recorder = registry_of("en-de", "de-en", budget=15)
+    old = registry.find("en-de")
+
+    async def removed_while_a_request_holds_it() -> tuple[str, str]:
+        async with registry.residency.lease([old]):
+            # What ModelWorkers.rescan does with a package removed or changed on disk.
+            registry.remove("en-de")
+            await asyncio.wrap_future(registry.residency.unload(old))
+            assert old.state is ModelState.UNLOADING
+            assert registry.residency.resident() == 10
+            with pytest.raises(OverBudget) as refused:
+                async with registry.residency.lease([registry.find("de-en")]):
+                    pass
+            registry.add(stand_in("en-de", 10))  # the changed package, served again
+            with pytest.raises(OverBudget):
+                async with registry.residency.lease([registry.find("en-de")]):
+                    pass
+            return refused.value.message, old.state.value
+
+    message, state = run(removed_while_a_request_holds_it())
+    assert "has 5 free" in message and "(en-de)" in message  # the one unloading, named
+    assert state == "unloading"
+    use(registry, "de-en")  # the request ended, the old model went: it fits
+    assert recorder.events == ["load en-de", "unload en-de", "load de-en"]
+    assert old.state is ModelState.AVAILABLE and recorder.most <= 15
     registry.close()
 
 
