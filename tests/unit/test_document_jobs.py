@@ -317,3 +317,25 @@ def test_a_state_write_reaches_the_disk_before_and_after_its_rename(
     assert events == [("fsync", "file"), ("replace", "state.json"), ("fsync", "folder")]
     assert json.loads((folder / "state.json").read_text("utf-8"))["state"] == "translating"
     store.close()
+
+
+def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> None:
+    """Named on the answers that carry the file (X-Seq2serve-Model), after a restart
+    too: it is in state.json."""
+    async def named(order: Order, data: bytes, progress: Progress) -> Outcome:
+        return Outcome(data=data, name=order.name, billed_characters=0, report="",
+                       model="opus-mt-en-de")
+
+    async def main() -> str:
+        jobs = jobs_in(tmp_path, runner=named)
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\n")
+        assert (await jobs.wait(record.id, "v1")).model == "opus-mt-en-de"
+        await jobs.stop(0)
+        return record.id
+
+    job_id = asyncio.run(main())
+    assert state_of(tmp_path, job_id)["model"] == "opus-mt-en-de"
+    again = jobs_in(tmp_path)
+    assert again.view(job_id, "v1").model == "opus-mt-en-de"
+    again.close()

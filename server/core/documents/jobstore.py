@@ -87,6 +87,9 @@ class Record:
     error_kind: str = ""  # an ErrorKind name, or "INTERNAL"
     error_message: str = ""
     downloaded: bool = False  # DeepL's door: its one download is done
+    # The model that served it (a chain's joined by "+"; "" where none did), named on
+    # the answers that carry its file (X-Seq2serve-Model), as every answer names its own.
+    model: str = ""
     notes: list[str] = field(default_factory=list)  # what happened to it across restarts
 
     def held_bytes(self) -> int:
