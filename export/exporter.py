@@ -202,7 +202,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
            shortlist: ShortlistSettings | None = None,
            shortlist_default: bool = False, task: str | None = None,
            ignore_generation_keys: Sequence[str] = (),
-           for_provider: str | None = None) -> ExportReport:
+           for_provider: str | None = None, revision: str | None = None) -> ExportReport:
     """Export SOURCE to OUTPUT_DIR; raises SourceError/ExportError listing problems.
     attention: "fused" (ONNX Runtime's fused operators, package format 7) or
     "plain" (the traced chain of standard operators, format 6).
@@ -223,6 +223,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     for_provider: a device provider the package must run on whole ("cuda"): options
     it cannot run are refused before anything is traced (`device_problems`), and the
     written package's every node must have a kernel there (model/package/placement.py).
+    revision: for a hub id, the branch, tag or commit to read (None: main); refused
+    for a local folder. The manifest's exporter.source.hub records it and the commit.
 
     The steps, each a function below: check the request and load the source, trace
     the fp32 graphs, check them and tokenize the samples, verify fp32 against
@@ -234,7 +236,7 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
     settings = shortlist or ShortlistSettings()
     source = _checked_source(source_dir, output_dir, precision, attention, settings,
                              shortlist_from, shortlist_default, task,
-                             tuple(ignore_generation_keys), for_provider)
+                             tuple(ignore_generation_keys), for_provider, revision)
     steps = tqdm(total=5, desc="export", unit="step", disable=not progress, file=sys.stderr)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
@@ -297,7 +299,8 @@ def export(source_dir: str | Path, output_dir: str | Path, *, precision: str = "
 def _checked_source(source_dir: Path, output_dir: Path, precision: str, attention: str,
                     settings: ShortlistSettings, shortlist_from: str | Path | None,
                     shortlist_default: bool, task: str | None = None,
-                    ignored: tuple[str, ...] = (), for_provider: str | None = None) -> Source:
+                    ignored: tuple[str, ...] = (), for_provider: str | None = None,
+                    revision: str | None = None) -> Source:
     """The loaded source, or SourceError listing every problem of the request (the
     CTranslate2 converters' rule: collect all, then fail once)."""
     problems: list[str] = []
@@ -321,7 +324,7 @@ def _checked_source(source_dir: Path, output_dir: Path, precision: str, attentio
             problems.append(str(e))
     source: Source | None = None
     try:
-        source = load_source(source_dir, asked)
+        source = load_source(source_dir, asked, revision)
     except SourceError as e:
         problems.extend(e.problems)
     if source is not None and attention == "fused" and source.model.cfg.decoder_head_dim % 8:
@@ -579,6 +582,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "read from it with HF_HUB_OFFLINE=1)")
     parser.add_argument("output", type=Path, help="the package directory to create "
                         "(must not exist)")
+    parser.add_argument("--revision", metavar="REV",
+                        help="for a hub id: the branch, tag or commit to read (default "
+                        "main), recorded in the manifest beside the commit read; refused "
+                        "for a local folder")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), fp16 (for CUDA) or int8 (dynamic "
                         "quantization, for CPU)")
@@ -642,7 +649,8 @@ def run(args: argparse.Namespace) -> int:
                         shortlist_default=getattr(args, "shortlist_default", False),
                         task=getattr(args, "task", None),
                         ignore_generation_keys=getattr(args, "ignore_generation_keys", ()),
-                        for_provider=getattr(args, "for_provider", None))
+                        for_provider=getattr(args, "for_provider", None),
+                        revision=getattr(args, "revision", None))
     except (SourceError, ExportError) as e:
         print(f"seq2serve export: error: {e}", file=sys.stderr)
         return 1

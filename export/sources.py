@@ -63,19 +63,29 @@ def is_checkpoint(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == "seq2serve-checkpoint"
 
 
-def load_source(path: str | Path, task: TaskRequest | None = None) -> Source:
+def load_source(path: str | Path, task: TaskRequest | None = None,
+                revision: str | None = None) -> Source:
     """The source in the folder `path`, or in the hub's snapshot of the repository
-    `path` names where no such folder exists (hub.py); `task` (export --task)
+    `path` names where no such folder exists (hub.py), at `revision` (export
+    --revision: a branch, tag or commit; None: main); `task` (export --task)
     overrides the task the folder says."""
     root = Path(path)
     if not root.is_dir():
         if not is_hub_id(str(path)):
             raise SourceError(root, [f"{root}: not a directory (nor a Hugging Face hub id "
                                      "such as facebook/bart-large-cnn)"])
-        folder = hub_folder(str(path))
+        folder = hub_folder(str(path), revision)
         source = load_source(folder, task)
-        hub = {"repo_id": str(path), "commit": folder.name}
+        # The commit read, and the revision asked for where one was (a branch or tag
+        # names a commit only until it moves).
+        hub = {"repo_id": str(path), "commit": folder.name,
+               **({"revision": revision} if revision is not None else {})}
         return dataclasses.replace(source, origin={**source.origin, "hub": hub})
+    if revision is not None:
+        raise SourceError(root, [f"--revision {revision}: {root} is a local folder; a "
+                                 "revision picks a branch, tag or commit of a Hugging Face "
+                                 "hub id (ORG/NAME), and a folder has only the files it "
+                                 "holds"])
     if is_checkpoint(root):
         return _with_task(load_seq2serve(root), task)
     kind, why = read_model_type(root)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from seq2serve.server.core.segment import Segmented, reassemble, segment, split_long
+from seq2serve.server.core.errors import InvalidArgument
+from seq2serve.server.core.segment import Segmented, Splitting, reassemble, segment, split_long
 
 Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
@@ -88,16 +89,46 @@ def output_limit(default: int, max_output: int, source_length: int) -> int:
     return min(max_output, max(default, OUTPUT_PER_SOURCE_TOKEN * source_length))
 
 
+class TooLongForOnePiece(InvalidArgument):
+    """Sentence splitting off (`Splitting.OFF`) for a text longer than the model reads in
+    one piece: refused, never cut, and never split against the request (a client that
+    turns splitting off has its own segments, one answer per segment). The message
+    names the core's field (texts[i]); a door words it with its own (`tokens`, `limit`,
+    `index`)."""
+
+    def __init__(self, tokens: int, limit: int, index: int = 0) -> None:
+        self.tokens, self.limit, self.index = tokens, limit, index
+        super().__init__(f"texts[{index}] is {tokens} tokens with sentence splitting off; "
+                         f"this model reads at most {limit} in one piece: turn splitting "
+                         "on or send a shorter text")
+
+    def at(self, index: int) -> TooLongForOnePiece:
+        """The same refusal for the text at `index` of the request."""
+        return TooLongForOnePiece(self.tokens, self.limit, index)
+
+
 def plan(text: str, language: str, encode: Encode, limit: int,
-         max_source_length: int | None = None) -> Plan:
-    """Sentences of `text` (in `language`), each cut to at most `limit` source tokens.
+         max_source_length: int | None = None,
+         splitting: Splitting = Splitting.ON) -> Plan:
+    """Sentences of `text` (in `language`, cut as `splitting` says), each cut to at most
+    `limit` source tokens.
 
     Pieces longer than `limit` are split at clauses and words first; what is still
     longer (one character past the limit) is sent whole when the model reads it
     (`max_source_length`, by default `limit`), else cut to that many token ids.
+    With splitting off the text is one piece, whole when the model reads it, else
+    refused (TooLongForOnePiece).
     """
-    segmented = split_long(segment(text, language), lambda t: len(encode(t)), limit)
     most = limit if max_source_length is None else max(limit, max_source_length)
+    if splitting is Splitting.OFF:
+        whole_text = segment(text, language, splitting)
+        pieces = tuple(Piece(t, encode(t)) for t in whole_text.pieces)
+        for piece in pieces:
+            if len(piece.source_ids) > most:
+                raise TooLongForOnePiece(len(piece.source_ids), most)
+        return Plan(whole_text, pieces)
+    segmented = split_long(segment(text, language, splitting), lambda t: len(encode(t)),
+                           limit)
     return Plan(segmented, tuple(Piece(t, encode(t)[:most]) for t in segmented.pieces))
 
 

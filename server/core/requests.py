@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.segment import Splitting
 
 # A decoding option's value as a model's defaults show it.
 OptionValue = int | float | bool | str | None
@@ -64,6 +65,9 @@ class TranslateRequest:
     glossary: str = ""
     terms: tuple[tuple[str, str], ...] = ()
     do_not_translate: tuple[str, ...] = ()
+    # Where a text is cut into pieces (core/segment.py): sentence ends and line breaks,
+    # sentence ends only, or nowhere (a text the model cannot read whole is refused).
+    splitting: Splitting = Splitting.ON
 
 
 @dataclass(frozen=True)

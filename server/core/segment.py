@@ -13,6 +13,11 @@ sentence never spans lines, because a translated sentence has no place to put
 the source's line break back. Sentence boundaries inside a line come from
 sentencex (Wikimedia's segmenter, per-language abbreviation lists: "e.g.",
 "z.B.", "M. Dupont" do not end sentences).
+
+That is the default (`Splitting.ON`, DeepL's split_sentences=1). A request may ask
+for DeepL's other two: `NO_NEWLINES` (sentence ends only: a line break inside a
+sentence stays inside its piece, as DeepL's "nonewlines" and its default for markup)
+and `OFF` (no splitting: the text, its surrounding whitespace kept, is one piece).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import sentencex
 
@@ -29,6 +35,14 @@ _LINE_BREAK = re.compile(r"(\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029])")
 # ("1,000" and "10:30" are not clause ends); CJK full-width punctuation has none.
 _CLAUSE_BREAK = re.compile(r"(?<=[,;:])\s+|(?<=[\u3001\uff0c\uff1b\uff1a])\s*")
 _WORD_BREAK = re.compile(r"\s+")
+
+
+class Splitting(str, Enum):
+    """Sentence splitting, as DeepL's `split_sentences` names its values."""
+
+    ON = "1"  # at sentence ends and at every line break
+    OFF = "0"  # none: the whole text is one piece
+    NO_NEWLINES = "nonewlines"  # at sentence ends only; line breaks do not split
 
 
 @dataclass(frozen=True)
@@ -53,10 +67,23 @@ class Segmented:
         return "".join(self.parts)
 
 
-def segment(text: str, language: str) -> Segmented:
-    """Cut `text` into sentences (for `language`, e.g. "en" or "de-AT") and whitespace."""
+def segment(text: str, language: str, splitting: Splitting = Splitting.ON) -> Segmented:
+    """Cut `text` into sentences (for `language`, e.g. "en" or "de-AT") and whitespace,
+    at sentence ends and line breaks as `splitting` says."""
     code = _sentencex_language(language)
     builder = _Builder()
+    if splitting is Splitting.OFF:
+        builder.sentence(text)
+        return builder.build()
+    if splitting is Splitting.NO_NEWLINES:
+        # sentencex reads the text with each line-break character as a space: the same
+        # length, so its sentences' spans are the text's own, breaks and all.
+        flat = _LINE_BREAK.sub(lambda m: " " * len(m.group()), text)
+        start = 0
+        for sentence in _sentences(flat, code):
+            builder.sentence(text[start:start + len(sentence)])
+            start += len(sentence)
+        return builder.build()
     for part in _LINE_BREAK.split(text):
         if not part:
             continue

@@ -10,7 +10,9 @@ glossary and terms, formality and sentence splitting. A door converts its fields
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -20,8 +22,9 @@ from seq2serve.server.core.detect import Detection
 from seq2serve.server.core.errors import InvalidArgument, echo
 from seq2serve.server.core.markup import HTML_RULES, Rules, extract
 from seq2serve.server.core.options import DecodingOptions
-from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.pieces import Joined, TooLongForOnePiece
 from seq2serve.server.core.requests import Call, TranslateRequest
+from seq2serve.server.core.segment import Splitting
 from seq2serve.server.core.translator import Translator, off_loop
 
 AUTO = "auto"
@@ -31,16 +34,6 @@ class TextFormat(str, Enum):
     TEXT = "text"
     HTML = "html"
     XML = "xml"
-
-
-class Splitting(str, Enum):
-    """Sentence splitting as DeepL names it. The core always cuts a text into
-    sentence-sized pieces that keep every character around them (a model reads at
-    most its input length): `OFF` and `NO_NEWLINES` are accepted and cut the same."""
-
-    ON = "1"
-    OFF = "0"
-    NO_NEWLINES = "nonewlines"
 
 
 # DeepL's formality values. No served model offers formality: every value is accepted
@@ -61,6 +54,7 @@ class TextsRequest:
     terms: tuple[tuple[str, str], ...] = ()
     do_not_translate: tuple[str, ...] = ()
     formality: str = "default"
+    # Where texts (a markup's blocks) are cut into pieces: core/segment.py.
     splitting: Splitting = Splitting.ON
     # gRPC's: a model by name (the Translator checks its languages) and decoding
     # options of the request's own (None: the model's, widened for `alternatives`).
@@ -135,7 +129,7 @@ class TextService:
         pairs = [self.catalog.pair(source, request.target_language) if not request.model
                  else Pair(source, request.target_language, ()) for source in groups]
         results = await asyncio.gather(*[
-            self._group(pair, [request.texts[i] for i in members], request, call)
+            self._group(pair, members, request, call)
             for pair, members in zip(pairs, groups.values(), strict=True)])
         out: list[TextAnswer | None] = [None] * len(request.texts)
         for members, (models, answers) in zip(groups.values(), results, strict=True):
@@ -143,13 +137,18 @@ class TextService:
                 out[i] = TextAnswer(tuple(hypotheses), models, *detected[i])
         return [a for a in out if a is not None]
 
-    async def _group(self, pair: Pair, texts: Sequence[str], request: TextsRequest,
+    async def _group(self, pair: Pair, members: Sequence[int], request: TextsRequest,
                      call: Call) -> tuple[tuple[str, ...], list[list[Joined]]]:
-        """The group's models and each text's hypotheses."""
+        """The group's models and each text's hypotheses (`members`: the texts' indices
+        in the request)."""
+        texts = [request.texts[i] for i in members]
         options = request.options or self.options(pair.last, request.alternatives)
         if request.text_format is TextFormat.TEXT:
-            result = await self.translator.translate(
-                self._request(pair, texts, options, request), call)
+            try:
+                result = await self.translator.translate(
+                    self._request(pair, texts, options, request), call)
+            except TooLongForOnePiece as e:
+                raise e.at(members[e.index]) from None
             return result.models, [list(t.hypotheses) for t in result.translations]
         # Markup: only the text blocks go to the model (a sentence with its inline tags
         # as tag pairs, core/markup.py), all documents' blocks in one request.
@@ -160,8 +159,12 @@ class TextService:
         if runs:
             one = dataclasses.replace(options, num_hypotheses=None) if request.options else \
                 DecodingOptions()
-            result = await self.translator.translate(
-                self._request(pair, runs, one, request), call)
+            try:
+                result = await self.translator.translate(
+                    self._request(pair, runs, one, request), call)
+            except TooLongForOnePiece as e:  # a block: the text it is in
+                ends = list(itertools.accumulate(len(d.texts) for d in documents))
+                raise e.at(members[bisect.bisect_right(ends, e.index)]) from None
             bests = [t.hypotheses[0] for t in result.translations]
             models = result.models
         out, start = [], 0
@@ -183,7 +186,8 @@ class TextService:
                                 target_language=pair.target, options=options,
                                 protect_placeholders=request.protect_placeholders,
                                 glossary=request.glossary, terms=request.terms,
-                                do_not_translate=request.do_not_translate)
+                                do_not_translate=request.do_not_translate,
+                                splitting=request.splitting)
 
     def options(self, model: str, alternatives: int) -> DecodingOptions:
         """Alternatives as decoding: the model's beam, widened to hold them."""

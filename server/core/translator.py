@@ -46,6 +46,7 @@ from seq2serve.server.core.pieces import (
     Joined,
     Plan,
     StreamedText,
+    TooLongForOnePiece,
     join,
     output_limit,
     piece_limit,
@@ -69,6 +70,7 @@ from seq2serve.server.core.requests import (
     Translation,
 )
 from seq2serve.server.core.residency import ModelState
+from seq2serve.server.core.segment import Splitting
 from seq2serve.server.engine.options import ResolvedOptions
 from seq2serve.server.engine.search import FinishReason, Hypothesis, Result
 from seq2serve.server.metrics import Metrics
@@ -108,6 +110,7 @@ class _Job:
     # (pieces.piece_limit, pieces.output_limit). A request's own max_length is applied
     # as it asked, and a piece that reaches it says so (finish_reason "length").
     fit: bool = False
+    splitting: Splitting = Splitting.ON  # where texts are cut into pieces (the request's)
 
     @property
     def reader(self) -> ModelHandle:
@@ -174,7 +177,7 @@ class Translator:
             # Masking, segmenting and tokenizing 64 long texts takes a while: off the event
             # loop, which must keep answering health checks and other calls meanwhile.
             def prepare() -> list[tuple[Masked, Plan]]:
-                return [self._prepare(job, job.texts[i]) for i in todo]
+                return [self._prepare(job, job.texts[i], i) for i in todo]
 
             ready = await self._through_pivot(job, await off_loop(prepare), call)
             futures = self._queue(job.handle, job.options,
@@ -375,7 +378,8 @@ class Translator:
                               route.target_language)
         return _Job(handle, checked, resolved, resolved.num_hypotheses,
                     protect=request.protect_placeholders, terms=terms, first=first,
-                    leg=route.legs[-1], fit=request.options.max_length is None)
+                    leg=route.legs[-1], fit=request.options.max_length is None,
+                    splitting=request.splitting)
 
     def _unchanged(self, request: TranslateRequest, route: Route) -> TranslateResult:
         """Source and target the same language: every text back as it is (as Argos
@@ -406,13 +410,14 @@ class Translator:
             check_unicode(f"texts[{i}]", text)
         return tuple(texts)
 
-    def _prepare(self, job: _Job, text: str) -> tuple[Masked, Plan]:
-        """The text as the model that reads it sees it (placeholders and terms
-        masked), planned."""
+    def _prepare(self, job: _Job, text: str, index: int = 0) -> tuple[Masked, Plan]:
+        """The text (the request's `index`-th) as the model that reads it sees it
+        (placeholders and terms masked), planned."""
         masked = mask(text, job.terms, placeholders=job.protect)
         # Paired tags are not sent: the model reads the plain text (core/formatting.py).
         return masked, _plan(job.reader, model_text(masked),
-                             job.leg if job.first is None else job.first.leg, job.fit)
+                             job.leg if job.first is None else job.first.leg, job.fit,
+                             job.splitting, index)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
                              call: Call) -> list[_Text]:
@@ -432,13 +437,14 @@ class Translator:
         def replan() -> list[_Text]:
             it = iter(results)
             out = []
-            for masked, planned in prepared:
+            for index, (masked, planned) in enumerate(prepared):
                 chosen = [_enough(next(it).hypotheses, 1)[0] for _ in planned.pieces]
                 [head] = join(planned, [[h] for h in chosen], 1, first.handle.tokenizer.decode)
                 middle, repaired = carry_over(masked, head.text)
                 links = (tuple(text_links(first.handle, planned, first.leg, chosen))
                          if split(masked) is not None else ())
-                out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit),
+                out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit,
+                                               job.splitting, index),
                                  head.score if planned.pieces else 0.0, repaired,
                                  links, head.text))
             return out
@@ -569,20 +575,25 @@ def _one_text(texts: Sequence[str]) -> None:
                               f"got {len(texts)}")
 
 
-def _plan(handle: ModelHandle, text: str, leg: Leg | None = None, fit: bool = False) -> Plan:
-    """The text in sentence-sized pieces of the model's input, in the leg's source
-    language (a multilingual model's with that language's token). fit: no piece longer
-    than the model's output limit holds (pieces.piece_limit)."""
+def _plan(handle: ModelHandle, text: str, leg: Leg | None = None, fit: bool = False,
+          splitting: Splitting = Splitting.ON, index: int = 0) -> Plan:
+    """The text (the request's `index`-th) in sentence-sized pieces of the model's
+    input, cut as `splitting` says, in the leg's source language (a multilingual
+    model's with that language's token). fit: no piece longer than the model's output
+    limit holds (pieces.piece_limit)."""
     manifest = handle.manifest
     limit = manifest.max_source_length
     if fit:
         limit = piece_limit(limit, handle.engine.limits.max_length)
-    if leg is None or handle.languages is None:
-        return plan(text, manifest.source_language, handle.encode, limit,
-                    manifest.max_source_length)
-    token, _ = leg.tokens()
-    return plan(text, leg.source_language, functools.partial(handle.encode, language=token),
-                limit, manifest.max_source_length)
+    language, encode = manifest.source_language, handle.encode
+    if leg is not None and handle.languages is not None:
+        token, _ = leg.tokens()
+        language, encode = leg.source_language, functools.partial(handle.encode,
+                                                                  language=token)
+    try:
+        return plan(text, language, encode, limit, manifest.max_source_length, splitting)
+    except TooLongForOnePiece as e:
+        raise e.at(index) from None
 
 
 def _fitted(options: ResolvedOptions, sources: Sequence[Sequence[int]],
@@ -628,7 +639,7 @@ def _cache_key(job: _Job, text: str) -> tuple[object, ...] | None:
     pairs = [job.leg] if job.first is None else [job.first.leg, job.leg]
     return (tuple(h.digest for h in legs), "translate", text, tuple(repr(o) for o in options),
             tuple((p.source_language, p.target_language) for p in pairs if p is not None),
-            job.protect, job.terms, job.fit)
+            job.protect, job.terms, job.fit, job.splitting)
 
 
 def _size(translation: Translation) -> int:

@@ -107,22 +107,42 @@ def step_edits(p: Processing, history: np.ndarray, generated: np.ndarray, beams:
     if p.forced_eos != NO_TOKEN:
         assert p.max_new is not None, "a forced EOS needs each row's limit"
         forced[np.repeat(generated == p.max_new - 1, beams)] = p.forced_eos
-    before = np.concatenate(bans) if bans else _NO_PAIRS
-    before = before[forced[before[:, 0]] == NO_TOKEN]  # the force overwrote them
+    before = bans[0] if len(bans) == 1 else np.concatenate(bans) if bans else _NO_PAIRS
+    if np.any(forced != NO_TOKEN):
+        before = before[forced[before[:, 0]] == NO_TOKEN]  # the force overwrote them
     decay_at, growth = _NO_PAIRS, np.zeros(0, dtype=np.float32)
     if p.decay_start != NO_TOKEN:
         late = np.flatnonzero(row_gen > p.decay_start)
         decay_at = _outer(late, np.array([p.eos_id], dtype=np.int64))
         growth = (np.power(p.decay_factor, (row_gen[late] - p.decay_start).astype(np.float64))
                   - 1.0).astype(np.float32)
-    after = [_outer(all_rows, p.suppress_ids)]
+    after = [_outer(all_rows, p.suppress_ids)] if p.suppress_ids.size else []
     if p.begin_suppress:
         first_new = np.zeros(sources, dtype=np.int64) if p.forced_bos is None \
             else (p.forced_bos != NO_TOKEN).astype(np.int64)
         at = np.flatnonzero(np.repeat(generated == first_new, beams))
         after.append(_outer(at, p.begin_suppress_ids))
-    ban_at = np.unique(np.concatenate([before, *after]), axis=0)
-    return StepEdits(pen_at, pen, forced, decay_at, growth, ban_at, p.renormalize)
+    return StepEdits(pen_at, pen, forced, decay_at, growth, _union([before, *after]),
+                     p.renormalize)
+
+
+def _union(parts: list[np.ndarray]) -> np.ndarray:
+    """np.unique(np.concatenate(parts), axis=0): the distinct pairs, in (row, column)
+    order. The usual step has one list, already in that order (a package's one-token
+    bad words on every row): that list is the result as it is, with no copy and no
+    sort (np.unique's axis=0 sorts a structured view of a copy)."""
+    present = [part for part in parts if len(part)]
+    if not present:
+        return _NO_PAIRS
+    if len(present) == 1 and _increasing(present[0]):
+        return present[0]
+    return np.unique(np.concatenate(present), axis=0)
+
+
+def _increasing(pairs: np.ndarray) -> bool:
+    """Whether (row, column) pairs are strictly increasing, so distinct and sorted."""
+    rows = np.diff(pairs[:, 0])
+    return bool(np.all((rows > 0) | ((rows == 0) & (np.diff(pairs[:, 1]) > 0))))
 
 
 def _outer(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -208,3 +208,58 @@ def test_too_many_requests(models_dir: Path) -> None:
     finally:
         client.close()
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_whole(marian_dir: Path):  # noqa: ANN201
+    """generate() under the folder's own generation settings on each text as one input:
+    what the served model gives a text it reads whole (the package is this folder's)."""
+    import torch
+    import transformers
+
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
+
+    def translate(text: str) -> str:
+        with torch.no_grad():
+            out = model.generate(**tokenizer([text], return_tensors="pt"))
+        return str(tokenizer.decode(out[0], skip_special_tokens=True))
+
+    return translate
+
+
+def test_split_sentences_cuts_where_deepl_s_values_say(translator: deepl.DeepLClient,
+                                                       grpc_client: Seq2ServeClient,
+                                                       hf_whole) -> None:  # noqa: ANN001
+    """1 (the default): each sentence and each line alone, as gRPC translates them;
+    0: the text as one piece, as generate() translates it whole; nonewlines: a sentence
+    across a line break is one piece, while sentence ends still split."""
+    def deepl_text(text: str, splitting: str | None = None) -> str:
+        return str(translator.translate_text(text, source_lang="EN", target_lang="DE",
+                                             split_sentences=splitting).text)
+
+    text = TEXTS[1]  # "Open the file. Close it."
+    first, second = grpc_best(grpc_client, ["Open the file.", "Close it."])
+    assert deepl_text(text) == deepl_text(text, "1") == f"{first} {second}"
+    whole = deepl_text(text, "0")
+    assert whole == hf_whole(text)
+    assert whole != f"{first} {second}"  # the model read one input, not two
+    lines = "Open the file\nthe house is small."
+    one, two = grpc_best(grpc_client, ["Open the file", "the house is small."])
+    assert deepl_text(lines) == f"{one}\n{two}"
+    assert deepl_text(lines, "nonewlines") == deepl_text(lines, "0")
+    assert deepl_text(f"{lines} {text}", "nonewlines") == \
+        f"{deepl_text(lines, '0')} {first} {second}"
+
+
+def test_an_unsplit_text_longer_than_the_model_reads_is_refused(
+        translator: deepl.DeepLClient) -> None:
+    """split_sentences=0 asks for the text as one piece: one longer than the model
+    reads whole is refused naming the field, never cut nor split against the request."""
+    long = "the house is small. " * 90
+    assert translator.translate_text(long, source_lang="EN", target_lang="DE").text
+    with pytest.raises(deepl.DeepLException, match="split_sentences") as refused:
+        translator.translate_text(["the house", long], source_lang="EN", target_lang="DE",
+                                  split_sentences="0")
+    assert refused.value.http_status_code == 400
+    assert "text[1]" in str(refused.value)

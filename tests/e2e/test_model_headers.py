@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -207,3 +208,45 @@ def test_cors_lets_a_browser_send_and_read_the_headers(server: RunningServer) ->
     answer = httpx.post(f"{server.http_url}/translate", headers=origin, timeout=120,
                         json={"q": TEXT, "source": "en", "target": "de"})
     assert "x-seq2serve-model" in answer.headers["access-control-expose-headers"].lower()
+
+
+def _until_done(poll: Callable[[], httpx.Response], done: Callable[[dict], bool]
+                ) -> httpx.Response:
+    """`poll`'s answer once `done` says the job has ended (at most 600 polls)."""
+    for _ in range(600):
+        answer = poll()
+        assert answer.status_code == 200, answer.text
+        if done(answer.json()):
+            return answer
+        time.sleep(0.1)
+    raise AssertionError("the document job did not end")
+
+
+def test_document_answers_name_the_model_that_translated_the_file(http: httpx.Client) -> None:
+    """A document job runs apart from its request; the answers that carry its file
+    (/translate_file, the download, /v1/jobs once done, DeepL's result) name its model,
+    which the job's state keeps."""
+    def upload(path: str, source: str, target: str, text: str) -> httpx.Response:
+        return http.post(path, data={"source": source, "target": target},
+                         files={"file": ("notes.txt", text.encode())})
+
+    answer = upload("/translate_file", "en", "de", TEXT)
+    assert answer.status_code == 200 and answer.headers["X-Seq2serve-Model"] == EN_DE
+    download = http.get(answer.json()["translatedFileUrl"])
+    assert download.status_code == 200 and download.headers["X-Seq2serve-Model"] == EN_DE
+    chained = upload("/translate_file", "de", "fr", GERMAN)
+    assert chained.headers["X-Seq2serve-Model"] == f"{DE_EN}+{EN_FR}"
+    submitted = upload("/v1/jobs", "en", "fr", TEXT)
+    assert submitted.status_code == 202, submitted.text
+    done = _until_done(lambda: http.get(f"/v1/jobs/{submitted.json()['id']}"),
+                       lambda body: body["state"] in ("done", "error"))
+    assert done.json()["state"] == "done" and done.headers["X-Seq2serve-Model"] == EN_FR
+    auth = {"Authorization": "DeepL-Auth-Key any-key"}
+    document = http.post("/v2/document", data={"source_lang": "EN", "target_lang": "DE"},
+                         files={"file": ("notes.txt", TEXT.encode())}, headers=auth).json()
+    handle = {"document_key": document["document_key"]}
+    path = f"/v2/document/{document['document_id']}"
+    _until_done(lambda: http.post(path, json=handle, headers=auth),
+                lambda body: body["status"] in ("done", "error"))
+    result = http.post(f"{path}/result", json=handle, headers=auth)
+    assert result.status_code == 200 and result.headers["X-Seq2serve-Model"] == EN_DE

@@ -19,7 +19,7 @@ from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.core.catalog import Listing, Pair
 from seq2serve.server.core.glossary import Glossaries, GlossaryStore
 from seq2serve.server.core.pieces import Joined
-from seq2serve.server.core.texts import AUTO, TextAnswer, TextsRequest
+from seq2serve.server.core.texts import AUTO, Splitting, TextAnswer, TextsRequest
 
 # What langcodes' matching (CodeTable.find) answers for these codes on such models.
 CODES = {"en-gb": "en", "en-us": "en", "pt-br": "pt", "pt-pt": "pt", "zh-hans": "zh-Hans",
@@ -45,18 +45,25 @@ class FakeCatalog:
 class FakeTexts:
     def __init__(self, catalog: FakeCatalog) -> None:
         self.catalog = catalog
+        self.requests: list[TextsRequest] = []
 
     async def translate(self, request: TextsRequest, call: object = None) -> list[TextAnswer]:
         """Each text as its own translation, its source as given (German if auto)."""
+        self.requests.append(request)
         source = "de" if request.source_language == AUTO else request.source_language
         return [TextAnswer((Joined(t, None, None, None, "eos", False),), ("m",), source, 100.0)
                 for t in request.texts]
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    catalog = FakeCatalog([("de", "en"), ("de", "pt"), ("de", "zh-Hant"), ("en", "de")])
-    api = DeepLApi(FakeTexts(catalog), DeepLAccess(Access()),  # type: ignore[arg-type]
+def texts() -> FakeTexts:
+    return FakeTexts(FakeCatalog([("de", "en"), ("de", "pt"), ("de", "zh-Hant"),
+                                  ("en", "de")]))
+
+
+@pytest.fixture
+def client(tmp_path: Path, texts: FakeTexts) -> Iterator[TestClient]:
+    api = DeepLApi(texts, DeepLAccess(Access()),  # type: ignore[arg-type]
                    GlossaryStore(tmp_path, Glossaries()))
     app = Starlette()
 
@@ -103,13 +110,33 @@ def test_bad_values_are_deepl_s_400_with_a_message(client: TestClient) -> None:
 
 
 def test_fields_nothing_acts_on_are_said_in_the_answer(client: TestClient) -> None:
-    """split_sentences other than 1, formality and context are accepted as DeepL
-    accepts them; the answer's X-Seq2serve-Ignored names those it was given."""
+    """formality and context are accepted as DeepL accepts them; the answer's
+    X-Seq2serve-Ignored names those it was given (split_sentences is acted on)."""
     plain = client.post("/v2/translate", json={"text": ["Hallo"], "target_lang": "EN-GB"})
     assert plain.status_code == 200 and "X-Seq2serve-Ignored" not in plain.headers
     answer = client.post("/v2/translate", json={
         "text": ["Hallo"], "target_lang": "EN-GB", "split_sentences": "0",
         "formality": "more", "context": "a greeting"})
     assert answer.status_code == 200
-    assert answer.headers["X-Seq2serve-Ignored"] == "split_sentences, formality, context"
+    assert answer.headers["X-Seq2serve-Ignored"] == "formality, context"
+
+
+@pytest.mark.parametrize(("given", "tags", "splitting"), [
+    (None, None, Splitting.ON), (None, "html", Splitting.NO_NEWLINES),
+    (None, "xml", Splitting.NO_NEWLINES), ("0", None, Splitting.OFF), (0, None, Splitting.OFF),
+    ("1", "html", Splitting.ON), ("nonewlines", None, Splitting.NO_NEWLINES)])
+def test_split_sentences_reaches_the_core_with_deepl_s_defaults(
+        client: TestClient, texts: FakeTexts, given: str | int | None, tags: str | None,
+        splitting: Splitting) -> None:
+    """1 by default, nonewlines by default with tag_handling (DeepL's API reference)."""
+    body: dict[str, object] = {"text": ["Hallo"], "target_lang": "EN-GB"}
+    if given is not None:
+        body["split_sentences"] = given
+    if tags:
+        body["tag_handling"] = tags
+    answer = client.post("/v2/translate", json=body)
+    assert answer.status_code == 200 and "X-Seq2serve-Ignored" not in answer.headers
+    assert texts.requests[-1].splitting is splitting
+    bad = client.post("/v2/translate", json={**body, "split_sentences": "2"})
+    assert bad.status_code == 400 and "split_sentences" in bad.json()["message"]
     assert answer.json()["translations"][0]["text"] == "Hallo"

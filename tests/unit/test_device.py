@@ -492,3 +492,20 @@ def test_a_step_the_candidates_cannot_decide_takes_the_whole_rows(
         got.update(batch.step().finished)
     want = plain.generate(sources, options)
     assert_same(want, [got[i] for i in range(len(sources))])
+
+
+def test_a_steps_ban_list_is_np_unique_of_its_parts() -> None:
+    """edits._union skips the concatenation and np.unique's sort where one list is
+    already distinct and in order; its answer is np.unique's, array for array."""
+    from seq2serve.server.engine.edits import _union
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        parts = [rng.integers(0, 5, size=(int(rng.integers(0, 6)), 2)).astype(np.int64)
+                 for _ in range(int(rng.integers(1, 4)))]
+        if rng.random() < 0.5:  # one list in order, the usual step
+            parts = [np.unique(parts[0], axis=0)] + [p[:0] for p in parts[1:]]
+        want = np.unique(np.concatenate(parts), axis=0)
+        got = _union(parts)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want), (parts, got, want)

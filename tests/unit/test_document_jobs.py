@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from seq2serve.server.core.documents import jobstore
 from seq2serve.server.core.documents.jobs import MAX_ATTEMPTS, DocumentJobs, Outcome
-from seq2serve.server.core.documents.jobstore import JOB_OVERHEAD_BYTES, JobState, Order
+from seq2serve.server.core.documents.jobstore import (
+    JOB_OVERHEAD_BYTES,
+    JobState,
+    JobStore,
+    Order,
+    Record,
+)
 from seq2serve.server.core.documents.queueing import Progress
 from seq2serve.server.core.errors import (
     ErrorKind,
@@ -252,3 +261,81 @@ def test_a_cancelled_job_leaves_the_folder(tmp_path: Path) -> None:
         await jobs.stop(0)
 
     asyncio.run(main())
+
+
+def _store_with_a_job(tmp_path: Path) -> tuple[JobStore, Record, Path]:
+    store = JobStore(tmp_path / "jobs", 1 << 20)
+    record = store.create(Order("a.txt", "de"), b"hello", now=1.0)
+    return store, record, tmp_path / "jobs" / record.id
+
+
+def test_a_state_write_that_fails_before_its_rename_leaves_the_old_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole or not at all: a failure between the write and the rename (injected at
+    os.replace) leaves the last state readable, and no temporary file behind."""
+    store, record, folder = _store_with_a_job(tmp_path)
+    before = (folder / "state.json").read_bytes()
+
+    def fail(source: object, destination: object) -> None:
+        raise OSError("injected between write and rename")
+
+    monkeypatch.setattr(jobstore.os, "replace", fail)
+    record.state = JobState.TRANSLATING
+    with pytest.raises(OSError, match="injected"):
+        store.save(record)
+    monkeypatch.undo()
+    assert (folder / "state.json").read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["input", "state.json"]
+    store.close()
+    again = JobStore(tmp_path / "jobs", 1 << 20)
+    assert again.records[record.id].state is JobState.QUEUED
+    again.close()
+
+
+def test_a_state_write_reaches_the_disk_before_and_after_its_rename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new bytes are fsynced before os.replace makes them state.json, and the
+    job's folder after it (so the rename itself survives a power loss)."""
+    store, record, folder = _store_with_a_job(tmp_path)
+    events: list[tuple[str, str]] = []
+    fsync, replace = jobstore.os.fsync, jobstore.os.replace
+
+    def record_fsync(fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        events.append(("fsync", "folder" if stat.S_ISDIR(mode) else
+                       "file" if stat.S_ISREG(mode) else "other"))
+        fsync(fd)
+
+    def record_replace(source: str, destination: str) -> None:
+        events.append(("replace", Path(destination).name))
+        replace(source, destination)
+
+    monkeypatch.setattr(jobstore.os, "fsync", record_fsync)
+    monkeypatch.setattr(jobstore.os, "replace", record_replace)
+    record.state = JobState.TRANSLATING
+    store.save(record)
+    assert events == [("fsync", "file"), ("replace", "state.json"), ("fsync", "folder")]
+    assert json.loads((folder / "state.json").read_text("utf-8"))["state"] == "translating"
+    store.close()
+
+
+def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> None:
+    """Named on the answers that carry the file (X-Seq2serve-Model), after a restart
+    too: it is in state.json."""
+    async def named(order: Order, data: bytes, progress: Progress) -> Outcome:
+        return Outcome(data=data, name=order.name, billed_characters=0, report="",
+                       model="opus-mt-en-de")
+
+    async def main() -> str:
+        jobs = jobs_in(tmp_path, runner=named)
+        await jobs.start()
+        record = jobs.submit(ORDER, b"one\n")
+        assert (await jobs.wait(record.id, "v1")).model == "opus-mt-en-de"
+        await jobs.stop(0)
+        return record.id
+
+    job_id = asyncio.run(main())
+    assert state_of(tmp_path, job_id)["model"] == "opus-mt-en-de"
+    again = jobs_in(tmp_path)
+    assert again.view(job_id, "v1").model == "opus-mt-en-de"
+    again.close()

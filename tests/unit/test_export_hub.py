@@ -90,3 +90,32 @@ def test_two_packages_of_one_name_are_refused_naming_the_option(hub_package: Pat
         load_models(registry, server_config(tmp_path / "models"), Metrics())
     assert "model name 'tiny-t5' is already served" in str(info.value)
     assert "--name" in str(info.value)
+
+
+def test_a_revision_of_a_hub_id_is_read_and_recorded(hub_package: Path, tmp_path: Path
+                                                     ) -> None:
+    """--revision v1 reads the commit the cache's refs/v1 names (snapshot_download's
+    revision), not main's; the manifest records both the revision and that commit."""
+    repo = hub_package.parent / "home" / "hub" / ("models--" + REPO.replace("/", "--"))
+    tagged = "fedcba9876543210fedcba9876543210fedcba98"
+    shutil.copytree(repo / "snapshots" / COMMIT, repo / "snapshots" / tagged, symlinks=True)
+    (repo / "refs" / "v1").write_text(tagged)
+    done = run_export(hub_package.parent / "home", REPO, str(tmp_path / "pkg"),
+                      "--revision", "v1", "--attention", "plain")
+    assert done.returncode == 0, done.stderr
+    manifest = load_package(tmp_path / "pkg").manifest
+    assert manifest.exporter["source"]["hub"] == {  # type: ignore[index]
+        "repo_id": REPO, "commit": tagged, "revision": "v1"}
+    absent = run_export(hub_package.parent / "home", REPO, str(tmp_path / "none"),
+                        "--revision", "v2")
+    assert absent.returncode == 1 and "does not hold it" in " ".join(absent.stderr.split())
+
+
+def test_a_revision_for_a_local_folder_is_refused(tmp_path: Path) -> None:
+    folder = make_t5_package_dir(tmp_path / "tiny-t5", "t5")
+    done = run_export(tmp_path / "home", str(folder), str(tmp_path / "out"),
+                      "--revision", "v1")
+    assert done.returncode == 1
+    message = " ".join(done.stderr.split())
+    assert f"--revision v1: {folder} is a local folder" in message, message
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ from seq2serve.server.core.pieces import (
     Joined,
     Plan,
     StreamedText,
+    TooLongForOnePiece,
     join,
     output_limit,
     piece_limit,
@@ -16,7 +17,7 @@ from seq2serve.server.core.pieces import (
     stream_text,
     whole,
 )
-from seq2serve.server.core.segment import reassemble
+from seq2serve.server.core.segment import Splitting, reassemble
 from seq2serve.server.engine.search import Hypothesis
 
 EOS = 0
@@ -179,3 +180,26 @@ def test_a_character_past_the_piece_limit_is_sent_whole_when_the_model_reads_it(
     assert plan("H", "en", _encode, limit=1, max_source_length=4).pieces[0].source_ids == \
         _encode("H")
     assert plan("H", "en", _encode, limit=1).pieces[0].source_ids == _encode("H")[:1]
+
+
+def test_plan_without_splitting_is_one_whole_piece() -> None:
+    planned = plan(TEXT, "en", _encode, limit=4, max_source_length=8,
+                   splitting=Splitting.OFF)
+    assert [p.text for p in planned.pieces] == [TEXT]
+    assert planned.pieces[0].source_ids == _encode(TEXT)  # 8 ids: whole, beyond `limit`
+
+
+def test_plan_without_splitting_refuses_what_the_model_cannot_read_whole() -> None:
+    with pytest.raises(TooLongForOnePiece) as refused:
+        plan(TEXT, "en", _encode, limit=4, max_source_length=7, splitting=Splitting.OFF)
+    assert (refused.value.tokens, refused.value.limit) == (8, 7)
+    assert "texts[0] is 8 tokens" in refused.value.message
+    assert "texts[3]" in refused.value.at(3).message
+
+
+def test_plan_without_newline_splits_keeps_a_sentence_across_lines() -> None:
+    planned = plan("Hello world\nHow are you?", "en", _encode, limit=16,
+                   splitting=Splitting.NO_NEWLINES)
+    assert [p.text for p in planned.pieces] == ["Hello world\nHow are you?"]
+    assert [p.text for p in plan("Hello world\nHow are you?", "en", _encode,
+                                 limit=16).pieces] == ["Hello world", "How are you?"]

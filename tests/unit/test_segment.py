@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from seq2serve.server.core.segment import Segmented, reassemble, segment, split_long
+from seq2serve.server.core.segment import Segmented, Splitting, reassemble, segment, split_long
 
 # Random texts are built from these, weighted towards what breaks segmenters:
 # runs of spaces, every line-break style, abbreviations, punctuation at the end.
@@ -169,3 +169,34 @@ def test_split_long_needs_few_tokenizer_calls() -> None:
     seg = split_long(segment(text, "en"), count, 100)
     assert len(seg.pieces) == 51 and all(_words(p) <= 100 for p in seg.pieces)
     assert len(calls) < 1000  # one call per word would be 5000
+
+
+SPLIT_TEXT = "  This is a line\nthat goes on. Second one.\n\nThird\r\n"
+
+
+@pytest.mark.parametrize(("splitting", "pieces"), [
+    (Splitting.ON, ("This is a line", "that goes on.", "Second one.", "Third")),
+    (Splitting.NO_NEWLINES, ("This is a line\nthat goes on.", "Second one.", "Third")),
+    (Splitting.OFF, ("This is a line\nthat goes on. Second one.\n\nThird",)),
+])
+def test_splitting_cuts_as_deepl_s_split_sentences_says(splitting: Splitting,
+                                                        pieces: tuple[str, ...]) -> None:
+    """1: sentence ends and line breaks; nonewlines: sentence ends only (a line break
+    inside a sentence stays in it); 0: none. Every character is kept either way."""
+    segmented = segment(SPLIT_TEXT, "en", splitting)
+    assert segmented.pieces == pieces
+    assert segmented.original == SPLIT_TEXT
+
+
+@pytest.mark.parametrize("splitting", list(Splitting))
+def test_every_splitting_round_trips_random_texts(splitting: Splitting) -> None:
+    rng = random.Random(7)
+    pool = ["Hello.", "e.g. this", "\n", "\r\n", "\n\n", " ", "  ", "Dr. Who?", "word", "!"]
+    for _ in range(200):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 12)))
+        segmented = segment(text, "en", splitting)
+        assert segmented.original == text
+        assert all(p and p == p.strip() for p in segmented.pieces)
+        if splitting is not Splitting.ON:
+            assert len(segmented.pieces) <= (1 if splitting is Splitting.OFF else
+                                             len(segment(text, "en").pieces))

@@ -28,6 +28,7 @@ from seq2serve.server.core.glossary import (
     parse_entries,
 )
 from seq2serve.server.core.markup import HTML_RULES, xml_rules
+from seq2serve.server.core.pieces import TooLongForOnePiece
 from seq2serve.server.core.texts import (
     AUTO,
     Splitting,
@@ -45,8 +46,7 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 _SPLITTING = {"0": Splitting.OFF, "1": Splitting.ON, "nonewlines": Splitting.NO_NEWLINES}
 # On a /v2/translate answer: the fields it was given that nothing here acts on
-# (split_sentences other than 1: the core always cuts at sentences and lines; formality:
-# no served model offers it; context).
+# (formality: no served model offers it; context).
 IGNORED_HEADER = "X-Seq2serve-Ignored"
 
 
@@ -136,13 +136,18 @@ class DeepLApi:
         except UnsupportedLanguage as e:
             self.access.refund(caller, characters)
             raise InvalidArgument(f"Value for '{e.role}_lang' not supported.") from None
+        except TooLongForOnePiece as e:
+            self.access.refund(caller, characters)
+            raise InvalidArgument(
+                f"Value for 'split_sentences' 0 cannot be kept for text[{e.index}]: it is "
+                f"{e.tokens} tokens and the model reads at most {e.limit} in one piece; "
+                "send split_sentences 1 or nonewlines, or a shorter text") from None
         except BaseException:
             self.access.refund(caller, characters)
             raise
         billed = fields.boolean("show_billed_characters", False)
         # Accepted as DeepL accepts them, but nothing here acts on them: said, not silent.
         ignored = [name for name, given in (
-            ("split_sentences", _text(fields, "split_sentences") not in (None, "", "1")),
             ("formality", formality != "default"), ("context", bool(_text(fields, "context"))))
             if given]
         return JSONResponse({"translations": [

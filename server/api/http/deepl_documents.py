@@ -29,6 +29,7 @@ from seq2serve.server.api.http.access import Caller
 from seq2serve.server.api.http.body import Fields, read_fields
 from seq2serve.server.api.http.deepl_auth import DeepLAccess, QuotaExceeded, error_response
 from seq2serve.server.api.http.libretranslate import content_disposition
+from seq2serve.server.api.http.model_headers import served_by
 from seq2serve.server.core.documents import SUFFIXES, media_type
 from seq2serve.server.core.documents.jobs import DocumentJobs
 from seq2serve.server.core.documents.jobstore import JobState, Order, Record
@@ -134,6 +135,7 @@ class DeepLDocuments:
                            "downloadable once")
         self._bill(record)
         data, name = self.jobs.take(record.id, DOOR)
+        served_by(record.model)
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
 

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.libretranslate import JOBS_DOOR, LibreTranslateApi
+from seq2serve.server.api.http.model_headers import served_by
 from seq2serve.server.core.documents.jobs import DocumentJobs, JobView
 from seq2serve.server.core.documents.jobstore import JobState
 
@@ -48,6 +49,7 @@ class JobsApi:
             "secondsRemaining": view.seconds_remaining,
             "billedCharacters": view.billed_characters, "notes": list(view.notes)}
         if view.state is JobState.DONE:
+            served_by(view.model)  # the answer that carries the file's address
             body["report"] = view.report
             body["outputName"] = view.output_name
             body["translatedFileUrl"] = self.libre.download_url(request, view.id,

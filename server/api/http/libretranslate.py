@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.body import Fields, invalid, missing, read_fields
-from seq2serve.server.api.http.model_headers import door_call, named
+from seq2serve.server.api.http.model_headers import door_call, named, served_by
 from seq2serve.server.api.routing import Named, agree, pair_of
 from seq2serve.server.config import setting_names
 from seq2serve.server.core.documents import DEFAULT_LIMITS, SUFFIXES, Limits, media_type
@@ -246,6 +246,7 @@ class LibreTranslateApi:
             raise
         if view.error_kind:
             raise view.error()
+        served_by(view.model)
         return JSONResponse({"translatedFileUrl": self.download_url(request, record.id,
                                                                     view.output_name)})
 
@@ -301,6 +302,7 @@ class LibreTranslateApi:
             raise invalid("Invalid filename") from None
         if stored != name:
             raise invalid("Invalid filename")
+        served_by(self._jobs().record(job_id, JOBS_DOOR).model)
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
 

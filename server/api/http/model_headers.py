@@ -38,6 +38,15 @@ def door_call(timeout: float | None = None) -> Call:
     return Call(timeout, on_model=None if served is None else served.append)
 
 
+def served_by(model: str) -> None:
+    """Tell the current request's collector that `model` served it ("" : none did):
+    a document job's model, which served the job apart from the request that answers
+    with its result."""
+    served = _SERVED.get()
+    if served is not None and model:
+        served.append(model)
+
+
 def named(request: Request) -> Named:
     """The model or pair this request's headers name."""
     return Named.read(request.headers.get, MODEL_HEADER, PAIR_HEADER)

@@ -46,6 +46,7 @@ class Outcome:
     name: str
     billed_characters: int
     report: str
+    model: str = ""  # the model that served it ("" where none did: nothing to translate)
 
 
 Runner = Callable[[Order, bytes, Progress], Awaitable[Outcome]]
@@ -68,6 +69,7 @@ class JobView:
     error_message: str
     downloaded: bool
     notes: tuple[str, ...]
+    model: str = ""  # the model that served it, once done
 
     def error(self) -> ServiceError:
         """The job's failure as the error a synchronous answer raises."""
@@ -197,7 +199,8 @@ class DocumentJobs:
                        billed_characters=record.billed_characters,
                        output_name=record.output_name, report=record.report,
                        error_kind=record.error_kind, error_message=record.error_message,
-                       downloaded=record.downloaded, notes=tuple(record.notes))
+                       downloaded=record.downloaded, notes=tuple(record.notes),
+                       model=record.model)
 
     async def wait(self, job_id: str, door: str) -> JobView:
         """Once the job has ended, where it stands."""
@@ -283,6 +286,7 @@ class DocumentJobs:
             record.state, record.finished = JobState.DONE, self.clock()
             record.output_name, record.report = outcome.name, outcome.report
             record.billed_characters = outcome.billed_characters
+            record.model = outcome.model
             self.store.finish(record, outcome.data)
         finally:
             self._running.pop(record.id, None)

@@ -7,8 +7,9 @@ loses none.
     JOBS_DIR/<id>/output         the translated file, until it expires (or, for DeepL's
                                  door, until its one download)
 
-Every write is whole or not at all (a temporary file, then `os.replace`), so a server
-stopped at any moment leaves each job's last state. The folder has a byte budget: a
+Every write is whole or not at all (a temporary file in the same folder, flushed and
+fsynced, then `os.replace`, then the folder fsynced), so a server stopped at any
+moment, or a machine that loses power, leaves each job's last state. The folder has a byte budget: a
 new job reserves its upload twice (the upload, and an output about its size) and is
 refused (ResourceExhausted) where that would pass the budget.
 """
@@ -86,6 +87,9 @@ class Record:
     error_kind: str = ""  # an ErrorKind name, or "INTERNAL"
     error_message: str = ""
     downloaded: bool = False  # DeepL's door: its one download is done
+    # The model that served it (a chain's joined by "+"; "" where none did), named on
+    # the answers that carry its file (X-Seq2serve-Model), as every answer names its own.
+    model: str = ""
     notes: list[str] = field(default_factory=list)  # what happened to it across restarts
 
     def held_bytes(self) -> int:
@@ -167,6 +171,7 @@ class JobStore:
                 "finish or expire (the server's --jobs-max-bytes, --job-ttl-s)")
         folder = self.folder / record.id
         folder.mkdir()
+        _sync_folder(self.folder)  # the job's folder itself survives a power loss
         _write(folder / "input", data)
         self.records[record.id] = record
         self.save(record)
@@ -204,12 +209,25 @@ class JobStore:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole or not at all."""
+    """`data` at `path`, whole or not at all, and durably: the bytes reach the disk
+    before the rename makes them the file, and the rename before this returns."""
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """The folder's entries (a rename, a new file) on disk (POSIX: fsync the folder)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

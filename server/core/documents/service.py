@@ -79,7 +79,8 @@ class DocumentRunner:
                                     glossary=order.glossary, terms=order.terms,
                                     do_not_translate=order.do_not_translate)
         sent: list[int] = []
-        output = await translate_with_core(document, self.translator, template, Call(),
+        call = Call()  # it hears the model that serves the file's texts
+        output = await translate_with_core(document, self.translator, template, call,
                                            progress, sent)
         return Outcome(data=output, name=document.name, billed_characters=sum(sent),
-                       report=document.tally.describe())
+                       report=document.tally.describe(), model=call.model or "")
