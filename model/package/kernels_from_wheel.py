@@ -64,24 +64,22 @@ _CUDART_BODIES = {
 }
 
 
-def _undefined(library: Path, version_tag: str) -> list[str]:
-    """The dynamic symbols `library` takes from the library whose version tag is given
-    (readelf's `name@tag`)."""
+def _undefined(library: Path) -> list[tuple[str, str]]:
+    """The dynamic symbols `library` takes from others: (name, version tag or "")."""
     out = subprocess.run(["readelf", "--dyn-syms", "-W", str(library)], check=True,
                          capture_output=True, text=True).stdout
-    names = {cols[7].split("@")[0] for line in out.splitlines()
-             if len(cols := line.split()) >= 8 and cols[6] == "UND"
-             and cols[7].endswith("@" + version_tag)}
-    return sorted(names)
+    return sorted({cols[7].partition("@")[::2] for line in out.splitlines()
+                   if len(cols := line.split()) >= 8 and cols[6] == "UND"})
 
 
-def _undefined_from(library: Path, prefixes: tuple[str, ...]) -> list[str]:
-    """Unversioned dynamic symbols of `library` with one of `prefixes`."""
-    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(library)], check=True,
-                         capture_output=True, text=True).stdout
-    return sorted({cols[7] for line in out.splitlines()
-                   if len(cols := line.split()) >= 8 and cols[6] == "UND"
-                   and "@" not in cols[7] and cols[7].startswith(prefixes)})
+def _taken_from(library: Path, version_tag: str) -> list[str]:
+    """What `library` takes from the library of that version tag (readelf's name@tag)."""
+    return [name for name, tag in _undefined(library) if tag == version_tag]
+
+
+def _unversioned(library: Path, prefixes: tuple[str, ...]) -> list[str]:
+    """Unversioned symbols `library` takes, those with one of `prefixes`."""
+    return [name for name, tag in _undefined(library) if not tag and name.startswith(prefixes)]
 
 
 def _compile(c_source: str, soname: str, out: Path, version_node: str | None = None) -> None:
@@ -102,16 +100,16 @@ def stand_ins(capi: Path, out: Path) -> None:
     cuda = capi / "libonnxruntime_providers_cuda.so"
     trt = capi / "libonnxruntime_providers_tensorrt.so"
     cudart = "\n".join(_CUDART_BODIES.get(name, f"int {name}(void) {{ return 0; }}")
-                       for name in _undefined(cuda, "libcudart.so.13"))
+                       for name in _taken_from(cuda, "libcudart.so.13"))
     _compile(cudart + "\n", "libcudart.so.13", out, version_node="libcudart.so.13")
     # The driver: what the provider links from it directly (no device answers: 100 is
     # CUDA_ERROR_NO_DEVICE).
     driver = "\n".join(f"int {name}(void) {{ return 100; }}"
-                       for name in _undefined_from(cuda, ("cu",))
+                       for name in _unversioned(cuda, ("cu",))
                        if name[2:3].isupper())
     _compile(driver + "\n", "libcuda.so.1", out)
     if trt.exists():
-        infer = _undefined_from(trt, ("create", "get"))
+        infer = _unversioned(trt, ("create", "get"))
         nvinfer = [n for n in infer if "Parser" not in n]
         parser = [n for n in infer if "Parser" in n]
         # TensorRT 10.13's version number; the builder and runtime are never made.
