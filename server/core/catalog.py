@@ -3,8 +3,9 @@ through English, registry.routes) with its models, each language's English name,
 language detector over the served languages. Derived from the Translator per registry
 generation (rebuilt when the models change, never frozen at a first request); each door
 converts it to its own listing (LibreTranslate's /languages, DeepL's /v2/languages,
-ListModels). Which of those models are loaded now (core/residency.py) is read at each
-listing, not kept per generation: a model loads and unloads without a new generation."""
+ListModels). Which of those models are loaded now, and which an operator unloaded
+(core/residency.py), is read at each listing, not kept per generation: a model loads
+and unloads without a new generation."""
 
 from __future__ import annotations
 

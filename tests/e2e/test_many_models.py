@@ -250,7 +250,7 @@ def test_the_control_calls_need_an_admin_key(server: RunningServer,
 
 
 def test_languages_say_a_model_the_operator_unloaded_is_not_served(
-        server: RunningServer) -> None:
+        server: RunningServer, stub: pb_grpc.TranslatorStub) -> None:
     """Plain HTTP: after an operator's unload of en-fr, /languages lists en -> fr (and
     de -> fr through English) as unavailable, not as loading on a first request, and
     GET /v1/models says it is held out; a request is refused; once loaded again, the
@@ -279,6 +279,9 @@ def test_languages_say_a_model_the_operator_unloaded_is_not_served(
             assert after[code]["targets"] == before[code]["targets"]  # still listed
         assert (model()["state"], model()["heldOut"]) in (("available", True),
                                                           ("unloading", True))
+        listed = {m.name: m.held_out for m in stub.ListModels(pb.ListModelsRequest()).models}
+        assert listed[name] and not any(held for other, held in listed.items()
+                                        if other != name)
         refused = http.post("/translate", json={"q": TEXTS["en"], "source": "en",
                                                 "target": "fr"})
         assert refused.status_code == 503
