@@ -407,6 +407,7 @@ def build_handle(handle: ModelHandle, config: ServerConfig, metrics: Metrics) ->
     metrics.set_model_info(name, package.manifest.precision, provider, package.manifest.task)
     metrics.watch_transfers(name, [e.runner.memory.counter.read for e in engines])
     metrics.model_bytes.labels(name).set(handle.cost)
+    metrics.model_device_bytes.labels(name).set(handle.device_cost)
     log.info("loaded %s (%s, %s, %s, %d engine%s x %d threads, sharing one copy of the "
              "weights) from %s", name, package.manifest.task, package.manifest.precision,
              provider, count, "s" if count > 1 else "", threads, package.path)

@@ -147,8 +147,14 @@ class Metrics:
             f"{NAMESPACE}_model_state", "each served model's state (1 for the one it is "
             f"in: {', '.join(MODEL_STATES)})", ["model", "state"], registry=r)
         self.model_bytes = Gauge(
-            f"{NAMESPACE}_model_memory_bytes", "bytes a loaded model holds, by its package's "
-            "cost (--max-model-memory counts these)", ["model"], registry=r)
+            f"{NAMESPACE}_model_memory_bytes", "bytes of host memory a loaded model holds, "
+            "by its package's cost (--max-model-memory counts these)", ["model"], registry=r)
+        # A metric apart rather than a `resource` label: host and device memory are two
+        # budgets, and a sum over the label would add bytes of different memories.
+        self.model_device_bytes = Gauge(
+            f"{NAMESPACE}_model_device_memory_bytes", "bytes of the device's memory a "
+            "loaded model holds, by its cost there (--max-device-memory counts these; 0 on "
+            "the CPU provider)", ["model"], registry=r)
         self.broken_packages = Gauge(
             f"{NAMESPACE}_broken_packages", "package directories refused at start-up and "
             "left out (only with --serve-valid-models; otherwise the server does not start)",

@@ -214,6 +214,8 @@ def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
         state=info.state,
         error=info.error,
         memory_bytes=info.memory_bytes,
+        device_memory_bytes=info.device_memory_bytes,
+        held_out=info.held_out,
         **dataclasses.asdict(info.limits),
     )
 

@@ -3,8 +3,9 @@ through English, registry.routes) with its models, each language's English name,
 language detector over the served languages. Derived from the Translator per registry
 generation (rebuilt when the models change, never frozen at a first request); each door
 converts it to its own listing (LibreTranslate's /languages, DeepL's /v2/languages,
-ListModels). Which of those models are loaded now (core/residency.py) is read at each
-listing, not kept per generation: a model loads and unloads without a new generation."""
+ListModels). Which of those models are loaded now, and which an operator unloaded
+(core/residency.py), is read at each listing, not kept per generation: a model loads
+and unloads without a new generation."""
 
 from __future__ import annotations
 
@@ -36,16 +37,21 @@ class Pair:
 class ServedLanguage:
     """A listed language: its targets (direct or through English), and what of it is
     loaded now. Under --lazy a language served only by models not loaded yet is
-    listed all the same: its first request loads them (and waits)."""
+    listed all the same: its first request loads them (and waits). A pair whose model
+    an operator unloaded stays listed too (it is served again once loaded), said
+    unavailable: its requests are refused, none loads it."""
 
     code: str
     name: str
     targets: tuple[str, ...]
-    # Every model that serves a pair from or to it is loaded: nothing it is asked
-    # for waits for a load.
+    # Every model that serves a pair from or to it is loaded (none held out): nothing
+    # it is asked for waits for a load or is refused for its model.
     loaded: bool
     # The targets whose pair's models (one, or both legs through English) are loaded.
     loaded_targets: tuple[str, ...]
+    # The targets whose pair has a model an operator unloaded (held out): refused until
+    # it is loaded again (LoadModel), not loaded by a request.
+    unavailable_targets: tuple[str, ...] = ()
 
 
 class UnsupportedLanguage(InvalidArgument):
@@ -94,8 +100,10 @@ class Catalog:
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
         self._listing: Listing | None = None
-        # The last languages() answer, by the generation and the loaded models it read.
-        self._languages: tuple[int, frozenset[str], list[ServedLanguage]] | None = None
+        # The last languages() answer, by the generation and the loaded and held-out
+        # models it read.
+        self._languages: tuple[int, frozenset[str], frozenset[str],
+                               list[ServedLanguage]] | None = None
 
     def listing(self) -> Listing:
         generation = self.translator.generation()
@@ -114,22 +122,29 @@ class Catalog:
         """Every listed language, by code, with its targets and what is loaded now."""
         listing = self.listing()
         ready = self.translator.loaded_models()
+        held_out = self.translator.held_out_models()
         known = self._languages
-        if known is not None and known[:2] == (listing.generation, ready):
-            return known[2]
+        if known is not None and known[:3] == (listing.generation, ready, held_out):
+            return known[3]
         targets: dict[str, list[str]] = {code: [] for code in listing.languages}
         loaded_targets: dict[str, list[str]] = {code: [] for code in listing.languages}
+        unavailable: dict[str, list[str]] = {code: [] for code in listing.languages}
         loaded = dict.fromkeys(listing.languages, True)
         # One pass over the pairs (NLLB-200 has 40,000), not one per language.
         for (source, target), pair in sorted(listing.pairs.items()):
             targets[source].append(target)
-            if all(model in ready for model in pair.models):
+            if any(model in held_out for model in pair.models):
+                # Held out while its requests finish (still ready): refused all the same.
+                unavailable[source].append(target)
+                loaded[source] = loaded[target] = False
+            elif all(model in ready for model in pair.models):
                 loaded_targets[source].append(target)
             else:
                 loaded[source] = loaded[target] = False
         served = [ServedLanguage(code, self.name(code), tuple(targets[code]), loaded[code],
-                                 tuple(loaded_targets[code])) for code in listing.languages]
-        self._languages = (listing.generation, ready, served)
+                                 tuple(loaded_targets[code]), tuple(unavailable[code]))
+                  for code in listing.languages]
+        self._languages = (listing.generation, ready, held_out, served)
         return served
 
     def name(self, code: str) -> str:

@@ -174,7 +174,11 @@ class ModelInfo:
     # generation.ignored_keys): outputs may differ from generate()'s there.
     ignored_generation_keys: tuple[str, ...] = ()
     # Its state here (core/residency.py: available, loading, ready, unloading, failed),
-    # why it failed, and the bytes it holds once loaded (its package's cost).
+    # why it failed, and the bytes it holds once loaded (its package's cost) of host
+    # memory and of the device's (0: not on a device).
     state: str = "ready"
     error: str = ""
     memory_bytes: int = 0
+    device_memory_bytes: int = 0
+    # An operator unloaded it: refused, and not loaded at a request, until loaded again.
+    held_out: bool = False

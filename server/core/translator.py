@@ -299,6 +299,12 @@ class Translator:
         return frozenset(h.name for h in self.registry.handles()
                          if h.state is ModelState.READY)
 
+    def held_out_models(self) -> frozenset[str]:
+        """The models an operator unloaded: requests for them are refused until they
+        are loaded again (core/residency.py); Unavailable while the models load."""
+        self.registry.require_ready()
+        return frozenset(h.name for h in self.registry.handles() if h.held_out)
+
     def route(self, source_language: str, target_language: str) -> RouteInfo:
         """The route a request of this pair without a model takes (registry.route: the
         one rule of every door): its codes as the chosen model lists them and its
@@ -506,7 +512,8 @@ class Translator:
             defaults=defaults, limits=limits,
             languages=tuple(handle.language_codes()) if handle.languages else (),
             ignored_generation_keys=manifest.generation.ignored_keys or (),
-            state=handle.state.value, error=handle.error, memory_bytes=handle.cost)
+            state=handle.state.value, error=handle.error, memory_bytes=handle.cost,
+            device_memory_bytes=handle.device_cost, held_out=handle.held_out)
 
     # -- model control (the doors check the admin key) -----------------------------
 

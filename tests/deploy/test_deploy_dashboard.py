@@ -131,6 +131,9 @@ def test_panels_cover_what_the_operator_needs() -> None:
                    MODEL_STATE_SERIES):
         assert series in queries, series
     assert "by (state)" in queries and 'state="ready"' in queries
+    # What the loaded models hold of each memory budget (host and device), per pod.
+    for series in ("seq2serve_model_memory_bytes", "seq2serve_model_device_memory_bytes"):
+        assert f"sum by (pod) ({series}{{" in queries, series
 
 
 def test_front_door_series_are_registered() -> None:

@@ -52,9 +52,9 @@ def grpc_best(client: Seq2ServeClient, texts: list[str], **options: object) -> l
 
 def test_languages_come_from_the_served_models(http: httpx.Client) -> None:
     languages = http.get("/languages").json()
-    # LibreTranslate's fields, and ours: every model is loaded (no --lazy).
+    # LibreTranslate's fields, and ours: every model is loaded (no --lazy), none held out.
     assert {"code": "en", "name": "English", "targets": ["de"], "loaded": True,
-            "loadedTargets": ["de"]} in languages
+            "loadedTargets": ["de"], "unavailableTargets": []} in languages
     assert {lang["code"] for lang in languages} == {"en", "de"}
 
 

@@ -40,6 +40,7 @@ SENTENCE = "Open the file and save your changes."
 WAIT_MS = 30_000  # the machine may be loaded; a translation of the tiny model takes ms
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 375, "height": 812}
+ADMIN_KEY = "page-admin"
 
 needs_chromium = pytest.mark.needs("chromium")
 
@@ -62,11 +63,13 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture
-def lazy_url(models_dir: Path) -> Iterator[str]:
+def lazy_url(models_dir: Path, tmp_path: Path) -> Iterator[str]:
     """A server started with --lazy: the tiny model is found and checked, not loaded
-    (one per test: a translation loads it)."""
+    (one per test: a translation loads it); ADMIN_KEY unloads and loads it."""
+    keys = tmp_path / "admin-keys"
+    keys.write_text(ADMIN_KEY + "\n")
     running = RunningServer(server_config(models_dir, http_port=free_port(), lazy=True,
-                                          max_text_chars=CHAR_LIMIT))
+                                          max_text_chars=CHAR_LIMIT, admin_keys=keys))
     assert running.http_url is not None
     yield running.http_url
     running.stop()
@@ -254,10 +257,12 @@ def test_languages_say_what_is_loaded(lazy_url: str, api: httpx.Client) -> None:
         eager = {lang["code"]: lang for lang in api.get("/languages").json()}
         assert before.keys() == eager.keys() and "en" in before
         for code, lang in before.items():  # LibreTranslate's three, then ours
-            assert list(lang) == ["code", "name", "targets", "loaded", "loadedTargets"]
+            assert list(lang) == ["code", "name", "targets", "loaded", "loadedTargets",
+                                  "unavailableTargets"]
             assert {k: lang[k] for k in ("code", "name", "targets")} == \
                 {k: eager[code][k] for k in ("code", "name", "targets")}
-            assert (lang["loaded"], lang["loadedTargets"]) == (False, [])
+            assert (lang["loaded"], lang["loadedTargets"], lang["unavailableTargets"]) == \
+                (False, [], [])
             assert (eager[code]["loaded"], eager[code]["loadedTargets"]) == \
                 (True, eager[code]["targets"])
         target = before["en"]["targets"][0]
@@ -348,6 +353,53 @@ def test_the_page_says_which_models_are_loaded(open_page: OpenPage, browser: Bro
     assert not watched.page.locator("#target-lang option").first.inner_text().endswith(
         "loads on first request")
     watched.assert_clean(base_url)
+
+
+@needs_chromium
+def test_the_page_says_a_model_unloaded_by_the_operator_is_not_served(
+        browser: Browser, lazy_url: str, api: httpx.Client) -> None:
+    """After an operator's unload the chosen pair's target is marked "unloaded by the
+    operator" and #model-note says it is not served (no promise of a load), a
+    translation shows the server's refusal; once the operator loads it again, a
+    translation is answered and the marks go."""
+    admin = {"X-Admin-Key": ADMIN_KEY}
+    with httpx.Client(base_url=lazy_url, timeout=120) as lazy:
+        [model] = lazy.get("/v1/models").json()["models"]
+        unloaded = lazy.post(f"/v1/models/{model['name']}/unload", headers=admin)
+        assert unloaded.status_code == 200, unloaded.text
+        context = browser.new_context(viewport=DESKTOP)
+        try:
+            watched = load(context.new_page(), lazy_url)
+            page = watched.page
+            source, target = pick_pair(page, api)
+            languages = {lang["code"]: lang for lang in lazy.get("/languages").json()}
+            assert languages[source]["unavailableTargets"] == [target]  # the server's answer
+            name = languages[target]["name"]
+            chosen = page.locator(f"#target-lang option[value='{target}']")
+            expect(chosen).to_have_text(f"{name} · unloaded by the operator")
+            note = page.locator("#model-note")
+            expect(note).to_have_attribute("data-loaded", "unavailable")
+            expect(note).to_contain_text("Unloaded by the operator")
+            expect(note).not_to_contain_text("first request")
+            with page.expect_response(is_translation_of(SENTENCE), timeout=WAIT_MS) as sent:
+                page.fill("#source-text", SENTENCE)
+            refused = lazy.post("/translate", json=sent.value.request.post_data_json)
+            assert refused.status_code == 503
+            expect(page.locator("#error")).to_contain_text(refused.json()["error"],
+                                                           timeout=WAIT_MS)
+            assert "unloaded by the operator" in refused.json()["error"]
+            expect(page.locator("#target-text")).to_have_value("")
+
+            loaded = lazy.post(f"/v1/models/{model['name']}/load", headers=admin)
+            assert loaded.status_code == 200, loaded.text
+            page.fill("#source-text", "Close the file.")
+            expect(page.locator("#target-text")).not_to_have_value("", timeout=WAIT_MS)
+            expect(page.locator("#error")).to_be_empty()
+            expect(chosen).to_have_text(name, timeout=WAIT_MS)  # /languages asked again
+            expect(note).to_be_empty()
+            watched.assert_clean(lazy_url)
+        finally:
+            context.close()
 
 
 @needs_chromium

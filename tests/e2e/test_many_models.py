@@ -14,10 +14,12 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serving import RunningServer, free_port, server_config
 
 from seq2serve.model.package.manifest import load_package
@@ -81,11 +83,22 @@ def reference(models: Path) -> tuple[dict[tuple[str, str], str], dict[str, int]]
         with grpc.insecure_channel(full.target) as channel:
             stub = pb_grpc.TranslatorStub(channel)
             expected = {pair: translate(stub, *pair) for pair in every_pair()}
-            costs = {m.name: m.memory_bytes for m in stub.ListModels(
-                pb.ListModelsRequest()).models}
+            listed = stub.ListModels(pb.ListModelsRequest()).models
+            costs = {m.name: m.memory_bytes for m in listed}
+            # On the CPU provider nothing is on a device: no device bytes listed.
+            assert [m.device_memory_bytes for m in listed] == [0] * len(PAIRS)
+            assert device_bytes(full) == dict.fromkeys(costs, 0)
     finally:
         full.stop()
     return expected, costs
+
+
+def device_bytes(running: RunningServer) -> dict[str, int]:
+    """seq2serve_model_device_memory_bytes per model, as Prometheus parses /metrics."""
+    families = text_string_to_metric_families(running.server.metrics.render().decode())
+    return {sample.labels["model"]: int(sample.value) for family in families
+            if family.name == "seq2serve_model_device_memory_bytes"
+            for sample in family.samples}
 
 
 def watch(registry: ModelRegistry, seen: Callable[[], None]) -> None:
@@ -167,7 +180,13 @@ def test_a_lazy_server_within_a_device_budget_answers_what_one_holding_everythin
             random.Random(55).shuffle(order)
             for pair in order:
                 assert translate(stub, *pair) == expected[pair], pair
-            states = {m.name: m.state for m in stub.ListModels(pb.ListModelsRequest()).models}
+            listed = stub.ListModels(pb.ListModelsRequest()).models
+            states = {m.name: m.state for m in listed}
+            # ListModels lists each model's device cost, loaded or not; /metrics, the
+            # loaded ones' (an unloaded model's series are cleared).
+            assert {m.name: m.device_memory_bytes for m in listed} == on_device
+            assert device_bytes(lazy) == {name: on_device[name]
+                                          for name, state in states.items() if state == "ready"}
         assert 0 < most <= budget
         assert list(states.values()).count("ready") < len(PAIRS)  # some were unloaded
     finally:
@@ -228,6 +247,54 @@ def test_the_control_calls_need_an_admin_key(server: RunningServer,
     assert "LoadModel" in str(refused.value.details())
     stub.LoadModel(pb.ModelControlRequest(name=name), metadata=ADMIN, timeout=120)
     translate(stub, "en", "fr")
+
+
+def test_languages_say_a_model_the_operator_unloaded_is_not_served(
+        server: RunningServer, stub: pb_grpc.TranslatorStub) -> None:
+    """Plain HTTP: after an operator's unload of en-fr, /languages lists en -> fr (and
+    de -> fr through English) as unavailable, not as loading on a first request, and
+    GET /v1/models says it is held out; a request is refused; once loaded again, the
+    pair is listed loaded and answered."""
+    name = name_of(MODELS / "en-fr")
+    admin = {"X-Admin-Key": ADMIN_KEY}
+    with httpx.Client(base_url=str(server.http_url), timeout=120) as http:
+
+        def languages() -> dict[str, dict[str, Any]]:
+            return {lang["code"]: lang for lang in http.get("/languages").json()}
+
+        def model() -> dict[str, Any]:
+            return {m["name"]: m for m in http.get("/v1/models").json()["models"]}[name]
+
+        assert http.post(f"/v1/models/{name}/load", headers=admin).status_code == 200
+        before = languages()
+        assert "fr" in before["en"]["loadedTargets"]
+        assert model().get("heldOut", False) is False
+        answer = http.post(f"/v1/models/{name}/unload", headers=admin)
+        assert answer.status_code == 200 and answer.json()["model"]["heldOut"] is True
+        after = languages()
+        for code in ("en", "de"):  # direct, and through English
+            assert "fr" in after[code]["unavailableTargets"], after[code]
+            assert "fr" not in after[code]["loadedTargets"]
+            assert after[code]["loaded"] is False
+            assert after[code]["targets"] == before[code]["targets"]  # still listed
+        assert (model()["state"], model()["heldOut"]) in (("available", True),
+                                                          ("unloading", True))
+        listed = {m.name: m.held_out for m in stub.ListModels(pb.ListModelsRequest()).models}
+        assert listed[name] and not any(held for other, held in listed.items()
+                                        if other != name)
+        refused = http.post("/translate", json={"q": TEXTS["en"], "source": "en",
+                                                "target": "fr"})
+        assert refused.status_code == 503
+        assert "unloaded by the operator" in refused.json()["error"]
+        assert http.post(f"/v1/models/{name}/load", headers=admin).status_code == 200
+        again = languages()
+        assert "fr" in again["en"]["loadedTargets"]
+        assert all("fr" not in lang["unavailableTargets"] for lang in again.values())
+        assert (model()["state"], model().get("heldOut", False)) == ("ready", False)
+        served = http.post("/translate", json={"q": TEXTS["en"], "source": "en",
+                                               "target": "fr"})
+        assert served.status_code == 200, served.text
+        assert served.json()["translatedText"]
 
 
 def _broken_copy(source: Path, out: Path, name: str) -> None:

@@ -83,11 +83,13 @@ class LibreTranslateApi:
 
     async def languages(self, request: Request) -> Response:
         # LibreTranslate's fields (every target reachable from each language, through
-        # English too, as LibreTranslate lists its pivoted pairs), then two of ours:
-        # whether all its models are loaded now, and the targets whose models are.
+        # English too, as LibreTranslate lists its pivoted pairs), then three of ours:
+        # whether all its models are loaded now, the targets whose models are, and the
+        # targets whose model an operator unloaded (refused until it is loaded again).
         return JSONResponse([
             {"code": language.code, "name": language.name, "targets": list(language.targets),
-             "loaded": language.loaded, "loadedTargets": list(language.loaded_targets)}
+             "loaded": language.loaded, "loadedTargets": list(language.loaded_targets),
+             "unavailableTargets": list(language.unavailable_targets)}
             for language in self.catalog.languages()])
 
     async def frontend_settings(self, request: Request) -> Response:

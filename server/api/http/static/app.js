@@ -20,10 +20,13 @@
  *   #swap              swaps the languages (and the texts); disabled, with the reason
  *                      in #swap-note, when no model translates from the target
  *   #model-note        while this server holds some model not loaded (--lazy, a memory
- *                      budget): whether the chosen pair's models are loaded, its
- *                      data-loaded "true", "false" or "" (auto: it depends on the
- *                      detected language); options whose models are not loaded end in
- *                      " · loads on first request" (/languages' loaded, loadedTargets)
+ *                      budget, an operator's unload): whether the chosen pair's models
+ *                      are loaded, its data-loaded "true", "false", "unavailable" (a
+ *                      model unloaded by the operator: refused until loaded again) or ""
+ *                      (auto: it depends on the detected language); options whose
+ *                      models are not loaded end in " · loads on first request", those
+ *                      whose model the operator unloaded in " · unloaded by the
+ *                      operator" (/languages' loaded, loadedTargets, unavailableTargets)
  *   #source-text       text to translate; translated as you type, debounced by the
  *                      server's frontendTimeout (Ctrl+Enter translates at once)
  *   #char-count        "<characters> / <charLimit>"; class "over" past the limit
@@ -103,7 +106,7 @@
 
   const state = {
     settings: DEFAULT_SETTINGS,
-    /** code -> {code, name, targets, loaded, loadedTargets} from /languages */
+    /** code -> {code, name, targets, loaded, loadedTargets, unavailableTargets} from /languages */
     languages: new Map(),
     /** The language /translate detected for the current text when the source is auto. */
     detected: "",
@@ -235,6 +238,8 @@
       targets,
       loaded: language.loaded !== false,
       loadedTargets: Array.isArray(language.loadedTargets) ? language.loadedTargets : targets,
+      unavailableTargets: Array.isArray(language.unavailableTargets)
+        ? language.unavailableTargets : [],
     };
   }
 
@@ -247,6 +252,7 @@
   // -- what is loaded ----------------------------------------------------------------
 
   const LOADS_MARK = " · loads on first request";
+  const UNAVAILABLE_MARK = " · unloaded by the operator";
 
   /** Whether every model this server serves is loaded (then the page says nothing). */
   function allLoaded() {
@@ -268,27 +274,53 @@
     return loaded.length === 0 ? false : null;
   }
 
-  /** A source is marked when every translation from it loads a model first. */
+  /** Whether source -> target's model was unloaded by the operator (refused until it
+   * is loaded again; no request loads it). From auto: when it is so from every
+   * language that has the target. */
+  function pairUnavailable(source, target) {
+    if (!target) return false;
+    if (source !== "auto") {
+      const language = state.languages.get(source);
+      return Boolean(language) && language.unavailableTargets.includes(target);
+    }
+    const writers = Array.from(state.languages.values())
+      .filter((language) => language.targets.includes(target));
+    return writers.length > 0
+      && writers.every((language) => language.unavailableTargets.includes(target));
+  }
+
+  /** A source is marked when every translation from it loads a model first, or when
+   * the operator unloaded every one. */
   function sourceLabel(code) {
     const language = state.languages.get(code);
-    const none = Boolean(language) && language.targets.length > 0
-      && language.loadedTargets.length === 0;
+    const some = Boolean(language) && language.targets.length > 0;
+    if (some && language.unavailableTargets.length === language.targets.length) {
+      return languageName(code) + UNAVAILABLE_MARK;
+    }
+    const none = some && language.loadedTargets.length === 0;
     return languageName(code) + (none ? LOADS_MARK : "");
   }
 
-  /** A target is marked when the chosen source's pair to it is not loaded. */
+  /** A target is marked when the chosen source's pair to it is not loaded (or not
+   * served now: its model unloaded by the operator). */
   function targetLabel(code) {
-    return languageName(code)
-      + (pairLoaded(el.sourceLang.value, code) === false ? LOADS_MARK : "");
+    const source = el.sourceLang.value;
+    if (pairUnavailable(source, code)) return languageName(code) + UNAVAILABLE_MARK;
+    return languageName(code) + (pairLoaded(source, code) === false ? LOADS_MARK : "");
   }
 
   function updateModelNote() {
     const target = el.targetLang.value;
+    const unavailable = pairUnavailable(el.sourceLang.value, target);
     const loaded = pairLoaded(el.sourceLang.value, target);
     const quiet = allLoaded() || !target;
-    el.modelNote.dataset.loaded = quiet || loaded === null ? "" : String(loaded);
+    el.modelNote.dataset.loaded = quiet || loaded === null ? ""
+      : (unavailable ? "unavailable" : String(loaded));
     if (quiet) {
       el.modelNote.textContent = "";
+    } else if (unavailable) {
+      el.modelNote.textContent = "Unloaded by the operator: this pair is not served "
+        + "until its model is loaded again.";
     } else if (loaded === true) {
       el.modelNote.textContent = "Loaded: this pair's model answers at once.";
     } else if (loaded === false) {
@@ -434,7 +466,9 @@
     const controller = new AbortController();
     state.inFlight = controller;
     const loaded = pairLoaded(el.sourceLang.value, el.targetLang.value);
-    setBusy(true, loaded !== true);
+    // An operator's unload: the server refuses it (said in #error), no model loads.
+    setBusy(true, loaded !== true
+      && !pairUnavailable(el.sourceLang.value, el.targetLang.value));
     const request = {
       q: text,
       source: el.sourceLang.value,
