@@ -180,10 +180,10 @@ class UsageLedger:
             return
         self._counts = counts
 
-    def _encode(self) -> bytes:
+    def _encode(self, counts: dict[str, int], start: dt.date | None) -> bytes:
         return json.dumps({"format": FORMAT, "version": VERSION, "period": self.period,
-                           "period_start": self._start.isoformat() if self._start else None,
-                           "counts": dict(sorted(self._counts.items()))},
+                           "period_start": start.isoformat() if start else None,
+                           "counts": dict(sorted(counts.items()))},
                           indent=1).encode("utf-8") + b"\n"
 
     def flush(self) -> None:
@@ -196,8 +196,10 @@ class UsageLedger:
                 self._roll()
                 if self._written == self._changes:
                     return
-                changes, data = self._changes, self._encode()
-            write_atomically(self.path, data)
+                # A copy under the lock; encoded outside it, so the event loop's
+                # counting never waits on the encoding of many accounts.
+                changes, counts, start = self._changes, dict(self._counts), self._start
+            write_atomically(self.path, self._encode(counts, start))
             self._written = changes
 
     def _run(self) -> None:
