@@ -429,6 +429,9 @@ class ServerConfig:
         if self.usage_file is None:
             return None
         path = Path(self.usage_file)
+        if self.http_port == 0:  # the counts are DeepL's API's, which only HTTP serves
+            return Problem("usage_file", "usage_file needs the HTTP front door (DeepL's "
+                           "API); http_port is 0 (disabled)")
         if path.is_dir():
             return Problem("usage_file", f"usage_file must be a file (created if missing), "
                            f"got the directory {str(path)!r}")

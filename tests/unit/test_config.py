@@ -287,6 +287,10 @@ def test_the_usage_file_and_period_are_set_and_checked(tmp_path: Path) -> None:
     assert "29" in problems[2].message and "28" in problems[2].message
     assert [p.field for p in ServerConfig(models_dir=tmp_path,
                                           usage_file=tmp_path).problems()] == ["usage_file"]
+    [off] = ServerConfig(models_dir=tmp_path, usage_file=tmp_path / "u.json",
+                         http_port=0).problems()  # never read: said, not ignored
+    assert off.message == ("usage_file needs the HTTP front door (DeepL's API); http_port "
+                           "is 0 (disabled)")
     text = " ".join(parser().format_help().split())
     assert "--usage-file FILE" in text and "unset: counted in memory, from 0 at each start" \
         in text

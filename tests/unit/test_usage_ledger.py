@@ -70,9 +70,8 @@ def test_a_broken_file_is_refused_naming_it_and_left_as_it_was(tmp_path: Path,
     with pytest.raises(UsageFileError, match=str(path)):
         UsageLedger(path)
     assert path.read_bytes() == content  # never overwritten with zeros
-    UsageLedger(tmp_path / "other.json").close()  # the lock of the refused one is released
     path.unlink()
-    UsageLedger(path).close()  # nor left held
+    UsageLedger(path).close()  # the refused one's lock was released
 
 
 def test_a_second_server_on_the_same_file_is_refused(tmp_path: Path) -> None:
@@ -150,3 +149,38 @@ def test_monthly_counts_start_again_and_old_refunds_do_not_reach_the_new_period(
     assert ledger.used("key-sha256:c") == 0
     ledger.close()
     assert json.loads(path.read_text("utf-8"))["period_start"] == "2027-01-01"
+
+
+def test_the_writer_logs_a_failed_write_once_and_writes_when_the_disk_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    import threading
+
+    from seq2serve.server.core import usage
+
+    path = tmp_path / "usage.json"
+    monkeypatch.setattr(usage, "FLUSH_INTERVAL_S", 0.001)
+    replace, failures, written = durable.os.replace, [], threading.Event()
+
+    def flaky(source: str, destination: str) -> None:
+        if len(failures) < 3:  # three writes fail, then the disk is back
+            failures.append(destination)
+            raise OSError(28, "No space left on device")
+        replace(source, destination)
+        written.set()
+
+    monkeypatch.setattr(durable.os, "replace", flaky)
+
+    async def serve() -> None:
+        ledger = UsageLedger(path)
+        await ledger.start()
+        assert ledger.reserve("ip:10.0.0.9", 3, 10) is not None
+        assert await asyncio.to_thread(written.wait, 60)  # a bound, not a measurement
+        await ledger.stop(grace=0.0)
+
+    asyncio.run(serve())
+    assert len(failures) == 3
+    logged = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(logged) == 1 and str(path) in logged[0] and "No space" in logged[0]
+    monkeypatch.undo()
+    assert UsageLedger(path).used("ip:10.0.0.9") == 3
