@@ -49,7 +49,14 @@ from seq2serve.server.api.http.listener import HttpListener, ListenError
 from seq2serve.server.api.proto_api import ProtoApi
 from seq2serve.server.api.tls import TLSError, server_credentials
 from seq2serve.server.assembly import ModelLoadError, ModelWorkers
-from seq2serve.server.config import ConfigError, ServerConfig, add_arguments, from_args
+from seq2serve.server.config import (
+    ConfigError,
+    ServerConfig,
+    add_arguments,
+    env_name,
+    flag_name,
+    from_args,
+)
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.documents import Limits
 from seq2serve.server.core.documents.jobs import DocumentJobs
@@ -57,6 +64,7 @@ from seq2serve.server.core.glossary import Glossaries, GlossaryError, GlossarySt
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import Translation
 from seq2serve.server.core.translator import Translator
+from seq2serve.server.core.usage import UsageFileError, UsageLedger
 from seq2serve.server.lifecycle import Lifecycle, Stage
 from seq2serve.server.metrics import Metrics, MetricsServer
 from seq2serve.server.problems import Problem
@@ -114,6 +122,18 @@ def open_jobs(config: ServerConfig) -> DocumentJobs:
                             ttl_s=config.job_ttl_s, workers=config.max_documents_in_flight)
     except OSError as e:
         raise StartupError(f"cannot use the jobs folder (--jobs-dir): {e}") from None
+
+
+def open_usage(config: ServerConfig) -> UsageLedger:
+    """DeepL's usage counts: read from `usage_file` when it is given. A file that
+    cannot be read stops the start (never a silent reset of every key's count)."""
+    try:
+        return UsageLedger(config.usage_file, config.usage_period, config.usage_reset_day)
+    except UsageFileError as e:
+        raise StartupError(
+            f"cannot use the usage counts file ({flag_name('usage_file')} / "
+            f"{env_name('usage_file')}): {e}; repair it, or move it away to start every "
+            "count at 0") from None
 
 
 def load_glossaries(config: ServerConfig) -> Glossaries:
@@ -187,6 +207,7 @@ class Server:
                      ("grpc.so_reuseport", 0)])
         self.http: HttpListener | None = None
         self.jobs: DocumentJobs | None = None
+        self.usage: UsageLedger | None = None
         try:
             self._assemble()
         except BaseException:
@@ -226,6 +247,7 @@ class Server:
         self.port = self._bind()
         if config.http_port:  # documents come in over HTTP only
             self.jobs = open_jobs(config)
+            self.usage = open_usage(config)
             self.http = self._http_listener()
         # Nothing below can fail: the lifecycle holds the gRPC server only once all is bound.
         self._metrics = MetricsListener(self.metrics, config.metrics_address,
@@ -241,6 +263,8 @@ class Server:
         self.lifecycle.add(Stage.BACK, "models", workers)
         if self.jobs is not None:  # after the models: a job taken up again needs them
             self.lifecycle.add(Stage.BACK, "document jobs", self.jobs)
+        if self.usage is not None:  # written last, once nothing counts any more
+            self.lifecycle.add(Stage.SIDE, "usage counts", self.usage)
 
     def _release(self) -> None:
         """Undo a failed __init__ at once, inside the event loop: close the HTTP socket
@@ -250,6 +274,8 @@ class Server:
             self.http.socket.close()
         if self.jobs is not None:
             self.jobs.close()
+        if self.usage is not None:
+            self.usage.close()
         del self.grpc
 
     @property
@@ -296,7 +322,7 @@ class Server:
         except (GlossaryError, OSError) as e:
             raise StartupError(f"glossary_store: {e}") from None
         app = build_app(self.translator, self.proto_api, settings, self.metrics,
-                        lambda: self.serving, access, store, self.jobs)
+                        lambda: self.serving, access, store, self.jobs, self.usage)
         try:
             return HttpListener(app, config.host, config.http_port, config.tls_cert,
                                 config.tls_key, config.tls_client_ca)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.model.package.session import ARENA_STRATEGIES, CudaSettings
+from seq2serve.server.core.usage import FLUSH_INTERVAL_S, MAX_RESET_DAY, PERIODS
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
 from seq2serve.server.resources import PROVIDERS, Provider, usable_cores
 
@@ -34,7 +35,7 @@ MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
 PATH_FIELDS = ("models_dir", "api_keys", "admin_keys", "glossary_dir", "glossary_store",
-               "jobs_dir", *TLS_FILES)
+               "jobs_dir", "usage_file", *TLS_FILES)
 # Settings a flag may repeat, each time adding to a comma-separated list.
 REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -141,6 +142,18 @@ class ServerConfig:
         "where glossaries created through DeepL's API (/v2/glossaries) are kept, so they "
         "survive a restart (created if missing); unset: a temporary directory, emptied "
         "when the server stops", "DIR"))
+    # DeepL's /v2/usage and its 456 quota (core/usage.py).
+    usage_file: Path | None = field(default=None, metadata=_meta(
+        "file keeping the characters each DeepL API key (or client address) has used, so "
+        "a restart neither forgets nor resets them (written at most every "
+        f"{FLUSH_INTERVAL_S:g}s and at stop: a crash loses at most that last interval's "
+        "counts; one file per server, its folder must exist); unset: counted in memory, "
+        "from 0 at each start", "FILE"))
+    usage_period: str = field(default="never", metadata=_meta(
+        "when DeepL usage counts start again at 0: never, or monthly (on --usage-reset-"
+        "day, UTC), as DeepL's billing period", "PERIOD"))
+    usage_reset_day: int = field(default=1, metadata=_meta(
+        f"day of the month (1-{MAX_RESET_DAY}) a monthly --usage-period begins", "DAY"))
     require_api_key: bool = field(default=False, metadata=_meta(
         "HTTP requests without a key get 400, as LibreTranslate answers them (needs "
         "--api-keys)"))
@@ -301,6 +314,9 @@ class ServerConfig:
             self._trusted_proxies_problem(),
             self._prefer_model_problem(),
             self._api_keys_problem(),
+            self._usage_file_problem(),
+            _choice_problem("usage_period", self.usage_period, PERIODS),
+            int_problem("usage_reset_day", self.usage_reset_day, 1, MAX_RESET_DAY),
             _text_problem("load_only", self.load_only, "model names or language codes, "
                           "comma-separated"),
             float_problem("load_wait_s", self.load_wait_s, 0.0, 86400.0),
@@ -407,6 +423,21 @@ class ServerConfig:
                            f"{str(self.api_keys)!r}")
         if self.require_api_key is True and self.api_keys is None:
             return Problem("require_api_key", "require_api_key needs api_keys (a file of keys)")
+        return None
+
+    def _usage_file_problem(self) -> Problem | None:
+        if self.usage_file is None:
+            return None
+        path = Path(self.usage_file)
+        if self.http_port == 0:  # the counts are DeepL's API's, which only HTTP serves
+            return Problem("usage_file", "usage_file needs the HTTP front door (DeepL's "
+                           "API); http_port is 0 (disabled)")
+        if path.is_dir():
+            return Problem("usage_file", f"usage_file must be a file (created if missing), "
+                           f"got the directory {str(path)!r}")
+        if not path.parent.is_dir():
+            return Problem("usage_file", f"usage_file's folder must exist, got "
+                           f"{str(path)!r}")
         return None
 
     def load_only_names(self) -> tuple[str, ...]:

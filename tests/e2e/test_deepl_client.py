@@ -13,7 +13,7 @@ import httpx
 import pytest
 from deepl import http_client, util
 from deepl.api_data import MultilingualGlossaryDictionaryEntries
-from serving import RunningServer, free_port, server_config
+from serving import RunningServer, ServeProcess, free_port, serve_env, server_config
 
 from seq2serve.server.client import Seq2ServeClient, SoftwareText
 
@@ -263,3 +263,75 @@ def test_an_unsplit_text_longer_than_the_model_reads_is_refused(
                                   split_sentences="0")
     assert refused.value.http_status_code == 400
     assert "text[1]" in str(refused.value)
+
+
+def test_usage_and_a_reached_quota_survive_a_restart(models_dir: Path, tmp_path: Path) -> None:
+    """--usage-file: a server started again on the same file reports the same counts
+    to DeepL's client, a refunded request stays uncounted, and a key that reached its
+    limit before the restart still gets 456 (QuotaExceededException) after it."""
+    tiny = "tiny-key"
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY}\n{tiny} {len(TEXTS[0])}\n", encoding="utf-8")
+    usage_file = tmp_path / "usage.json"
+
+    def start() -> RunningServer:
+        return RunningServer(server_config(models_dir, http_port=free_port(), api_keys=keys,
+                                           require_api_key=True, usage_file=usage_file))
+
+    def counts(running: RunningServer) -> list[tuple[int | None, int | None, bool]]:
+        out = []
+        for key in (KEY, tiny):
+            client = deepl.Translator(key, server_url=running.http_url)
+            try:
+                usage = client.get_usage()
+            finally:
+                client.close()
+            out.append((usage.character.count, usage.character.limit,
+                        usage.any_limit_reached))
+        return out
+
+    first = start()
+    try:
+        big = deepl.Translator(KEY, server_url=first.http_url)
+        small = deepl.Translator(tiny, server_url=first.http_url)
+        try:
+            big.translate_text(TEXTS, source_lang="EN", target_lang="DE")
+            with pytest.raises(deepl.DeepLException, match="target_lang"):  # refunded
+                big.translate_text(TEXTS[0], source_lang="EN", target_lang="FR")
+            small.translate_text(TEXTS[0], source_lang="EN", target_lang="DE")
+        finally:
+            big.close()
+            small.close()
+        before = counts(first)
+    finally:
+        first.stop()
+    assert before[0][0] == sum(len(t) for t in TEXTS)
+    assert before[1] == (len(TEXTS[0]), len(TEXTS[0]), True)
+
+    second = start()
+    try:
+        assert counts(second) == before
+        small = deepl.Translator(tiny, server_url=second.http_url)
+        try:
+            with pytest.raises(deepl.QuotaExceededException):
+                small.translate_text("a", source_lang="EN", target_lang="DE")
+        finally:
+            small.close()
+    finally:
+        second.stop()
+
+
+def test_a_broken_usage_file_stops_the_start_naming_it(models_dir: Path, tmp_path: Path
+                                                       ) -> None:
+    usage_file = tmp_path / "usage.json"
+    usage_file.write_text('{"format": "seq2serve-usage", "version": 1, "counts": {"k": ',
+                          encoding="utf-8")
+    proc = ServeProcess(serve_env(models_dir, free_port(), http_port=free_port(),
+                                  usage_file=usage_file))
+    try:
+        assert proc.finish() == 1
+    finally:
+        proc.kill()
+    assert "--usage-file" in proc.output and "SEQ2SERVE_USAGE_FILE" in proc.output
+    assert str(usage_file) in proc.output and "Traceback" not in proc.output
+    assert usage_file.read_text("utf-8").endswith('"k": ')  # left for the operator to see

@@ -267,3 +267,30 @@ def test_the_device_budget_is_set_as_the_host_s_and_needs_a_device(tmp_path: Pat
                    {"provider": "auto"}):  # auto: known when the models load (a warning)
         assert ServerConfig(models_dir=tmp_path, max_device_memory=10**9,
                             **device).problems() == []
+
+
+def test_the_usage_file_and_period_are_set_and_checked(tmp_path: Path) -> None:
+    c = load(["--models-dir", str(tmp_path), "--usage-period", "monthly"],
+             {"SEQ2SERVE_USAGE_FILE": str(tmp_path / "usage.json"),
+              "SEQ2SERVE_USAGE_RESET_DAY": "15"})
+    assert (c.usage_file, c.usage_period, c.usage_reset_day) == (
+        tmp_path / "usage.json", "monthly", 15)
+    default = load(["--models-dir", str(tmp_path)], {})
+    assert (default.usage_file, default.usage_period) == (None, "never")  # in memory
+    problems = ServerConfig(models_dir=tmp_path, usage_file=tmp_path / "no" / "u.json",
+                            usage_period="weekly", usage_reset_day=29).problems()
+    assert [(p.field, p.message) for p in problems] == [
+        ("usage_file", f"usage_file's folder must exist, got "
+                       f"{str(tmp_path / 'no' / 'u.json')!r}"),
+        ("usage_period", "usage_period must be one of never, monthly, got 'weekly'"),
+        ("usage_reset_day", problems[2].message)]
+    assert "29" in problems[2].message and "28" in problems[2].message
+    assert [p.field for p in ServerConfig(models_dir=tmp_path,
+                                          usage_file=tmp_path).problems()] == ["usage_file"]
+    [off] = ServerConfig(models_dir=tmp_path, usage_file=tmp_path / "u.json",
+                         http_port=0).problems()  # never read: said, not ignored
+    assert off.message == ("usage_file needs the HTTP front door (DeepL's API); http_port "
+                           "is 0 (disabled)")
+    text = " ".join(parser().format_help().split())
+    assert "--usage-file FILE" in text and "unset: counted in memory, from 0 at each start" \
+        in text

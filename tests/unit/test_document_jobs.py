@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2serve.server.core.documents import jobstore
+from seq2serve.server.core import durable
 from seq2serve.server.core.documents.jobs import MAX_ATTEMPTS, DocumentJobs, Outcome
 from seq2serve.server.core.documents.jobstore import (
     JOB_OVERHEAD_BYTES,
@@ -279,7 +279,7 @@ def test_a_state_write_that_fails_before_its_rename_leaves_the_old_state(
     def fail(source: object, destination: object) -> None:
         raise OSError("injected between write and rename")
 
-    monkeypatch.setattr(jobstore.os, "replace", fail)
+    monkeypatch.setattr(durable.os, "replace", fail)
     record.state = JobState.TRANSLATING
     with pytest.raises(OSError, match="injected"):
         store.save(record)
@@ -298,7 +298,7 @@ def test_a_state_write_reaches_the_disk_before_and_after_its_rename(
     job's folder after it (so the rename itself survives a power loss)."""
     store, record, folder = _store_with_a_job(tmp_path)
     events: list[tuple[str, str]] = []
-    fsync, replace = jobstore.os.fsync, jobstore.os.replace
+    fsync, replace = durable.os.fsync, durable.os.replace
 
     def record_fsync(fd: int) -> None:
         mode = os.fstat(fd).st_mode
@@ -310,8 +310,8 @@ def test_a_state_write_reaches_the_disk_before_and_after_its_rename(
         events.append(("replace", Path(destination).name))
         replace(source, destination)
 
-    monkeypatch.setattr(jobstore.os, "fsync", record_fsync)
-    monkeypatch.setattr(jobstore.os, "replace", record_replace)
+    monkeypatch.setattr(durable.os, "fsync", record_fsync)
+    monkeypatch.setattr(durable.os, "replace", record_replace)
     record.state = JobState.TRANSLATING
     store.save(record)
     assert events == [("fsync", "file"), ("replace", "state.json"), ("fsync", "folder")]

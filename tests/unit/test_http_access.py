@@ -104,11 +104,11 @@ def test_deepl_usage_counts_a_key_s_characters_against_its_limit() -> None:
 
     door = DeepLAccess(Access(keys=["k1", "k2"], char_limits={"k1": 10}))
     k1 = door.access.admit("10.0.0.1", None, "k1")
-    door.reserve(k1, 6)
+    reserved = door.reserve(k1, 6)
     with pytest.raises(QuotaExceeded, match="used 6 of its 10 characters"):
         door.reserve(k1, 5)
     assert door.usage(k1).character_count == 6  # a refusal counts nothing
-    door.refund(k1, 6)
+    door.refund(reserved)
     assert door.usage(k1).character_count == 0
     k2 = door.access.admit("10.0.0.1", None, "k2")
     door.reserve(k2, 10**9)  # no limit of its own

@@ -52,6 +52,7 @@ from seq2serve.server.core.documents.service import DocumentRunner
 from seq2serve.server.core.errors import DeadlineExceeded, ServiceError
 from seq2serve.server.core.glossary import GlossaryStore
 from seq2serve.server.core.translator import Translator
+from seq2serve.server.core.usage import UsageLedger
 from seq2serve.server.metrics import NAMESPACE, REQUEST_BUCKETS, Metrics
 
 log = logging.getLogger("seq2serve.server.http")
@@ -149,10 +150,12 @@ async def _disconnected(request: Request) -> None:
 
 def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSettings,
               metrics: Metrics, serving: Callable[[], bool], access: Access,
-              glossaries: GlossaryStore, jobs: DocumentJobs | None = None) -> FastAPI:
+              glossaries: GlossaryStore, jobs: DocumentJobs | None = None,
+              usage: UsageLedger | None = None) -> FastAPI:
     """The whole HTTP front door; `serving()` is the health state the gRPC health
     service reports (False while loading and draining). Files are translated as
-    `jobs`' document jobs (none: no file translation), which this door runs."""
+    `jobs`' document jobs (none: no file translation), which this door runs. DeepL's
+    characters are counted in `usage` (none: in memory, from 0)."""
     app = FastAPI(title="seq2serve", summary="Translation and summarization: LibreTranslate's "
                   "API, DeepL's API v2 and the seq2serve.v1 .proto as JSON", version="1",
                   docs_url=None, redoc_url=None)
@@ -164,7 +167,7 @@ def build_app(translator: Translator, proto_api: ProtoApi, settings: HttpSetting
     proto = ProtoJsonApi(proto_api, access)
     # One DeepL key ledger for every DeepL route: a document's characters count in
     # /v2/usage as a text's do.
-    deepl_access = DeepLAccess(access)
+    deepl_access = DeepLAccess(access, usage)
     deepl = DeepLApi(libre.texts, deepl_access, glossaries)
 
     def route(path: str, handler: Handler, methods: list[str], name: str | None = None,

@@ -125,7 +125,7 @@ class DeepLApi:
         if glossary:
             self._check_glossary(glossary, source or "", target)
         characters = sum(len(t) for t in texts)
-        self.access.reserve(caller, characters)
+        reserved = self.access.reserve(caller, characters)
         try:
             answers = await self.texts.translate(TextsRequest(
                 texts=tuple(texts), source_language=source.lower() if source else AUTO,
@@ -134,16 +134,16 @@ class DeepLApi:
                 glossary=glossary or "", formality=formality,
                 splitting=_SPLITTING[splitting]))
         except UnsupportedLanguage as e:
-            self.access.refund(caller, characters)
+            self.access.refund(reserved)
             raise InvalidArgument(f"Value for '{e.role}_lang' not supported.") from None
         except TooLongForOnePiece as e:
-            self.access.refund(caller, characters)
+            self.access.refund(reserved)
             raise InvalidArgument(
                 f"Value for 'split_sentences' 0 cannot be kept for text[{e.index}]: it is "
                 f"{e.tokens} tokens and the model reads at most {e.limit} in one piece; "
                 "send split_sentences 1 or nonewlines, or a shorter text") from None
         except BaseException:
-            self.access.refund(caller, characters)
+            self.access.refund(reserved)
             raise
         billed = fields.boolean("show_billed_characters", False)
         # Accepted as DeepL accepts them, but nothing here acts on them: said, not silent.

@@ -11,6 +11,7 @@ and encodes its errors here, so the dialect has one door policy.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse
 from seq2serve.server.api.http.access import Access, Caller
 from seq2serve.server.api.http.body import Fields
 from seq2serve.server.api.http.errors import retry_after, status_of
+from seq2serve.server.core.usage import Reservation, UsageLedger
 
 log = logging.getLogger("seq2serve.server.http.deepl")
 
@@ -75,12 +77,13 @@ class DeepLAccess:
     """The key modes and rate limits of access.py (the same file and settings as
     LibreTranslate's keys), plus each caller's characters against its key's limit.
 
-    Counted in memory since the server started, per valid key (per client address
-    where keys are off or the request has none): a restart starts the count again."""
+    Counted per valid key (per client address where keys are off or the request has
+    none) in `usage` (core/usage.py): in memory, or kept in --usage-file across
+    restarts, per counting period (--usage-period)."""
 
-    def __init__(self, access: Access) -> None:
+    def __init__(self, access: Access, usage: UsageLedger | None = None) -> None:
         self.access = access
-        self._used: dict[str, int] = {}
+        self.ledger = usage if usage is not None else UsageLedger()
 
     def admit(self, request: Request, fields: Fields | None = None,
               cost: int = 1) -> Caller:
@@ -89,24 +92,30 @@ class DeepLAccess:
                                  request_key(request, fields), cost)
 
     def usage(self, caller: Caller) -> UsageCount:
-        limit = self.access.char_limits.get(caller.key, UNLIMITED) if caller.key else UNLIMITED
-        return UsageCount(self._used.get(_account(caller), 0), limit)
+        return UsageCount(self.ledger.used(account(caller)), self._limit(caller))
 
-    def reserve(self, caller: Caller, characters: int) -> None:
+    def reserve(self, caller: Caller, characters: int) -> Reservation:
         """Count `characters` against the caller's limit, or QuotaExceeded (nothing
         counted) when they would pass it."""
-        usage = self.usage(caller)
-        if usage.character_count + characters > usage.character_limit:
+        limit = self._limit(caller)
+        reservation = self.ledger.reserve(account(caller), characters, limit)
+        if reservation is None:
             raise QuotaExceeded(
-                f"Quota exceeded: this key has used {usage.character_count} of its "
-                f"{usage.character_limit} characters; this request has {characters}")
-        self._used[_account(caller)] = usage.character_count + characters
+                f"Quota exceeded: this key has used {self.ledger.used(account(caller))} of "
+                f"its {limit} characters; this request has {characters}")
+        return reservation
 
-    def refund(self, caller: Caller, characters: int) -> None:
+    def refund(self, reservation: Reservation) -> None:
         """Give back what a request that failed had reserved."""
-        account = _account(caller)
-        self._used[account] = max(0, self._used.get(account, 0) - characters)
+        self.ledger.refund(reservation)
+
+    def _limit(self, caller: Caller) -> int:
+        return self.access.char_limits.get(caller.key, UNLIMITED) if caller.key else UNLIMITED
 
 
-def _account(caller: Caller) -> str:
-    return f"key:{caller.key}" if caller.key else f"ip:{caller.address}"
+def account(caller: Caller) -> str:
+    """The caller's account in the usage counts. A key is kept as its SHA-256 only:
+    the usage file must not be a second copy of the keys."""
+    if caller.key:
+        return "key-sha256:" + hashlib.sha256(caller.key.encode()).hexdigest()
+    return f"ip:{caller.address}"

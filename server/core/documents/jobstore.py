@@ -21,16 +21,16 @@ import dataclasses
 import fcntl
 import json
 import logging
-import os
 import re
 import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from seq2serve.server.core.durable import sync_folder as _sync_folder
+from seq2serve.server.core.durable import write_atomically as _write
 from seq2serve.server.core.errors import ResourceExhausted
 
 log = logging.getLogger("seq2serve.server.jobs")
@@ -206,28 +206,3 @@ class JobStore:
     def remove(self, record: Record) -> None:
         self.records.pop(record.id, None)
         shutil.rmtree(self.folder / record.id, ignore_errors=True)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole or not at all, and durably: the bytes reach the disk
-    before the rename makes them the file, and the rename before this returns."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """The folder's entries (a rename, a new file) on disk (POSIX: fsync the folder)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
