@@ -28,22 +28,22 @@ class DocumentLimitSettings:
     # upload may be larger than a request (images are copied byte for byte); what it
     # unpacks to and asks to translate is bounded by the others, counted while reading.
     max_document_bytes: int = field(default=32 * 1024 * 1024, metadata=meta(
-        "largest file /translate_file takes (its HTTP body may be this and 64 KiB more)",
-        "BYTES"))
+        "largest document file read (an upload's HTTP body to /translate_file may be this "
+        "and 64 KiB more)", "BYTES"))
     max_document_members: int = field(default=5000, metadata=meta(
-        "most files in an uploaded document's archive (.docx, .pptx, .odt, .odp, .epub)",
+        "most files in a document's archive (.docx, .pptx, .xlsx, .odt, .odp, .ods, .epub)",
         "N"))
     max_document_unpacked_bytes: int = field(default=64 * 1024 * 1024, metadata=meta(
-        "most bytes an uploaded document's archive may unpack to, all its files together "
+        "most bytes a document's archive may unpack to, all its files together "
         "(declared and counted while inflating)", "BYTES"))
     max_document_elements: int = field(default=500_000, metadata=meta(
-        "most XML elements in the parts of an uploaded file read for translation (an "
+        "most XML elements in the parts of a document file read for translation (an "
         "HTML tag or a line of a text file counts as one), counted while reading; about "
         "150 bytes of memory each", "N"))
     max_document_characters: int = field(default=1_000_000, metadata=meta(
-        "most characters of text to translate in one uploaded file", "N"))
+        "most characters of text to translate in one document file", "N"))
     max_document_paragraphs: int = field(default=50_000, metadata=meta(
-        "most texts (paragraphs, entries, lines) to translate in one uploaded file; a "
+        "most texts (paragraphs, entries, lines) to translate in one document file; a "
         "package's paragraph elements, empty or not, counted while reading; about 2 KB of "
         "memory each while translated", "N"))
 
