@@ -122,7 +122,7 @@ def read(fields: Iterable[Field], args: argparse.Namespace | None,
 
 
 def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    # argparse words a ValueError as "invalid _parse_int value"; keep ours instead.
+    # argparse words a ValueError as "invalid parse_int value"; keep ours instead.
     def convert(text: str) -> Any:
         try:
             return parse(text)
