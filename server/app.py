@@ -108,11 +108,7 @@ def check_bindable(host: str, port: int, what: str) -> None:
 
 def document_limits(config: ServerConfig) -> Limits:
     """What one /translate_file upload may hold (HTTP 413 past it)."""
-    return Limits(file_bytes=config.max_document_bytes, members=config.max_document_members,
-                  unpacked_bytes=config.max_document_unpacked_bytes,
-                  elements=config.max_document_elements,
-                  characters=config.max_document_characters,
-                  paragraphs=config.max_document_paragraphs)
+    return Limits.of(config.document_limits())
 
 
 def open_jobs(config: ServerConfig) -> DocumentJobs:

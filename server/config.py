@@ -4,6 +4,8 @@ Every field has a flag (`--max-batch-size`) and an environment variable
 (`SEQ2SERVE_MAX_BATCH_SIZE`); a flag beats the variable, which beats the default.
 Containers are configured by environment, people at a shell by flags, so both
 must reach the same object. An empty variable counts as unset (`docker run -e X=`).
+How settings are read is settings.py's; the document limits are declared in
+document_settings.py, which `seq2serve translate-file` reads with too.
 
 `validate()` reports every problem at once, each a `Problem` naming the field
 and its valid range (vLLM / CTranslate2 style), so one failed start shows
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,36 +24,37 @@ from pathlib import Path
 from typing import Any
 
 from seq2serve.model.package.session import ARENA_STRATEGIES, CudaSettings
-from seq2serve.server.core.usage import FLUSH_INTERVAL_S, MAX_RESET_DAY, PERIODS
+from seq2serve.server import settings
+from seq2serve.server.document_settings import DocumentLimitSettings, declared
 from seq2serve.server.problems import Problem, float_problem, int_problem, is_int
 from seq2serve.server.resources import PROVIDERS, Provider, usable_cores
+from seq2serve.server.settings import ENV_PREFIX, SettingsError, env_name, flag_name
+from seq2serve.server.settings import meta as _meta
 
-ENV_PREFIX = "SEQ2SERVE_"
+__all__ = ["ENV_PREFIX", "ConfigError", "ServerConfig", "add_arguments", "env_name",
+           "flag_name", "from_args", "setting_names"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
 MAX_BEAM_SIZE = 128  # the widest beam max_beam_size may allow
 # gRPC keeps message sizes in a signed 32-bit int.
 MAX_MESSAGE_BYTES = 2**31 - 1
 TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca")
+# DeepL usage counts (core/usage.py): the counting periods, the latest reset day every
+# month has, and how often the counts file is written (a crash loses at most that).
+USAGE_PERIODS = ("never", "monthly")
+USAGE_MAX_RESET_DAY = 28
+USAGE_FLUSH_INTERVAL_S = 1.0
 PATH_FIELDS = ("models_dir", "api_keys", "admin_keys", "glossary_dir", "glossary_store",
                "jobs_dir", "usage_file", *TLS_FILES)
 # Settings a flag may repeat, each time adding to a comma-separated list.
 REPEATED_FIELDS = ("prefer_model",)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingsError):
     """One or more configuration problems; `problems` lists each on its own."""
 
-    def __init__(self, problems: list[Problem]):
-        self.problems = list(problems)
-        super().__init__("invalid server configuration:\n  " + "\n  ".join(self.messages))
-
-    @property
-    def messages(self) -> list[str]:
-        return [p.message for p in self.problems]
+    title = "invalid server configuration"
 
 
 def default_models_dir() -> Path | None:
@@ -61,10 +63,6 @@ def default_models_dir() -> Path | None:
 
     shipped = Path(seq2serve.server.__file__).resolve().parents[1] / "models"
     return shipped if shipped.is_dir() else None
-
-
-def _meta(help_text: str, metavar: str | None = None) -> dict[str, Any]:
-    return {"help": help_text, "metavar": metavar}
 
 
 @dataclass
@@ -146,14 +144,14 @@ class ServerConfig:
     usage_file: Path | None = field(default=None, metadata=_meta(
         "file keeping the characters each DeepL API key (or client address) has used, so "
         "a restart neither forgets nor resets them (written at most every "
-        f"{FLUSH_INTERVAL_S:g}s and at stop: a crash loses at most that last interval's "
+        f"{USAGE_FLUSH_INTERVAL_S:g}s and at stop: a crash loses at most that last interval's "
         "counts; one file per server, its folder must exist); unset: counted in memory, "
         "from 0 at each start", "FILE"))
     usage_period: str = field(default="never", metadata=_meta(
         "when DeepL usage counts start again at 0: never, or monthly (on --usage-reset-"
         "day, UTC), as DeepL's billing period", "PERIOD"))
     usage_reset_day: int = field(default=1, metadata=_meta(
-        f"day of the month (1-{MAX_RESET_DAY}) a monthly --usage-period begins", "DAY"))
+        f"day of the month (1-{USAGE_MAX_RESET_DAY}) a monthly --usage-period begins", "DAY"))
     require_api_key: bool = field(default=False, metadata=_meta(
         "HTTP requests without a key get 400, as LibreTranslate answers them (needs "
         "--api-keys)"))
@@ -250,29 +248,14 @@ class ServerConfig:
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata=_meta(
         "largest gRPC message received or sent, and largest HTTP body (except a "
         "/translate_file upload's: --max-document-bytes)", "BYTES"))
-    # The limits on one file of /translate_file (core/documents/limits.py's Limits, whose
-    # defaults these are; tests/unit/test_config.py holds them equal). Past one: HTTP 413.
-    # The upload may be larger than a request (images are copied byte for byte); what it
-    # unpacks to and asks to translate is bounded by the others, counted while reading.
-    max_document_bytes: int = field(default=32 * 1024 * 1024, metadata=_meta(
-        "largest file /translate_file takes (its HTTP body may be this and 64 KiB more)",
-        "BYTES"))
-    max_document_members: int = field(default=5000, metadata=_meta(
-        "most files in an uploaded document's archive (.docx, .pptx, .odt, .odp, .epub)",
-        "N"))
-    max_document_unpacked_bytes: int = field(default=64 * 1024 * 1024, metadata=_meta(
-        "most bytes an uploaded document's archive may unpack to, all its files together "
-        "(declared and counted while inflating)", "BYTES"))
-    max_document_elements: int = field(default=500_000, metadata=_meta(
-        "most XML elements in the parts of an uploaded file read for translation (an "
-        "HTML tag or a line of a text file counts as one), counted while reading; about "
-        "150 bytes of memory each", "N"))
-    max_document_characters: int = field(default=1_000_000, metadata=_meta(
-        "most characters of text to translate in one uploaded file", "N"))
-    max_document_paragraphs: int = field(default=50_000, metadata=_meta(
-        "most texts (paragraphs, entries, lines) to translate in one uploaded file; a "
-        "package's paragraph elements, empty or not, counted while reading; about 2 KB of "
-        "memory each while translated", "N"))
+    # The limits on one file of /translate_file and the document jobs, declared in
+    # document_settings.py (which translate-file reads with too). Past one: HTTP 413.
+    max_document_bytes: int = declared("max_document_bytes")
+    max_document_members: int = declared("max_document_members")
+    max_document_unpacked_bytes: int = declared("max_document_unpacked_bytes")
+    max_document_elements: int = declared("max_document_elements")
+    max_document_characters: int = declared("max_document_characters")
+    max_document_paragraphs: int = declared("max_document_paragraphs")
     max_documents_in_flight: int = field(default=4, metadata=_meta(
         "most document jobs (/translate_file, /v1/jobs, DeepL's /v2/document) read or "
         "translated at once (each holds up to about 100 MB while read); the others wait "
@@ -315,8 +298,8 @@ class ServerConfig:
             self._prefer_model_problem(),
             self._api_keys_problem(),
             self._usage_file_problem(),
-            _choice_problem("usage_period", self.usage_period, PERIODS),
-            int_problem("usage_reset_day", self.usage_reset_day, 1, MAX_RESET_DAY),
+            _choice_problem("usage_period", self.usage_period, USAGE_PERIODS),
+            int_problem("usage_reset_day", self.usage_reset_day, 1, USAGE_MAX_RESET_DAY),
             _text_problem("load_only", self.load_only, "model names or language codes, "
                           "comma-separated"),
             float_problem("load_wait_s", self.load_wait_s, 0.0, 86400.0),
@@ -338,10 +321,10 @@ class ServerConfig:
             int_problem("max_running_beam", self.max_running_beam, 1, MAX_BEAM_SIZE),
             *(int_problem(name, getattr(self, name), 1) for name in (
                 "max_batch_size", "max_batch_tokens", "max_queue_size", "max_cache_tokens",
-                "max_texts_per_request", "max_text_chars", "max_length_cap",
-                "max_document_bytes", "max_document_members", "max_document_unpacked_bytes",
-                "max_document_elements", "max_document_characters", "max_document_paragraphs",
-                "max_documents_in_flight", "jobs_max_bytes")),
+                "max_texts_per_request", "max_text_chars", "max_length_cap")),
+            *self.document_limits().problems(),
+            *(int_problem(name, getattr(self, name), 1)
+              for name in ("max_documents_in_flight", "jobs_max_bytes")),
             float_problem("job_ttl_s", self.job_ttl_s, 1.0, 7 * 86400.0),
             self._jobs_dir_problem(),
             int_problem("max_beam_size", self.max_beam_size, 1, MAX_BEAM_SIZE),
@@ -496,6 +479,10 @@ class ServerConfig:
                 out.append(Problem(name, f"{name} must be an existing file, got {str(path)!r}"))
         return out
 
+    def document_limits(self) -> DocumentLimitSettings:
+        """What one file of /translate_file or a document job may hold."""
+        return DocumentLimitSettings.of(self)
+
     def cuda_settings(self) -> CudaSettings:
         """The CUDA provider's session settings of this config."""
         return CudaSettings(allow_tf32=self.allow_tf32, gpu_mem_limit=self.gpu_mem_limit_mb * 2**20,
@@ -525,14 +512,6 @@ class ServerConfig:
         return out
 
 
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def setting_names(name: str) -> str:
     """How an operator sets the field `name`, for a message about a limit it imposes:
     "the server's --max-text-chars (SEQ2SERVE_MAX_TEXT_CHARS)"."""
@@ -540,123 +519,39 @@ def setting_names(name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field. Flags default to None so `from_args` can tell a flag
-    given on the command line from one left to the environment or the default."""
-    for f in dataclasses.fields(ServerConfig):
-        parse = _parser_for(f.name)
-        default = _default_of(f)
-        if f.name == "threads":
-            default = f"the usable cores, here {default}"
-        elif f.name == "models_dir" and default is None:
-            default = "the shipped models/ folder, not found here"
-        elif f.name == "metrics_host":
-            default = "the --host address"
-        help_text = f"{f.metadata['help']} (env {env_name(f.name)}; default {default})"
-        if f.name in REPEATED_FIELDS:
-            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
-                                metavar=f.metadata["metavar"], action="append",
-                                help=f"{help_text}; repeatable")
-            continue
-        if f.type == "bool":
-            # --reflection / --no-reflection; the variable takes true/false, 1/0, yes/no.
-            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction, help=help_text)
-            continue
-        parser.add_argument(
-            flag_name(f.name), dest=f.name, default=None, metavar=f.metadata["metavar"],
-            type=_for_argparse(parse), help=help_text)
+    """One flag per field (settings.py)."""
+    settings.add_arguments(parser, dataclasses.fields(ServerConfig), _parser_for,
+                           default_text=_default_text, repeated=REPEATED_FIELDS)
 
 
 def from_args(args: argparse.Namespace | None = None,
               environ: Mapping[str, str] | None = None) -> ServerConfig:
     """Flag > `SEQ2SERVE_…` variable > default, validated. Raises ConfigError
     listing bad variables and out-of-range values together."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    problems: list[Problem] = []
-    env_bad: set[str] = set()
-    from_env: set[str] = set()
-    for f in dataclasses.fields(ServerConfig):
-        flag_value = getattr(args, f.name, None) if args is not None else None
-        raw = environ.get(env_name(f.name), "")
-        if isinstance(flag_value, list):  # a repeated flag: its values in order
-            flag_value = ",".join(flag_value)
-        if flag_value is not None:
-            values[f.name] = flag_value
-        elif raw.strip():
-            from_env.add(f.name)
-            try:
-                values[f.name] = _parser_for(f.name)(raw.strip())
-            except ValueError as e:
-                problems.append(Problem(f.name, f"{env_name(f.name)} {e}"))
-                env_bad.add(f.name)
-    config = ServerConfig(**values)
+    got = settings.read(dataclasses.fields(ServerConfig), args,
+                        os.environ if environ is None else environ, _parser_for)
+    config = ServerConfig(**got.values)
     if isinstance(config.log_level, str):
         config.log_level = config.log_level.upper()
-    # A variable that failed to parse already has its message; its default
-    # standing in for it must not add a second, misleading one.
-    for problem in config.problems():
-        if problem.field in env_bad:
-            continue
-        problems.append(problem.with_note(f"from {env_name(problem.field)}")
-                        if problem.field in from_env else problem)
+    problems = got.all_problems(config.problems())
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    # argparse words a ValueError as "invalid _parse_int value"; keep ours instead.
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return convert
-
-
-def _default_of(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
+def _default_text(f: dataclasses.Field[Any]) -> Any:
+    default = settings.default_of(f)
+    if f.name == "threads":
+        return f"the usable cores, here {default}"
+    if f.name == "models_dir" and default is None:
+        return "the shipped models/ folder, not found here"
+    if f.name == "metrics_host":
+        return "the --host address"
+    return default
 
 
-def _parser_for(name: str) -> Callable[[str], Any]:
-    kind = {f.name: f.type for f in dataclasses.fields(ServerConfig)}[name]
-    if name in PATH_FIELDS:
-        return Path
-    if kind == "bool":
-        return _parse_bool
-    if kind == "int":
-        return _parse_int
-    if kind == "float":
-        return _parse_float
-    return str
-
-
-def _parse_int(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise ValueError(f"must be an integer, got {text!r}") from None
-
-
-def _parse_bool(text: str) -> bool:
-    word = text.strip().lower()
-    if word in _TRUE or word in _FALSE:
-        return word in _TRUE
-    raise ValueError(f"must be true or false (1/0, yes/no, on/off), got {text!r}")
-
-
-def _parse_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {text!r}")
-    return value
+def _parser_for(f: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    return settings.parser_for(f, PATH_FIELDS)
 
 
 def _text_problem(name: str, value: object, what: str,

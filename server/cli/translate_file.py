@@ -14,9 +14,15 @@ each other there. Entries already translated are kept byte for byte
 (`fuzzy`, XLIFF's review states). A progress bar counts the texts on standard
 error when it is a terminal.
 
+The file is read within the document limits `seq2serve serve` has, with its flags,
+variables and defaults (`--max-document-characters`, `SEQ2SERVE_MAX_DOCUMENT_CHARACTERS`,
+…: server/document_settings.py), so that a translator can raise them for a large book
+and an operator lower them for a batch job; a file past one is refused naming it.
+
 With `--http URL` the file goes to the server's HTTP door as a document job instead
 (file_job.py): the server reads, translates and writes it and keeps the job on disk;
-the bar shows the job's progress and the time the server estimates is left.
+the bar shows the job's progress and the time the server estimates is left. The
+server's own document limits apply then: a limit given here is refused, not ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
+from seq2serve.server import document_settings
 from seq2serve.server.cli.file_job import JobFailed, translate_on_server
 from seq2serve.server.client import (
     ModelInfo,
@@ -43,8 +50,17 @@ from seq2serve.server.client import (
     report_rpc_error,
     software_text,
 )
-from seq2serve.server.core.documents import SUFFIXES, Document, DocumentError, read_document
+from seq2serve.server.core.documents import (
+    SUFFIXES,
+    Document,
+    DocumentError,
+    DocumentTooLarge,
+    Limits,
+    read_document,
+)
+from seq2serve.server.core.documents.limits import SETTINGS
 from seq2serve.server.core.documents.queueing import DEFAULT_WINDOW, translate_document
+from seq2serve.server.settings import SettingsError, env_name, flag_name
 
 PROG = "seq2serve translate-file"
 
@@ -72,10 +88,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (it shows only on a terminal anyway)")
     parser.add_argument("--http", metavar="URL",
                         help="send the file to the server's HTTP door as a document job "
-                        "(http://HOST:PORT): read and written there, within its document "
-                        "limits, its progress polled; --model and --beam are not taken then")
+                        "(http://HOST:PORT): read and written there, within the server's "
+                        "own document limits (the options below are refused then, their "
+                        "variables not read), its progress polled; --model and --beam are "
+                        "not taken then")
     parser.add_argument("--api-key", metavar="KEY",
                         help="with --http: the API key (the server's --api-keys)")
+    document_settings.add_arguments(parser.add_argument_group(
+        "document limits", "What FILE may hold, read here: the limits `seq2serve serve` "
+        "has, with its flags, variables and defaults. A file past one is refused, naming "
+        "it. Not taken with --http: the server's own limits apply there."))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,10 +110,20 @@ def run(args: argparse.Namespace) -> int:
     if args.http:
         return _run_job(args, path)
     try:
+        limits = Limits.of(document_settings.from_args(args, os.environ))
+    except SettingsError as e:  # in `seq2serve serve`'s words
+        for message in e.messages:
+            print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    try:
         data = path.read_bytes()
-        document = read_document(path.name, data, args.target_language, args.overwrite)
+        document = read_document(path.name, data, args.target_language, args.overwrite,
+                                 limits)
     except OSError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except DocumentTooLarge as e:
+        print(f"{PROG}: error: {e.message} ({_past(e.bound, limits)})", file=sys.stderr)
         return 1
     except DocumentError as e:
         print(f"{PROG}: error: {e.message}", file=sys.stderr)
@@ -122,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_job(args: argparse.Namespace, path: Path) -> int:
     """The file as a document job on the server's HTTP door (file_job.py)."""
+    if given := document_settings.given(args):
+        print(f"{PROG}: error: {given[0]} is not taken with --http: the server reads the "
+              "file within its own document limits (its --max-document-* settings)",
+              file=sys.stderr)
+        return 2
     if args.model or args.beam is not None:
         print(f"{PROG}: error: --model and --beam are not taken with --http (the server "
               "routes the pair and decodes with its model's defaults)", file=sys.stderr)
@@ -136,6 +173,13 @@ def _run_job(args: argparse.Namespace, path: Path) -> int:
     written = _write(translated.data, args.output or str(default))
     print(f"{PROG}: {written}: {translated.report}", file=sys.stderr)
     return 0
+
+
+def _past(bound: str, limits: Limits) -> str:
+    """The setting a file went past, its value here and how to raise it."""
+    name = SETTINGS[bound]
+    return (f"{flag_name(name)} {getattr(limits, bound)}; raise it, or {env_name(name)}, "
+            "to read this file")
 
 
 def _model(models: Sequence[ModelInfo], name: str | None, source: str, target: str,

@@ -2,7 +2,7 @@
 kept in a file (`--usage-file`) so that a restart neither forgets nor resets them.
 
 The counts in memory are the truth; the file follows them. A writer thread writes
-the file at most once per `FLUSH_INTERVAL_S` when something changed, and once more
+the file at most once per `USAGE_FLUSH_INTERVAL_S` when something changed, and once more
 at stop, so a request never waits on the disk. Each write is whole or not at all
 (durable.py). What a crash (not a stop) can lose: the counts of the last interval.
 A request in flight at a crash stays counted (its refund never came), never the
@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from seq2serve.server.config import USAGE_FLUSH_INTERVAL_S, USAGE_PERIODS
 from seq2serve.server.core.durable import write_atomically
 
 log = logging.getLogger("seq2serve.server.usage")
 
 FORMAT = "seq2serve-usage"
 VERSION = 1
-PERIODS = ("never", "monthly")
-MAX_RESET_DAY = 28  # every month has it
-FLUSH_INTERVAL_S = 1.0  # a crash loses at most this long's counts
 
 Clock = Callable[[], dt.datetime]
 
@@ -79,8 +77,8 @@ class UsageLedger:
 
     def __init__(self, path: Path | None = None, period: str = "never", reset_day: int = 1,
                  clock: Clock = utc_now) -> None:
-        if period not in PERIODS:
-            raise ValueError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+        if period not in USAGE_PERIODS:
+            raise ValueError(f"period must be one of {', '.join(USAGE_PERIODS)}, got {period!r}")
         self.path, self.period, self.reset_day, self._clock = path, period, reset_day, clock
         self._lock = threading.Lock()  # the counts: the event loop and the writer
         self._write_lock = threading.Lock()  # one write of the file at a time
@@ -204,13 +202,13 @@ class UsageLedger:
 
     def _run(self) -> None:
         failing = False
-        while not self._stop.wait(FLUSH_INTERVAL_S):
+        while not self._stop.wait(USAGE_FLUSH_INTERVAL_S):
             try:
                 self.flush()
             except OSError as e:
                 if not failing:  # once per failure, not once a second
                     log.error("cannot write the usage counts to %s (retried every %gs): %s",
-                              self.path, FLUSH_INTERVAL_S, e)
+                              self.path, USAGE_FLUSH_INTERVAL_S, e)
                 failing = True
             else:
                 failing = False

@@ -43,7 +43,7 @@ from serving import RunningServer, free_port, server_config
 from translate.storage import pypo, xliff2
 
 from seq2serve.server.client import Seq2ServeClient
-from seq2serve.server.core.documents import read_document
+from seq2serve.server.core.documents import DEFAULT_LIMITS, read_document
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "en-de"
 CATALOGS = Path(__file__).resolve().parents[1] / "fixtures" / "catalogs"
@@ -135,6 +135,29 @@ def test_the_cli_translates_a_template(server: RunningServer, tmp_path: Path) ->
          str(tmp_path / "nothing.po"), "--to", "de", "--server", server.target],
         capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "nothing.po" in missing.stderr
+
+
+def test_the_cli_reads_a_book_past_a_default_limit_with_the_limit_raised(
+        server: RunningServer, tmp_path: Path) -> None:
+    # A book laid out with a blank line per line of print: past the default
+    # --max-document-elements (a line of a .txt counts as one), refused naming it,
+    # translated on the shipped model with the limit raised.
+    book = tmp_path / "book.txt"
+    book.write_bytes(b"The disk is almost full.\n" + b"\n" * DEFAULT_LIMITS.elements
+                     + b"Open the file.\n")
+    command = [sys.executable, "-m", "seq2serve.server.cli.main", "translate-file", str(book),
+               "--to", "de", "--from", "en", "--server", server.target]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"(--max-document-elements {DEFAULT_LIMITS.elements}; raise it" in refused.stderr
+    raised = subprocess.run(command + ["--max-document-elements",
+                                       str(DEFAULT_LIMITS.elements + 2)],
+                            capture_output=True, text=True, timeout=300)
+    assert raised.returncode == 0, raised.stderr
+    lines = (tmp_path / "book.de.txt").read_text().split("\n")
+    assert len(lines) == DEFAULT_LIMITS.elements + 3 and not any(lines[1:-2])
+    assert lines[0] and lines[-2] and not {"The disk is almost full.", "Open the file."} & {
+        lines[0], lines[-2]}
 
 
 def word_file() -> bytes:

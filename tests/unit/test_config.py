@@ -227,7 +227,7 @@ def test_prefer_model_repeats_in_order_from_flags_or_env(tmp_path: Path) -> None
 
 
 def test_document_limits_from_flags_and_env_defaults_as_the_core_s(tmp_path: Path) -> None:
-    # config.py imports no layer, so the defaults are written twice: held equal here.
+    # Declared once (document_settings.py): the server's settings and the core's Limits.
     assert document_limits(ServerConfig(models_dir=tmp_path)) == DEFAULT_LIMITS
     assert ServerConfig(models_dir=tmp_path).max_documents_in_flight == DEFAULT_IN_FLIGHT
     c = load(["--models-dir", str(tmp_path), "--max-document-paragraphs", "7"],

@@ -16,7 +16,8 @@ def test_every_kind_has_a_status_at_each_door() -> None:
 
 
 def test_a_file_past_a_limit_is_413_and_resource_exhausted() -> None:
-    error = DocumentTooLarge("a.docx unpacks to 9 bytes; the limit is 8 bytes")
+    error = DocumentTooLarge("a.docx unpacks to 9 bytes; the limit is 8 bytes",
+                             "unpacked_bytes")
     response = error_response(error)
     assert response.status_code == 413
     assert response.body == b'{"error":"a.docx unpacks to 9 bytes; the limit is 8 bytes"}'

@@ -159,7 +159,7 @@ def test_the_writer_logs_a_failed_write_once_and_writes_when_the_disk_is_back(
     from seq2serve.server.core import usage
 
     path = tmp_path / "usage.json"
-    monkeypatch.setattr(usage, "FLUSH_INTERVAL_S", 0.001)
+    monkeypatch.setattr(usage, "USAGE_FLUSH_INTERVAL_S", 0.001)
     replace, failures, written = durable.os.replace, [], threading.Event()
 
     def flaky(source: str, destination: str) -> None:

@@ -78,11 +78,13 @@ def read_document(name: str, data: bytes, target: str, overwrite: bool = False,
         document = _read(base, data, target, overwrite)
         if len(document.texts) > limits.paragraphs:
             raise DocumentTooLarge(f"{base[:64]} has {len(document.texts)} texts to "
-                                   f"translate; the limit is {limits.paragraphs}")
+                                   f"translate; the limit is {limits.paragraphs}",
+                                   "paragraphs")
         characters = sum(len(text) for text in document.texts)
         if characters > limits.characters:
             raise DocumentTooLarge(f"{base[:64]} has {characters} characters of text to "
-                                   f"translate; the limit is {limits.characters}")
+                                   f"translate; the limit is {limits.characters}",
+                                   "characters")
     # A format's own escapes or declared charset (a catalog in `unicode_escape`) can
     # still yield a lone surrogate, which no translation could encode.
     for i, text in enumerate(document.texts):

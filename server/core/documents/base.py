@@ -23,11 +23,14 @@ class DocumentError(InvalidArgument):
 
 class DocumentTooLarge(DocumentError):
     """A file past a limit on what it may unpack to or ask to have translated (`Limits`):
-    a DocumentError still, of the kind TOO_LARGE (HTTP 413, not 400)."""
+    a DocumentError still, of the kind TOO_LARGE (HTTP 413, not 400). `bound` names the
+    `Limits` field passed ("characters"), so that a caller can name the setting that
+    raises it (`Limits.SETTINGS`)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, bound: str):
         super().__init__(message)
         self.kind = ErrorKind.TOO_LARGE
+        self.bound = bound
 
 
 @dataclass

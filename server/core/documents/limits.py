@@ -2,7 +2,8 @@
 (a .docx of two million empty paragraphs is 230 KB) is refused at the first limit it
 passes, in milliseconds and without building what it describes.
 
-`Limits` are the bounds (the server's `--max-document-*` settings); `Counts` keeps the
+`Limits` are the bounds (the `--max-document-*` settings, declared in
+server/document_settings.py for the server and translate-file); `Counts` keeps the
 running counts of one file, all its parts together, and raises `DocumentTooLarge`
 (HTTP 413) naming the limit the moment a count passes it. XML is counted by
 `XmlCounter`, a streaming parser (libxml2 through lxml's parser-target interface: no
@@ -19,29 +20,41 @@ from dataclasses import dataclass
 from lxml import etree
 
 from seq2serve.server.core.documents.base import DocumentError, DocumentTooLarge
+from seq2serve.server.document_settings import DocumentLimitSettings
+
+_DECLARED = DocumentLimitSettings()  # the defaults, where the settings are declared
 
 
 @dataclass(frozen=True)
 class Limits:
     """How much an uploaded file may hold: the bounds on time and memory. Past any of
-    them a file is refused with `DocumentTooLarge` (HTTP 413). The server takes them
-    from its settings (`--max-document-*`); `seq2serve translate-file` reads with these
-    defaults."""
+    them a file is refused with `DocumentTooLarge` (HTTP 413). The server and
+    `seq2serve translate-file` take them from their settings (`Limits.of`)."""
 
     # The upload itself. Images in an office file are copied byte for byte and cost
     # nothing to translate: the limits below protect the server, this one the network.
-    file_bytes: int = 32 * 1024 * 1024
-    members: int = 5000  # files in the archive
-    unpacked_bytes: int = 64 * 1024 * 1024  # all members inflated, together
+    file_bytes: int = _DECLARED.max_document_bytes
+    members: int = _DECLARED.max_document_members  # files in the archive
+    unpacked_bytes: int = _DECLARED.max_document_unpacked_bytes  # all members inflated
     # XML elements of the parts read for translation (an HTML tag, a line of a text
     # file, count as one): what a parsed tree costs, about 150 bytes each.
-    elements: int = 500_000
-    characters: int = 1_000_000  # characters of text to translate in the file (any format)
+    elements: int = _DECLARED.max_document_elements
+    # Characters of text to translate in the file (any format).
+    characters: int = _DECLARED.max_document_characters
     # Texts to translate (any format); in a package, its paragraph elements, empty or
     # not, counted as read. About 2 KB of memory each while translated.
-    paragraphs: int = 50_000
+    paragraphs: int = _DECLARED.max_document_paragraphs
+
+    @classmethod
+    def of(cls, settings: DocumentLimitSettings) -> Limits:
+        return cls(**{bound: getattr(settings, name) for bound, name in SETTINGS.items()})
 
 
+# Each bound and the setting it is (DocumentTooLarge.bound -> the flag to name).
+SETTINGS = {"file_bytes": "max_document_bytes", "members": "max_document_members",
+            "unpacked_bytes": "max_document_unpacked_bytes",
+            "elements": "max_document_elements", "characters": "max_document_characters",
+            "paragraphs": "max_document_paragraphs"}
 DEFAULT_LIMITS = Limits()
 DEFAULT_IN_FLIGHT = 4  # documents read or translated at once (the document jobs' workers)
 
@@ -59,22 +72,23 @@ class Counts:
     def add_element(self, where: str, what: str = "XML elements") -> None:
         self.elements += 1
         if self.elements > self.limits.elements:
-            raise self._past(what, self.limits.elements, where)
+            raise self._past(what, "elements", where)
 
     def add_paragraph(self, where: str) -> None:
         self.paragraphs += 1
         if self.paragraphs > self.limits.paragraphs:
-            raise self._past("paragraphs", self.limits.paragraphs, where)
+            raise self._past("paragraphs", "paragraphs", where)
 
     def add_characters(self, count: int, where: str) -> None:
         self.characters += count
         if self.characters > self.limits.characters:
-            raise self._past("characters of text", self.limits.characters, where)
+            raise self._past("characters of text", "characters", where)
 
-    def _past(self, what: str, limit: int, where: str) -> DocumentTooLarge:
+    def _past(self, what: str, bound: str, where: str) -> DocumentTooLarge:
         at = f" (at {where[:64]})" if where else ""
+        limit = getattr(self.limits, bound)
         return DocumentTooLarge(f"{self.name} has more than {limit} {what}{at}; the limit "
-                                f"is {limit} {what}")
+                                f"is {limit} {what}", bound)
 
 
 # A DOCTYPE with an internal subset (`[ ... ]`) or any entity declaration: never in
@@ -176,7 +190,7 @@ _CHUNK = 1 << 16
 def check_file_bytes(name: str, size: int, limits: Limits) -> None:
     if size > limits.file_bytes:
         raise DocumentTooLarge(f"{name} is {size} bytes; the limit is {limits.file_bytes} "
-                               "bytes")
+                               "bytes", "file_bytes")
 
 
 def prescan(name: str, suffix: str, data: bytes, limits: Limits) -> None:

@@ -54,11 +54,11 @@ class Package:
             raise DocumentError(f"{name} is not {kind}: it is not a zip archive") from None
         if len(self.infos) > limits.members:
             raise DocumentTooLarge(f"{name} has {len(self.infos)} files in its archive; the "
-                                f"limit is {limits.members}")
+                                   f"limit is {limits.members}", "members")
         declared = sum(info.file_size for info in self.infos)
         if declared > limits.unpacked_bytes:
             raise DocumentTooLarge(f"{name} unpacks to {declared} bytes; the limit is "
-                                f"{limits.unpacked_bytes} bytes")
+                                   f"{limits.unpacked_bytes} bytes", "unpacked_bytes")
         if any(info.flag_bits & 0x1 for info in self.infos):
             raise DocumentError(f"{name} is encrypted")
         self.names = {info.filename for info in self.infos}
@@ -88,7 +88,7 @@ class Package:
                         raise DocumentTooLarge(
                             f"{self.name} unpacks to more than {self.limits.unpacked_bytes} "
                             f"bytes (at {member[:64]}); the limit is "
-                            f"{self.limits.unpacked_bytes} bytes")
+                            f"{self.limits.unpacked_bytes} bytes", "unpacked_bytes")
                     if size > info.file_size:
                         raise DocumentError(f"{self.name}: {member[:64]} unpacks to more "
                                             "than its archive says")
@@ -107,8 +107,8 @@ class Package:
         self._paragraphs += len(part.paragraphs)
         if self._paragraphs > self.limits.paragraphs:
             raise DocumentTooLarge(f"{self.name} has more than {self.limits.paragraphs} "
-                                f"paragraphs to translate; the limit is "
-                                f"{self.limits.paragraphs}")
+                                   f"paragraphs to translate; the limit is "
+                                   f"{self.limits.paragraphs}", "paragraphs")
         return part
 
     def xml(self, member: str) -> etree._ElementTree:
@@ -199,7 +199,7 @@ class PackageDocument(Document):
         characters = sum(len(t) for t in self._texts)
         if characters > package.limits.characters:
             raise DocumentTooLarge(f"{name} has {characters} characters of text to translate; "
-                                f"the limit is {package.limits.characters}")
+                                   f"the limit is {package.limits.characters}", "characters")
         self.tally.entries = len(self._texts)
 
     @property
