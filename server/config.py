@@ -300,6 +300,7 @@ class ServerConfig:
             self._usage_file_problem(),
             _choice_problem("usage_period", self.usage_period, USAGE_PERIODS),
             int_problem("usage_reset_day", self.usage_reset_day, 1, USAGE_MAX_RESET_DAY),
+            self._usage_reset_day_problem(),
             _text_problem("load_only", self.load_only, "model names or language codes, "
                           "comma-separated"),
             float_problem("load_wait_s", self.load_wait_s, 0.0, 86400.0),
@@ -406,6 +407,14 @@ class ServerConfig:
                            f"{str(self.api_keys)!r}")
         if self.require_api_key is True and self.api_keys is None:
             return Problem("require_api_key", "require_api_key needs api_keys (a file of keys)")
+        return None
+
+    def _usage_reset_day_problem(self) -> Problem | None:
+        """A reset day with no monthly period would be ignored: said, not silent."""
+        if self.usage_reset_day != 1 and self.usage_period != "monthly":
+            return Problem("usage_reset_day", f"usage_reset_day applies only to "
+                           f"usage_period monthly (got usage_reset_day "
+                           f"{self.usage_reset_day} with usage_period {self.usage_period!r})")
         return None
 
     def _usage_file_problem(self) -> Problem | None:

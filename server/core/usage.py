@@ -9,12 +9,17 @@ A request in flight at a crash stays counted (its refund never came), never the
 other way round.
 
     {"format": "seq2serve-usage", "version": 1, "period": "monthly",
-     "period_start": "2026-11-01", "counts": {"key-sha256:…": 18, "ip:10.0.0.7": 3}}
+     "period_start": "2026-11-01", "counts": {"key-sha256:…": 18}}
 
 Counting periods (`--usage-period`): `never` (one count for ever, the default) or
 `monthly`, which starts every count again at 0 on `--usage-reset-day` of each
 month (UTC), as DeepL's billing period does. Counts from a period that is over
 (the file's `period_start` is not the current one) start at 0 when read.
+
+Only keys' accounts (`key_account`) are kept in the file: a client without a key
+has no quota (its count is what /v2/usage shows it), so the counts of client
+addresses stay in memory, where a restart starts them at 0, and the file never grows
+with the number of addresses a public server sees.
 
 The file is one server's: a lock beside it (`.NAME.lock`, flock) refuses a second
 server on the same file, whose writes would undo the first's.
@@ -26,6 +31,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import logging
 import threading
@@ -43,6 +49,12 @@ FORMAT = "seq2serve-usage"
 VERSION = 1
 
 Clock = Callable[[], dt.datetime]
+KEY_ACCOUNT = "key-sha256:"  # the accounts kept in the file: keys', by their SHA-256
+
+
+def key_account(key: str) -> str:
+    """A key's account: the key's SHA-256 only, so the file is not a copy of the keys."""
+    return KEY_ACCOUNT + hashlib.sha256(key.encode()).hexdigest()
 
 
 class UsageFileError(Exception):
@@ -82,7 +94,8 @@ class UsageLedger:
         self.path, self.period, self.reset_day, self._clock = path, period, reset_day, clock
         self._lock = threading.Lock()  # the counts: the event loop and the writer
         self._write_lock = threading.Lock()  # one write of the file at a time
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, int] = {}  # keys' accounts: kept in the file
+        self._transient: dict[str, int] = {}  # every other account: in memory only
         self._start = self._current_start()
         self._changes = self._written = 0
         self._stop = threading.Event()
@@ -101,18 +114,19 @@ class UsageLedger:
     def used(self, account: str) -> int:
         with self._lock:
             self._roll()
-            return self._counts.get(account, 0)
+            return self._book(account).get(account, 0)
 
     def reserve(self, account: str, characters: int, limit: int) -> Reservation | None:
         """Count `characters` on `account` and return the reservation, or None (nothing
         counted) when they would take it past `limit`."""
         with self._lock:
             self._roll()
-            used = self._counts.get(account, 0)
+            book = self._book(account)
+            used = book.get(account, 0)
             if used + characters > limit:
                 return None
-            self._counts[account] = used + characters
-            self._changes += 1
+            book[account] = used + characters
+            self._changes += book is self._counts
             return Reservation(account, characters, self._start)
 
     def refund(self, reservation: Reservation) -> None:
@@ -122,19 +136,24 @@ class UsageLedger:
             self._roll()
             if reservation.period_start != self._start or reservation.characters == 0:
                 return
-            left = self._counts.get(reservation.account, 0) - reservation.characters
+            book = self._book(reservation.account)
+            left = book.get(reservation.account, 0) - reservation.characters
             if left > 0:
-                self._counts[reservation.account] = left
+                book[reservation.account] = left
             else:
-                self._counts.pop(reservation.account, None)
-            self._changes += 1
+                book.pop(reservation.account, None)
+            self._changes += book is self._counts
+
+    def _book(self, account: str) -> dict[str, int]:
+        """Where an account's count lives: the file's counts for a key, else memory."""
+        return self._counts if account.startswith(KEY_ACCOUNT) else self._transient
 
     def _roll(self) -> None:
         """Start every count again when the counting period has changed (lock held)."""
         start = self._current_start()
         if start != self._start:
             log.info("usage period began %s: every account's count starts at 0", start)
-            self._start, self._counts = start, {}
+            self._start, self._counts, self._transient = start, {}, {}
             self._changes += 1
 
     def _current_start(self) -> dt.date | None:

@@ -283,8 +283,12 @@ def test_the_usage_file_and_period_are_set_and_checked(tmp_path: Path) -> None:
         ("usage_file", f"usage_file's folder must exist, got "
                        f"{str(tmp_path / 'no' / 'u.json')!r}"),
         ("usage_period", "usage_period must be one of never, monthly, got 'weekly'"),
-        ("usage_reset_day", problems[2].message)]
+        ("usage_reset_day", problems[2].message), ("usage_reset_day", problems[3].message)]
     assert "29" in problems[2].message and "28" in problems[2].message
+    # a reset day a period other than monthly would ignore is refused, not ignored
+    [ignored] = ServerConfig(models_dir=tmp_path, usage_reset_day=15).problems()
+    assert ignored.message == ("usage_reset_day applies only to usage_period monthly (got "
+                               "usage_reset_day 15 with usage_period 'never')")
     assert [p.field for p in ServerConfig(models_dir=tmp_path,
                                           usage_file=tmp_path).problems()] == ["usage_file"]
     [off] = ServerConfig(models_dir=tmp_path, usage_file=tmp_path / "u.json",

@@ -14,7 +14,7 @@ import pytest
 from seq2serve.server.api.http.access import Access
 from seq2serve.server.api.http.deepl_auth import DeepLAccess, QuotaExceeded
 from seq2serve.server.core import durable
-from seq2serve.server.core.usage import UsageFileError, UsageLedger, period_start
+from seq2serve.server.core.usage import UsageFileError, UsageLedger, key_account, period_start
 
 
 class Clock:
@@ -86,10 +86,10 @@ def test_a_write_that_fails_before_its_rename_leaves_the_old_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "usage.json"
     ledger = UsageLedger(path)
-    assert ledger.reserve("ip:10.0.0.1", 5, 100) is not None
+    assert ledger.reserve("key-sha256:d", 5, 100) is not None
     ledger.flush()
     before = path.read_bytes()
-    assert ledger.reserve("ip:10.0.0.1", 6, 100) is not None
+    assert ledger.reserve("key-sha256:d", 6, 100) is not None
 
     def fail(source: object, destination: object) -> None:
         raise OSError("injected between write and rename")
@@ -102,7 +102,7 @@ def test_a_write_that_fails_before_its_rename_leaves_the_old_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == [".usage.json.lock", "usage.json"]
     ledger.flush()  # what failed is written at the next flush
     ledger.close()
-    assert UsageLedger(path).used("ip:10.0.0.1") == 11
+    assert UsageLedger(path).used("key-sha256:d") == 11
 
 
 def test_the_writer_thread_writes_and_the_stop_writes_the_last_counts(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_the_writer_logs_a_failed_write_once_and_writes_when_the_disk_is_back(
     async def serve() -> None:
         ledger = UsageLedger(path)
         await ledger.start()
-        assert ledger.reserve("ip:10.0.0.9", 3, 10) is not None
+        assert ledger.reserve("key-sha256:e", 3, 10) is not None
         assert await asyncio.to_thread(written.wait, 60)  # a bound, not a measurement
         await ledger.stop(grace=0.0)
 
@@ -183,4 +183,22 @@ def test_the_writer_logs_a_failed_write_once_and_writes_when_the_disk_is_back(
     logged = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
     assert len(logged) == 1 and str(path) in logged[0] and "No space" in logged[0]
     monkeypatch.undo()
-    assert UsageLedger(path).used("ip:10.0.0.9") == 3
+    assert UsageLedger(path).used("key-sha256:e") == 3
+
+
+def test_only_keys_accounts_are_kept_in_the_file(tmp_path: Path) -> None:
+    """Addresses' counts (no key: no quota) stay in memory: the file never grows with
+    the addresses a public server sees, and a restart starts them at 0."""
+    path = tmp_path / "usage.json"
+    ledger = UsageLedger(path)
+    key = key_account("secret-key")
+    assert ledger.reserve(key, 5, 100) is not None
+    for i in range(50):
+        assert ledger.reserve(f"ip:10.0.0.{i}", 3, 100) is not None
+    assert ledger.used("ip:10.0.0.7") == 3
+    ledger.close()
+    counts = json.loads(path.read_text())["counts"]
+    assert counts == {key: 5} and "secret-key" not in path.read_text()
+    again = UsageLedger(path)
+    assert (again.used(key), again.used("ip:10.0.0.7")) == (5, 0)
+    again.close()

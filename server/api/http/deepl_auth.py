@@ -11,7 +11,6 @@ and encodes its errors here, so the dialect has one door policy.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from starlette.responses import JSONResponse
 from seq2serve.server.api.http.access import Access, Caller
 from seq2serve.server.api.http.body import Fields
 from seq2serve.server.api.http.errors import retry_after, status_of
-from seq2serve.server.core.usage import Reservation, UsageLedger
+from seq2serve.server.core.usage import Reservation, UsageLedger, key_account
 
 log = logging.getLogger("seq2serve.server.http.deepl")
 
@@ -114,8 +113,8 @@ class DeepLAccess:
 
 
 def account(caller: Caller) -> str:
-    """The caller's account in the usage counts. A key is kept as its SHA-256 only:
-    the usage file must not be a second copy of the keys."""
+    """The caller's account in the usage counts: its key's (core/usage.py keeps those
+    in the file), else its address's (memory only)."""
     if caller.key:
-        return "key-sha256:" + hashlib.sha256(caller.key.encode()).hexdigest()
+        return key_account(caller.key)
     return f"ip:{caller.address}"
