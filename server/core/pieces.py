@@ -90,21 +90,30 @@ def output_limit(default: int, max_output: int, source_length: int) -> int:
 
 
 class TooLongForOnePiece(InvalidArgument):
-    """Sentence splitting off (`Splitting.OFF`) for a text longer than the model reads in
-    one piece: refused, never cut, and never split against the request (a client that
-    turns splitting off has its own segments, one answer per segment). The message
+    """Sentence splitting off (`Splitting.OFF`) for a text longer than one piece may be
+    (what the model reads, and within its output limit so that the answer is whole:
+    piece_limit): refused, never cut, and never split against the request (a client
+    that turns splitting off has its own segments, one answer per segment). The message
     names the core's field (texts[i]); a door words it with its own (`tokens`, `limit`,
-    `index`)."""
+    `index`, and `pivot`: the language of a chain's intermediate translation when that,
+    the second leg's input, is what passed the limit)."""
 
-    def __init__(self, tokens: int, limit: int, index: int = 0) -> None:
-        self.tokens, self.limit, self.index = tokens, limit, index
-        super().__init__(f"texts[{index}] is {tokens} tokens with sentence splitting off; "
-                         f"this model reads at most {limit} in one piece: turn splitting "
+    def __init__(self, tokens: int, limit: int, index: int = 0, pivot: str = "") -> None:
+        self.tokens, self.limit, self.index, self.pivot = tokens, limit, index, pivot
+        what = (f"the intermediate translation into {pivot} of texts[{index}] (the "
+                "second leg's input)" if pivot else f"texts[{index}]")
+        super().__init__(f"{what} is {tokens} tokens with sentence splitting off; one "
+                         f"piece may have at most {limit} (what the model reads, within "
+                         "its output limit, so that the answer is whole): turn splitting "
                          "on or send a shorter text")
 
     def at(self, index: int) -> TooLongForOnePiece:
         """The same refusal for the text at `index` of the request."""
-        return TooLongForOnePiece(self.tokens, self.limit, index)
+        return TooLongForOnePiece(self.tokens, self.limit, index, self.pivot)
+
+    def through(self, pivot: str) -> TooLongForOnePiece:
+        """The same refusal for a chain's intermediate translation into `pivot`."""
+        return TooLongForOnePiece(self.tokens, self.limit, self.index, pivot)
 
 
 def plan(text: str, language: str, encode: Encode, limit: int,
@@ -116,16 +125,17 @@ def plan(text: str, language: str, encode: Encode, limit: int,
     Pieces longer than `limit` are split at clauses and words first; what is still
     longer (one character past the limit) is sent whole when the model reads it
     (`max_source_length`, by default `limit`), else cut to that many token ids.
-    With splitting off the text is one piece, whole when the model reads it, else
-    refused (TooLongForOnePiece).
+    With splitting off the text is one piece, whole when it is within `limit`, else
+    refused (TooLongForOnePiece): `limit` is also what keeps a fitted piece's answer
+    whole (piece_limit), and a text past it could come back cut off at the output limit.
     """
     most = limit if max_source_length is None else max(limit, max_source_length)
     if splitting is Splitting.OFF:
         whole_text = segment(text, language, splitting)
         pieces = tuple(Piece(t, encode(t)) for t in whole_text.pieces)
         for piece in pieces:
-            if len(piece.source_ids) > most:
-                raise TooLongForOnePiece(len(piece.source_ids), most)
+            if len(piece.source_ids) > limit:
+                raise TooLongForOnePiece(len(piece.source_ids), limit)
         return Plan(whole_text, pieces)
     segmented = split_long(segment(text, language, splitting), lambda t: len(encode(t)),
                            limit)

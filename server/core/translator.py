@@ -179,7 +179,7 @@ class Translator:
             def prepare() -> list[tuple[Masked, Plan]]:
                 return [self._prepare(job, job.texts[i], i) for i in todo]
 
-            ready = await self._through_pivot(job, await off_loop(prepare), call)
+            ready = await self._through_pivot(job, await off_loop(prepare), todo, call)
             futures = self._queue(job.handle, job.options,
                                   [p.source_ids for t in ready for p in t.plan.pieces], call,
                                   forced_bos=_target_token(job.leg), fit=job.fit,
@@ -247,7 +247,7 @@ class Translator:
         _one_text(job.texts)
         prepared = await off_loop(lambda: self._prepare(job, job.texts[0]))
         # A chain's first leg is not streamed: the second leg's output is the answer.
-        [ready] = await self._through_pivot(job, [prepared], call)
+        [ready] = await self._through_pivot(job, [prepared], [0], call)
         masked, planned = ready.masked, ready.plan
         events = PieceEvents(asyncio.get_running_loop())
         # A masked text's deltas would show sentinels, and the repair may change text
@@ -426,10 +426,11 @@ class Translator:
                              job.splitting, index)
 
     async def _through_pivot(self, job: _Job, prepared: Sequence[tuple[Masked, Plan]],
-                             call: Call) -> list[_Text]:
-        """Each prepared text as the last model reads it: itself, or for a chain its
-        first leg's best (queued like any request, awaited, joined), its sentinels
-        carried over (placeholders.carry) and planned again in English."""
+                             indices: Sequence[int], call: Call) -> list[_Text]:
+        """Each prepared text (`indices`: their positions in the request) as the last
+        model reads it: itself, or for a chain its first leg's best (queued like any
+        request, awaited, joined), its sentinels carried over (placeholders.carry) and
+        planned again in English."""
         if job.first is None:
             return [_Text(masked, planned) for masked, planned in prepared]
         first = job.first
@@ -443,14 +444,18 @@ class Translator:
         def replan() -> list[_Text]:
             it = iter(results)
             out = []
-            for index, (masked, planned) in enumerate(prepared):
+            for index, (masked, planned) in zip(indices, prepared, strict=True):
                 chosen = [_enough(next(it).hypotheses, 1)[0] for _ in planned.pieces]
                 [head] = join(planned, [[h] for h in chosen], 1, first.handle.tokenizer.decode)
                 middle, repaired = carry_over(masked, head.text)
                 links = (tuple(text_links(first.handle, planned, first.leg, chosen))
                          if split(masked) is not None else ())
-                out.append(_Text(masked, _plan(job.handle, middle, job.leg, job.fit,
-                                               job.splitting, index),
+                try:
+                    second = _plan(job.handle, middle, job.leg, job.fit, job.splitting,
+                                   index)
+                except TooLongForOnePiece as e:  # the intermediate, not the client's text
+                    raise e.through(PIVOT) from None
+                out.append(_Text(masked, second,
                                  head.score if planned.pieces else 0.0, repaired,
                                  links, head.text))
             return out

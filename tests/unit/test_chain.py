@@ -29,8 +29,10 @@ from seq2serve.server.core import translator as core_translator
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
 from seq2serve.server.core.options import DecodingOptions, InvalidOptions
+from seq2serve.server.core.pieces import TooLongForOnePiece
 from seq2serve.server.core.registry import ModelHandle, ModelRegistry, Route
 from seq2serve.server.core.requests import Call, StreamChunk, TranslateRequest, Translation
+from seq2serve.server.core.segment import Splitting
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import Metrics
 
@@ -495,3 +497,33 @@ def test_libretranslate_languages_lists_every_reachable_target(translator: Trans
     assert set(api.catalog.detector().languages) == {"de", "en", "fr"}
     assert api.catalog.pair("de", "fr").models == CHAIN
     assert api.catalog.pair("de", "de").models == ()
+
+
+def test_a_second_leg_refusal_names_the_request_s_text_and_the_intermediate(
+        registry: ModelRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Splitting off, de -> fr through English: texts[0] a cache hit and the English
+    intermediate of texts[1] past the en -> fr model's limit. The refusal names texts[1]
+    (its place in the request, not among the texts that missed the cache) and says the
+    intermediate, not the client's text, is what passed the limit."""
+    translator = make_translator(registry, cache=ResponseCache(2**20))
+
+    def request(texts: tuple[str, ...]) -> TranslateRequest:
+        return TranslateRequest(texts, source_language="de", target_language="fr",
+                                options=DecodingOptions(beam_size=1, max_length=30),
+                                splitting=Splitting.OFF)
+
+    run(translator.translate(request((CORPUS[0],)), Call()))  # texts[0] now cached
+    real = core_translator.plan
+
+    def second_leg_too_long(text: str, language: str, *args: Any, **kwargs: Any) -> Any:
+        if language == "en":  # only the second leg reads English
+            raise TooLongForOnePiece(99, 7)
+        return real(text, language, *args, **kwargs)
+
+    monkeypatch.setattr(core_translator, "plan", second_leg_too_long)
+    with pytest.raises(TooLongForOnePiece) as refused:
+        run(translator.translate(request((CORPUS[0], CORPUS[1])), Call()))
+    assert refused.value.index == 1, refused.value.message
+    assert refused.value.pivot == "en"
+    assert refused.value.message.startswith(
+        "the intermediate translation into en of texts[1] (the second leg's input) is 99")

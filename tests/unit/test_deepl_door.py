@@ -18,7 +18,7 @@ from seq2serve.server.api.http.deepl import DeepLApi
 from seq2serve.server.api.http.deepl_auth import DeepLAccess
 from seq2serve.server.core.catalog import Listing, Pair
 from seq2serve.server.core.glossary import Glossaries, GlossaryStore
-from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.pieces import Joined, TooLongForOnePiece
 from seq2serve.server.core.texts import AUTO, Splitting, TextAnswer, TextsRequest
 
 # What langcodes' matching (CodeTable.find) answers for these codes on such models.
@@ -140,3 +140,23 @@ def test_split_sentences_reaches_the_core_with_deepl_s_defaults(
     bad = client.post("/v2/translate", json={**body, "split_sentences": "2"})
     assert bad.status_code == 400 and "split_sentences" in bad.json()["message"]
     assert answer.json()["translations"][0]["text"] == "Hallo"
+
+
+@pytest.mark.parametrize("pivot", ["", "en"])
+def test_an_unsplit_text_refused_is_named_with_deepl_s_field(
+        client: TestClient, texts: FakeTexts, monkeypatch: pytest.MonkeyPatch,
+        pivot: str) -> None:
+    """The core's refusal (splitting off, past one piece's limit) in DeepL's words: the
+    client's text[i], and for a chain the intermediate translation that passed it."""
+    async def refuse(request: TextsRequest, call: object = None) -> list[TextAnswer]:
+        raise TooLongForOnePiece(99, 7, 1, pivot)
+
+    monkeypatch.setattr(texts, "translate", refuse)
+    answer = client.post("/v2/translate", json={
+        "text": ["Hallo", "Welt"], "target_lang": "FR", "split_sentences": "0"})
+    message = answer.json()["message"]
+    assert answer.status_code == 400
+    assert message.startswith("Value for 'split_sentences' 0 cannot be kept for text[1]: ")
+    assert "99 tokens and one piece may have at most 7" in message
+    assert ("its intermediate translation into en (the second leg's input) is 99" in
+            message) is bool(pivot)

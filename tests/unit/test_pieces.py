@@ -183,18 +183,29 @@ def test_a_character_past_the_piece_limit_is_sent_whole_when_the_model_reads_it(
 
 
 def test_plan_without_splitting_is_one_whole_piece() -> None:
-    planned = plan(TEXT, "en", _encode, limit=4, max_source_length=8,
+    planned = plan(TEXT, "en", _encode, limit=8, max_source_length=16,
                    splitting=Splitting.OFF)
     assert [p.text for p in planned.pieces] == [TEXT]
-    assert planned.pieces[0].source_ids == _encode(TEXT)  # 8 ids: whole, beyond `limit`
+    assert planned.pieces[0].source_ids == _encode(TEXT)  # 8 ids, where split it is 3 pieces
 
 
 def test_plan_without_splitting_refuses_what_the_model_cannot_read_whole() -> None:
     with pytest.raises(TooLongForOnePiece) as refused:
-        plan(TEXT, "en", _encode, limit=4, max_source_length=7, splitting=Splitting.OFF)
+        plan(TEXT, "en", _encode, limit=7, splitting=Splitting.OFF)
     assert (refused.value.tokens, refused.value.limit) == (8, 7)
     assert "texts[0] is 8 tokens" in refused.value.message
     assert "texts[3]" in refused.value.at(3).message
+
+
+def test_plan_without_splitting_refuses_past_the_piece_limit_the_model_reads() -> None:
+    """The model reads 8 tokens, but a fitted piece is held to `limit` (piece_limit: its
+    output limit holds OUTPUT_PER_SOURCE_TOKEN tokens out per token in): past it the
+    answer could be cut off, so the unsplit text is refused, naming that limit."""
+    with pytest.raises(TooLongForOnePiece) as refused:
+        plan(TEXT, "en", _encode, limit=4, max_source_length=8, splitting=Splitting.OFF)
+    assert (refused.value.tokens, refused.value.limit) == (8, 4)
+    assert "at most 4 (what the model reads, within its output limit, so that the " \
+        "answer is whole)" in refused.value.message
 
 
 def test_plan_without_newline_splits_keeps_a_sentence_across_lines() -> None:

@@ -24,7 +24,7 @@ from seq2serve.server.batching.scheduler import Draining, QueueFull, WorkItem
 from seq2serve.server.core.cache import ResponseCache
 from seq2serve.server.core.errors import ErrorKind, ServiceError
 from seq2serve.server.core.options import DecodingOptions
-from seq2serve.server.core.pieces import OUTPUT_PER_SOURCE_TOKEN
+from seq2serve.server.core.pieces import OUTPUT_PER_SOURCE_TOKEN, TooLongForOnePiece, piece_limit
 from seq2serve.server.core.registry import ModelRegistry
 from seq2serve.server.core.requests import (
     Call,
@@ -32,6 +32,7 @@ from seq2serve.server.core.requests import (
     SummarizeRequest,
     TranslateRequest,
 )
+from seq2serve.server.core.segment import Splitting
 from seq2serve.server.core.translator import Translator
 from seq2serve.server.metrics import Metrics
 
@@ -372,3 +373,29 @@ def test_a_size_limit_names_the_setting_that_raises_it(translator: Translator) -
     assert document.tally.notes[-1] == ("1 texts over 500 characters not sent (the limit is "
                                         "the server's --max-text-chars "
                                         "(SEQ2SERVE_MAX_TEXT_CHARS))")
+
+
+def test_splitting_off_refuses_a_text_whose_whole_answer_the_output_limit_cannot_hold(
+        translator: Translator) -> None:
+    """With splitting off and the model's own max_length, a text the model reads but whose
+    answer the output limit (--max-length-cap 64 here) cannot hold at OUTPUT_PER_SOURCE_TOKEN
+    tokens per token in is refused, never answered cut off."""
+    [handle] = [h for h in translator.registry.handles() if h.name == MODEL]
+    limit = piece_limit(handle.manifest.max_source_length, handle.engine.limits.max_length)
+    assert limit < handle.manifest.max_source_length  # the case: the model reads more
+    words = UNPUNCTUATED.split()
+    text = next(" ".join(words[:n]) for n in range(1, len(words) + 1)
+                if len(handle.encode(" ".join(words[:n]))) > limit)
+    assert len(handle.encode(text)) <= handle.manifest.max_source_length
+
+    def request(splitting: Splitting) -> TranslateRequest:
+        return TranslateRequest(("Hallo", text), model=MODEL,
+                                options=DecodingOptions(beam_size=1), splitting=splitting)
+
+    with pytest.raises(TooLongForOnePiece) as refused:
+        run(translator.translate(request(Splitting.OFF), Call()))
+    assert (refused.value.index, refused.value.limit) == (1, limit)
+    assert f"at most {limit}" in refused.value.message
+    # Split, the same text is answered whole.
+    [_, split] = run(translator.translate(request(Splitting.ON), Call())).translations
+    assert split.hypotheses[0].finish_reason == "eos"

@@ -138,9 +138,12 @@ class DeepLApi:
             raise InvalidArgument(f"Value for '{e.role}_lang' not supported.") from None
         except TooLongForOnePiece as e:
             self.access.refund(reserved)
+            what = (f"its intermediate translation into {e.pivot} (the second leg's "
+                    "input) is" if e.pivot else "it is")
             raise InvalidArgument(
-                f"Value for 'split_sentences' 0 cannot be kept for text[{e.index}]: it is "
-                f"{e.tokens} tokens and the model reads at most {e.limit} in one piece; "
+                f"Value for 'split_sentences' 0 cannot be kept for text[{e.index}]: {what} "
+                f"{e.tokens} tokens and one piece may have at most {e.limit} (what the "
+                "model reads, within its output limit, so that the answer is whole); "
                 "send split_sentences 1 or nonewlines, or a shorter text") from None
         except BaseException:
             self.access.refund(reserved)
