@@ -67,6 +67,16 @@ def jobs_in(folder: Path, clock: Clock | None = None, max_bytes: int = 10**6,
     return jobs
 
 
+async def first_line_done(jobs: DocumentJobs, job_id: str) -> None:
+    """Until the job has translated a line (its state and upload are read off the
+    event loop, in a thread): a bounded poll on its state."""
+    for _ in range(2000):
+        if jobs.view(job_id, "v1").done:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"job {job_id} translated nothing: {jobs.view(job_id, 'v1')}")
+
+
 def state_of(folder: Path, job_id: str) -> dict[str, object]:
     loaded: dict[str, object] = json.loads((folder / job_id / "state.json").read_text())
     return loaded
@@ -76,7 +86,7 @@ def test_a_job_runs_and_its_file_and_state_are_on_disk(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
         assert state_of(tmp_path, record.id)["state"] == "queued"
         view = await jobs.wait(record.id, "v1")
         assert (view.state, view.done, view.total) == (JobState.DONE, 0, 0)  # live: gone
@@ -96,11 +106,8 @@ def test_progress_and_an_estimate_while_translating(tmp_path: Path) -> None:
         clock, gate = Clock(), asyncio.Event()
         jobs = jobs_in(tmp_path, clock, runner=upper(gate))
         await jobs.start()
-        record = jobs.submit(ORDER, b"a\nb\nc\nd\n")
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"a\nb\nc\nd\n")
+        await first_line_done(jobs, record.id)
         clock.now += 6.0  # one of four lines in 6 s: three more take about 18 s
         view = jobs.view(record.id, "v1")
         assert (view.state, view.done, view.total) == (JobState.TRANSLATING, 1, 4)
@@ -119,7 +126,7 @@ def test_a_failed_run_is_an_error_with_its_reason(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path, runner=refuse)
         await jobs.start()
-        record = jobs.submit(ORDER, b"\xff")
+        record = await jobs.submit(ORDER, b"\xff")
         view = await jobs.wait(record.id, "v1")
         assert (view.state, view.error_kind) == (JobState.ERROR, "INVALID_ARGUMENT")
         error = view.error()
@@ -137,12 +144,9 @@ def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path
         gate = asyncio.Event()  # never set: the stop comes mid-job
         jobs = jobs_in(tmp_path, runner=upper(gate))
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
-        queued = jobs.submit(ORDER, b"three\n")  # never picked: one worker
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
+        queued = await jobs.submit(ORDER, b"three\n")  # never picked: one worker
+        await first_line_done(jobs, record.id)
         await jobs.stop(0)
         assert state_of(tmp_path, record.id)["state"] == "translating"
         assert state_of(tmp_path, queued.id)["state"] == "queued"
@@ -165,7 +169,7 @@ def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path
 def test_a_job_that_stopped_the_server_each_time_is_failed_not_run_again(
         tmp_path: Path) -> None:
     jobs = jobs_in(tmp_path)
-    record = jobs.submit(ORDER, b"one\n")
+    record = asyncio.run(jobs.submit(ORDER, b"one\n"))
     record.state, record.attempts = JobState.TRANSLATING, MAX_ATTEMPTS
     jobs.store.save(record)
     jobs.close()
@@ -178,7 +182,7 @@ def test_a_job_that_stopped_the_server_each_time_is_failed_not_run_again(
 
 def test_a_job_whose_upload_is_gone_is_failed_with_that_reason(tmp_path: Path) -> None:
     jobs = jobs_in(tmp_path)
-    record = jobs.submit(ORDER, b"one\n")
+    record = asyncio.run(jobs.submit(ORDER, b"one\n"))
     jobs.close()
     (tmp_path / record.id / "input").unlink()
     again = jobs_in(tmp_path)
@@ -191,10 +195,10 @@ def test_the_byte_budget_refuses_a_job_naming_the_setting(tmp_path: Path) -> Non
     data = b"x" * 1000
     need = 2 * len(data) + JOB_OVERHEAD_BYTES
     jobs = jobs_in(tmp_path, max_bytes=2 * need - 1)
-    jobs.submit(ORDER, data)
+    asyncio.run(jobs.submit(ORDER, data))
     with pytest.raises(ResourceExhausted, match=r"holds \d+ bytes of its \d+ .*"
                                                 r"--jobs-max-bytes"):
-        jobs.submit(ORDER, data)
+        asyncio.run(jobs.submit(ORDER, data))
     assert len(jobs.store.records) == 1  # nothing half-made
     jobs.close()
 
@@ -204,7 +208,7 @@ def test_finished_jobs_expire_after_their_time_to_live(tmp_path: Path) -> None:
         clock = Clock()
         jobs = jobs_in(tmp_path, clock)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\n")
+        record = await jobs.submit(ORDER, b"one\n")
         await jobs.wait(record.id, "v1")
         clock.now += 59.0
         jobs.sweep()
@@ -223,11 +227,12 @@ def test_a_taken_file_is_downloadable_once(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path)
         await jobs.start()
-        record = jobs.submit(Order(name="a.txt", target_language="de", door="deepl"), b"a\n")
+        record = await jobs.submit(Order(name="a.txt", target_language="de", door="deepl"),
+                                   b"a\n")
         await jobs.wait(record.id, "deepl")
-        assert jobs.take(record.id, "deepl") == (b"A\n", "a.txt")
+        assert (await jobs.take(record.id, "deepl")) == (b"A\n", "a.txt")
         with pytest.raises(NotFound):
-            jobs.take(record.id, "deepl")
+            await jobs.take(record.id, "deepl")
         assert jobs.view(record.id, "deepl").downloaded  # the state stays until it expires
         assert not (tmp_path / record.id / "output").exists()
         await jobs.stop(0)
@@ -247,15 +252,12 @@ def test_a_cancelled_job_leaves_the_folder(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path, runner=upper(asyncio.Event()))
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
+        await first_line_done(jobs, record.id)
         jobs.cancel(record.id)
         await asyncio.sleep(0)
         assert not (tmp_path / record.id).exists()
-        later = jobs.submit(ORDER, b"x\n")  # the worker is free again
+        later = await jobs.submit(ORDER, b"x\n")  # the worker is free again
         jobs.attach(upper())
         assert (await jobs.wait(later.id, "v1")).state is JobState.DONE
         await jobs.stop(0)
@@ -329,7 +331,7 @@ def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> Non
     async def main() -> str:
         jobs = jobs_in(tmp_path, runner=named)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\n")
+        record = await jobs.submit(ORDER, b"one\n")
         assert (await jobs.wait(record.id, "v1")).model == "opus-mt-en-de"
         await jobs.stop(0)
         return record.id

@@ -109,13 +109,23 @@ class DeepLAccess:
         """Give back what a request that failed had reserved."""
         self.ledger.refund(reservation)
 
+    def charge(self, account_id: str, characters: int) -> None:
+        """Count work already done on `account_id` (`account`'s): all of it, up to the
+        limit its key has now (the key file may have changed since the work began)."""
+        limit = next((limit for key, limit in self.access.char_limits.items()
+                      if _key_account(key) == account_id), UNLIMITED)
+        left = max(0, limit - self.ledger.used(account_id))
+        self.ledger.reserve(account_id, min(characters, left), limit)
+
     def _limit(self, caller: Caller) -> int:
         return self.access.char_limits.get(caller.key, UNLIMITED) if caller.key else UNLIMITED
 
 
 def account(caller: Caller) -> str:
     """The caller's account in the usage counts. A key is kept as its SHA-256 only:
-    the usage file must not be a second copy of the keys."""
-    if caller.key:
-        return "key-sha256:" + hashlib.sha256(caller.key.encode()).hexdigest()
-    return f"ip:{caller.address}"
+    the usage file (and a document job's state) must not be a second copy of the keys."""
+    return _key_account(caller.key) if caller.key else f"ip:{caller.address}"
+
+
+def _key_account(key: str) -> str:
+    return "key-sha256:" + hashlib.sha256(key.encode()).hexdigest()
