@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import stat
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -341,3 +342,101 @@ def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> Non
     again = jobs_in(tmp_path)
     assert again.view(job_id, "v1").model == "opus-mt-en-de"
     again.close()
+
+
+def test_a_durable_write_leaves_the_event_loop_free_and_the_job_unseen_until_done(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload's and the state's fsyncs (up to 32 MB) run in a thread: while one is
+    held, other coroutines run; the id comes back only once the job is on disk."""
+    entered, release = threading.Event(), threading.Event()
+    jobs = jobs_in(tmp_path)
+    write_new = jobs.store.write_new
+
+    def held(record: Record, data: bytes, state: bytes) -> None:
+        entered.set()
+        assert release.wait(30), "never released"  # a hang guard only
+        write_new(record, data, state)
+
+    monkeypatch.setattr(jobs.store, "write_new", held)
+
+    async def main() -> None:
+        submit = asyncio.ensure_future(jobs.submit(ORDER, b"one\n"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        other = asyncio.ensure_future(asyncio.sleep(0, result="answered"))
+        assert await other == "answered"  # the loop runs while the write is held
+        assert not submit.done()  # not durable yet: no id handed out
+        release.set()
+        record = await submit
+        assert state_of(tmp_path, record.id)["state"] == "queued"
+        assert (tmp_path / record.id / "input").read_bytes() == b"one\n"
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        jobs.close()
+
+
+def test_the_workers_state_writes_leave_the_event_loop_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running job's state writes (translating, done) are in a thread too."""
+
+    entered, release = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        record = await jobs.submit(ORDER, b"one\n")
+        write_state = jobs.store.write_state
+
+        def held(job_id: str, state: bytes) -> None:
+            entered.set()
+            assert release.wait(30), "never released"  # a hang guard only
+            write_state(job_id, state)
+
+        monkeypatch.setattr(jobs.store, "write_state", held)
+        await jobs.start()
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.ensure_future(asyncio.sleep(0, result="answered")) == "answered"
+        assert state_of(tmp_path, record.id)["state"] == "queued"  # the write is held
+        release.set()
+        assert (await jobs.wait(record.id, "v1")).state is JobState.DONE
+        assert state_of(tmp_path, record.id)["state"] == "done"
+        await jobs.stop(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["state-write", "and-its-failure-write"])
+def test_a_failed_state_write_fails_that_job_and_the_worker_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    """Disk full at a job's state write: that job is failed with the reason (on disk
+    too where the failure itself can be written); the one worker runs the next job."""
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        first = await jobs.submit(ORDER, b"one\n")
+        second = await jobs.submit(ORDER, b"two\n")
+        write_state, left = jobs.store.write_state, [failures]
+
+        def full(job_id: str, state: bytes) -> None:
+            if job_id == first.id and left[0]:
+                left[0] -= 1
+                raise OSError(28, "No space left on device")
+            write_state(job_id, state)
+
+        monkeypatch.setattr(jobs.store, "write_state", full)
+        await jobs.start()
+        # A hang guard only: before the fix the worker was gone and this never ended.
+        view = await asyncio.wait_for(jobs.wait(second.id, "v1"), 30)
+        assert view.state is JobState.DONE
+        failed = jobs.view(first.id, "v1")
+        assert failed.state is JobState.ERROR and failed.error_kind == "INTERNAL"
+        assert "jobs folder (No space left on device)" in failed.error_message
+        on_disk = state_of(tmp_path, first.id)
+        assert on_disk["state"] == ("error" if failures == 1 else "queued")
+        await jobs.stop(0)
+
+    asyncio.run(main())
