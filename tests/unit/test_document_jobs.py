@@ -434,7 +434,7 @@ def test_a_failed_state_write_fails_that_job_and_the_worker_goes_on(
         assert view.state is JobState.DONE
         failed = jobs.view(first.id, "v1")
         assert failed.state is JobState.ERROR and failed.error_kind == "INTERNAL"
-        assert "jobs folder (No space left on device)" in failed.error_message
+        assert "in its jobs folder (No space left on device)" in failed.error_message
         on_disk = state_of(tmp_path, first.id)
         assert on_disk["state"] == ("error" if failures == 1 else "queued")
         await jobs.stop(0)

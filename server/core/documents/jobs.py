@@ -286,13 +286,13 @@ class DocumentJobs:
     async def _run(self, record: Record) -> None:
         try:
             await self._attempt(record)
-        except OSError as e:  # the jobs folder (disk full, EIO): the job fails, not the worker
+        except OSError as e:  # the jobs folder's (disk full, EIO): the job fails, not the worker
             if record.id not in self.store.records:
                 return  # cancelled by its submitter while it was written: already removed
             log.error("document job %s: cannot write to the jobs folder %s", record.id,
                       self.folder, exc_info=e)
-            self._failed(record, INTERNAL, "the server could not write this job to its "
-                         f"jobs folder ({e.strerror or type(e).__name__})")
+            self._failed(record, INTERNAL, "the server could not read or write this job "
+                         f"in its jobs folder ({e.strerror or type(e).__name__})")
             try:
                 await self._finish(record)
             except OSError as again:
@@ -313,8 +313,8 @@ class DocumentJobs:
         def progress(done: int, total: int) -> None:
             live.done, live.total = done, total
 
+        data = await off_loop(lambda: self.store.input(record))  # OSError: _run fails it
         try:
-            data = await off_loop(lambda: self.store.input(record))
             run = self._running[record.id] = asyncio.ensure_future(
                 self.runner(record.order, data, progress))
             outcome = await run
@@ -322,8 +322,6 @@ class DocumentJobs:
             if self._stopping:
                 raise  # left as it is on disk: the next start runs it again
             return  # cancelled by its submitter: already removed
-        except OSError:
-            raise  # the jobs folder's (its upload unreadable): _run fails the job
         except Exception as e:  # noqa: BLE001 - a job's failure is its state, never a crash
             if self._stopping:  # the models stopping under it: run again at the next start
                 return
