@@ -8,6 +8,7 @@ job that outlives a server killed mid-job (SIGKILL, then a new process on the sa
 from __future__ import annotations
 
 import io
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -292,5 +293,53 @@ def test_keys_and_a_key_s_character_limit(tmp_path: Path) -> None:
             with pytest.raises(deepl.DeepLException, match="glossary_id"):
                 big.translate_document_upload(text_file(), source_lang="EN", target_lang="DE",
                                               filename="a.txt", glossary="nothing")
+    finally:
+        server.stop()
+
+
+def test_a_document_finished_before_a_restart_is_billed_after_it(tmp_path: Path) -> None:
+    """Whose key a document counts on is kept in its job (as the key's SHA-256, never
+    the key): a document done before a restart and asked for after it counts on its
+    key, against the limit the key file gives then, once."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "en-de").symlink_to(SHIPPED)
+    keys, jobs = tmp_path / "keys", tmp_path / "jobs"
+    keys.write_text("owner 1000000\n")
+    text = b"The house is small.\n" * 5
+
+    def start() -> RunningServer:
+        return RunningServer(server_config(models, http_port=free_port(), api_keys=keys,
+                                           require_api_key=True, jobs_dir=jobs,
+                                           usage_file=tmp_path / "usage.json"))
+
+    server = start()
+    try:
+        with closing(deepl.Translator("owner", server_url=server.http_url)) as client:
+            handle = client.translate_document_upload(text, target_lang="DE",
+                                                      filename="a.txt")
+        state = jobs / handle.document_id / "state.json"
+        for _ in range(1200):  # done on disk, and nobody asked for its status
+            if json.loads(state.read_text())["state"] == "done":
+                break
+            time.sleep(0.05)
+        assert json.loads(state.read_text())["state"] == "done"
+        assert "owner" not in state.read_text()
+    finally:
+        server.stop()
+    keys.write_text("owner 5000\n")  # the limit as it is at billing time
+    server = start()
+    try:
+        with closing(deepl.Translator("owner", server_url=server.http_url)) as client:
+            assert client.get_usage().character.count == 0
+            status = client.translate_document_get_status(handle)
+            assert status.done and status.billed_characters
+            usage = client.get_usage().character
+            assert (usage.count, usage.limit) == (status.billed_characters, 5000)
+            out = io.BytesIO()
+            client.translate_document_download(handle, out)
+            assert out.getvalue()
+            client.translate_document_get_status(handle)
+            assert client.get_usage().character.count == status.billed_characters  # once
     finally:
         server.stop()

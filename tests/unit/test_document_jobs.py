@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import stat
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -67,6 +68,16 @@ def jobs_in(folder: Path, clock: Clock | None = None, max_bytes: int = 10**6,
     return jobs
 
 
+async def first_line_done(jobs: DocumentJobs, job_id: str) -> None:
+    """Until the job has translated a line (its state and upload are read off the
+    event loop, in a thread): a bounded poll on its state."""
+    for _ in range(2000):
+        if jobs.view(job_id, "v1").done:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"job {job_id} translated nothing: {jobs.view(job_id, 'v1')}")
+
+
 def state_of(folder: Path, job_id: str) -> dict[str, object]:
     loaded: dict[str, object] = json.loads((folder / job_id / "state.json").read_text())
     return loaded
@@ -76,7 +87,7 @@ def test_a_job_runs_and_its_file_and_state_are_on_disk(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
         assert state_of(tmp_path, record.id)["state"] == "queued"
         view = await jobs.wait(record.id, "v1")
         assert (view.state, view.done, view.total) == (JobState.DONE, 0, 0)  # live: gone
@@ -96,11 +107,8 @@ def test_progress_and_an_estimate_while_translating(tmp_path: Path) -> None:
         clock, gate = Clock(), asyncio.Event()
         jobs = jobs_in(tmp_path, clock, runner=upper(gate))
         await jobs.start()
-        record = jobs.submit(ORDER, b"a\nb\nc\nd\n")
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"a\nb\nc\nd\n")
+        await first_line_done(jobs, record.id)
         clock.now += 6.0  # one of four lines in 6 s: three more take about 18 s
         view = jobs.view(record.id, "v1")
         assert (view.state, view.done, view.total) == (JobState.TRANSLATING, 1, 4)
@@ -119,7 +127,7 @@ def test_a_failed_run_is_an_error_with_its_reason(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path, runner=refuse)
         await jobs.start()
-        record = jobs.submit(ORDER, b"\xff")
+        record = await jobs.submit(ORDER, b"\xff")
         view = await jobs.wait(record.id, "v1")
         assert (view.state, view.error_kind) == (JobState.ERROR, "INVALID_ARGUMENT")
         error = view.error()
@@ -137,12 +145,9 @@ def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path
         gate = asyncio.Event()  # never set: the stop comes mid-job
         jobs = jobs_in(tmp_path, runner=upper(gate))
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
-        queued = jobs.submit(ORDER, b"three\n")  # never picked: one worker
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
+        queued = await jobs.submit(ORDER, b"three\n")  # never picked: one worker
+        await first_line_done(jobs, record.id)
         await jobs.stop(0)
         assert state_of(tmp_path, record.id)["state"] == "translating"
         assert state_of(tmp_path, queued.id)["state"] == "queued"
@@ -165,7 +170,7 @@ def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path
 def test_a_job_that_stopped_the_server_each_time_is_failed_not_run_again(
         tmp_path: Path) -> None:
     jobs = jobs_in(tmp_path)
-    record = jobs.submit(ORDER, b"one\n")
+    record = asyncio.run(jobs.submit(ORDER, b"one\n"))
     record.state, record.attempts = JobState.TRANSLATING, MAX_ATTEMPTS
     jobs.store.save(record)
     jobs.close()
@@ -178,7 +183,7 @@ def test_a_job_that_stopped_the_server_each_time_is_failed_not_run_again(
 
 def test_a_job_whose_upload_is_gone_is_failed_with_that_reason(tmp_path: Path) -> None:
     jobs = jobs_in(tmp_path)
-    record = jobs.submit(ORDER, b"one\n")
+    record = asyncio.run(jobs.submit(ORDER, b"one\n"))
     jobs.close()
     (tmp_path / record.id / "input").unlink()
     again = jobs_in(tmp_path)
@@ -191,10 +196,10 @@ def test_the_byte_budget_refuses_a_job_naming_the_setting(tmp_path: Path) -> Non
     data = b"x" * 1000
     need = 2 * len(data) + JOB_OVERHEAD_BYTES
     jobs = jobs_in(tmp_path, max_bytes=2 * need - 1)
-    jobs.submit(ORDER, data)
+    asyncio.run(jobs.submit(ORDER, data))
     with pytest.raises(ResourceExhausted, match=r"holds \d+ bytes of its \d+ .*"
                                                 r"--jobs-max-bytes"):
-        jobs.submit(ORDER, data)
+        asyncio.run(jobs.submit(ORDER, data))
     assert len(jobs.store.records) == 1  # nothing half-made
     jobs.close()
 
@@ -204,7 +209,7 @@ def test_finished_jobs_expire_after_their_time_to_live(tmp_path: Path) -> None:
         clock = Clock()
         jobs = jobs_in(tmp_path, clock)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\n")
+        record = await jobs.submit(ORDER, b"one\n")
         await jobs.wait(record.id, "v1")
         clock.now += 59.0
         jobs.sweep()
@@ -223,11 +228,12 @@ def test_a_taken_file_is_downloadable_once(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path)
         await jobs.start()
-        record = jobs.submit(Order(name="a.txt", target_language="de", door="deepl"), b"a\n")
+        record = await jobs.submit(Order(name="a.txt", target_language="de", door="deepl"),
+                                   b"a\n")
         await jobs.wait(record.id, "deepl")
-        assert jobs.take(record.id, "deepl") == (b"A\n", "a.txt")
+        assert (await jobs.take(record.id, "deepl")) == (b"A\n", "a.txt")
         with pytest.raises(NotFound):
-            jobs.take(record.id, "deepl")
+            await jobs.take(record.id, "deepl")
         assert jobs.view(record.id, "deepl").downloaded  # the state stays until it expires
         assert not (tmp_path / record.id / "output").exists()
         await jobs.stop(0)
@@ -247,15 +253,12 @@ def test_a_cancelled_job_leaves_the_folder(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = jobs_in(tmp_path, runner=upper(asyncio.Event()))
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\ntwo\n")
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if jobs.view(record.id, "v1").done:
-                break
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
+        await first_line_done(jobs, record.id)
         jobs.cancel(record.id)
         await asyncio.sleep(0)
         assert not (tmp_path / record.id).exists()
-        later = jobs.submit(ORDER, b"x\n")  # the worker is free again
+        later = await jobs.submit(ORDER, b"x\n")  # the worker is free again
         jobs.attach(upper())
         assert (await jobs.wait(later.id, "v1")).state is JobState.DONE
         await jobs.stop(0)
@@ -329,7 +332,7 @@ def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> Non
     async def main() -> str:
         jobs = jobs_in(tmp_path, runner=named)
         await jobs.start()
-        record = jobs.submit(ORDER, b"one\n")
+        record = await jobs.submit(ORDER, b"one\n")
         assert (await jobs.wait(record.id, "v1")).model == "opus-mt-en-de"
         await jobs.stop(0)
         return record.id
@@ -339,3 +342,101 @@ def test_the_model_that_served_a_job_is_kept_in_its_state(tmp_path: Path) -> Non
     again = jobs_in(tmp_path)
     assert again.view(job_id, "v1").model == "opus-mt-en-de"
     again.close()
+
+
+def test_a_durable_write_leaves_the_event_loop_free_and_the_job_unseen_until_done(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload's and the state's fsyncs (up to 32 MB) run in a thread: while one is
+    held, other coroutines run; the id comes back only once the job is on disk."""
+    entered, release = threading.Event(), threading.Event()
+    jobs = jobs_in(tmp_path)
+    write_new = jobs.store.write_new
+
+    def held(record: Record, data: bytes, state: bytes) -> None:
+        entered.set()
+        assert release.wait(30), "never released"  # a hang guard only
+        write_new(record, data, state)
+
+    monkeypatch.setattr(jobs.store, "write_new", held)
+
+    async def main() -> None:
+        submit = asyncio.ensure_future(jobs.submit(ORDER, b"one\n"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        other = asyncio.ensure_future(asyncio.sleep(0, result="answered"))
+        assert await other == "answered"  # the loop runs while the write is held
+        assert not submit.done()  # not durable yet: no id handed out
+        release.set()
+        record = await submit
+        assert state_of(tmp_path, record.id)["state"] == "queued"
+        assert (tmp_path / record.id / "input").read_bytes() == b"one\n"
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        jobs.close()
+
+
+def test_the_workers_state_writes_leave_the_event_loop_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running job's state writes (translating, done) are in a thread too."""
+
+    entered, release = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        record = await jobs.submit(ORDER, b"one\n")
+        write_state = jobs.store.write_state
+
+        def held(job_id: str, state: bytes) -> None:
+            entered.set()
+            assert release.wait(30), "never released"  # a hang guard only
+            write_state(job_id, state)
+
+        monkeypatch.setattr(jobs.store, "write_state", held)
+        await jobs.start()
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.ensure_future(asyncio.sleep(0, result="answered")) == "answered"
+        assert state_of(tmp_path, record.id)["state"] == "queued"  # the write is held
+        release.set()
+        assert (await jobs.wait(record.id, "v1")).state is JobState.DONE
+        assert state_of(tmp_path, record.id)["state"] == "done"
+        await jobs.stop(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["state-write", "and-its-failure-write"])
+def test_a_failed_state_write_fails_that_job_and_the_worker_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    """Disk full at a job's state write: that job is failed with the reason (on disk
+    too where the failure itself can be written); the one worker runs the next job."""
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path)
+        first = await jobs.submit(ORDER, b"one\n")
+        second = await jobs.submit(ORDER, b"two\n")
+        write_state, left = jobs.store.write_state, [failures]
+
+        def full(job_id: str, state: bytes) -> None:
+            if job_id == first.id and left[0]:
+                left[0] -= 1
+                raise OSError(28, "No space left on device")
+            write_state(job_id, state)
+
+        monkeypatch.setattr(jobs.store, "write_state", full)
+        await jobs.start()
+        # A hang guard only: before the fix the worker was gone and this never ended.
+        view = await asyncio.wait_for(jobs.wait(second.id, "v1"), 30)
+        assert view.state is JobState.DONE
+        failed = jobs.view(first.id, "v1")
+        assert failed.state is JobState.ERROR and failed.error_kind == "INTERNAL"
+        assert "in its jobs folder (No space left on device)" in failed.error_message
+        on_disk = state_of(tmp_path, first.id)
+        assert on_disk["state"] == ("error" if failures == 1 else "queued")
+        await jobs.stop(0)
+
+    asyncio.run(main())

@@ -108,6 +108,14 @@ class DeepLAccess:
         """Give back what a request that failed had reserved."""
         self.ledger.refund(reservation)
 
+    def charge(self, account_id: str, characters: int) -> None:
+        """Count work already done on `account_id` (`account`'s): all of it, up to the
+        limit its key has now (the key file may have changed since the work began)."""
+        limit = next((limit for key, limit in self.access.char_limits.items()
+                      if key_account(key) == account_id), UNLIMITED)
+        left = max(0, limit - self.ledger.used(account_id))
+        self.ledger.reserve(account_id, min(characters, left), limit)
+
     def _limit(self, caller: Caller) -> int:
         return self.access.char_limits.get(caller.key, UNLIMITED) if caller.key else UNLIMITED
 

@@ -25,9 +25,13 @@ from pathlib import PurePath
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from seq2serve.server.api.http.access import Caller
 from seq2serve.server.api.http.body import Fields, read_fields
-from seq2serve.server.api.http.deepl_auth import DeepLAccess, QuotaExceeded, error_response
+from seq2serve.server.api.http.deepl_auth import (
+    DeepLAccess,
+    QuotaExceeded,
+    account,
+    error_response,
+)
 from seq2serve.server.api.http.libretranslate import content_disposition
 from seq2serve.server.api.http.model_headers import served_by
 from seq2serve.server.core.documents import SUFFIXES, media_type
@@ -50,7 +54,6 @@ def _digest(key: str) -> str:
 class DeepLDocuments:
     def __init__(self, jobs: DocumentJobs, access: DeepLAccess, translator: Translator) -> None:
         self.jobs, self.access, self.translator = jobs, access, translator
-        self._callers: dict[str, Caller] = {}  # whose key each document's characters count on
 
     def register(self, route: Route) -> None:
         route("/v2/document", self.upload, ["POST"], name="deepl_document_upload",
@@ -102,18 +105,17 @@ class DeepLDocuments:
         if not data:
             raise InvalidArgument("Invalid file data: the file is empty")
         key = secrets.token_hex(32).upper()
-        record = self.jobs.submit(Order(name=name, target_language=target,
-                                        source_language=source, glossary=glossary, door=DOOR,
-                                        key_digest=_digest(key)), data)
-        for gone in [i for i in self._callers if i not in self.jobs.store.records]:
-            del self._callers[gone]  # expired before anyone asked for them
-        self._callers[record.id] = caller
+        # Whose key its characters count on is kept in the job (a restart keeps it).
+        record = await self.jobs.submit(
+            Order(name=name, target_language=target, source_language=source,
+                  glossary=glossary, door=DOOR, key_digest=_digest(key),
+                  account=account(caller)), data)
         return JSONResponse({"document_id": record.id, "document_key": key})
 
     async def status(self, request: Request) -> Response:
         record, fields = await self._document(request)
         view = self.jobs.view(record.id, DOOR)
-        self._bill(record)
+        await self._bill(record)
         body: dict[str, object] = {"document_id": record.id, "status": view.state.value}
         if view.state is JobState.TRANSLATING and view.seconds_remaining is not None:
             body["seconds_remaining"] = view.seconds_remaining
@@ -133,8 +135,8 @@ class DeepLDocuments:
         if record.downloaded:
             raise NotFound("Document already downloaded: a translated document is "
                            "downloadable once")
-        self._bill(record)
-        data, name = self.jobs.take(record.id, DOOR)
+        await self._bill(record)
+        data, name = await self.jobs.take(record.id, DOOR)
         served_by(record.model)
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
@@ -152,14 +154,16 @@ class DeepLDocuments:
                            "document's)")
         return record, fields
 
-    def _bill(self, record: Record) -> None:
-        """Count a done document's characters on its caller's key, once: all of them,
-        up to the key's limit (the work is done; the key's next upload gets 456)."""
-        caller = self._callers.pop(record.id, None) if record.state.finished else None
-        if caller is not None and record.state is JobState.DONE:
-            usage = self.access.usage(caller)
-            left = max(0, usage.character_limit - usage.character_count)
-            self.access.reserve(caller, min(record.billed_characters, left))
+    async def _bill(self, record: Record) -> None:
+        """Count a done document's characters on its uploader's account, once: all of
+        them, up to the key's limit as it is now (the work is done; the key's next upload
+        gets 456). Kept in the job's state, so a restart neither forgets nor repeats it."""
+        if not record.state.finished or record.billed:
+            return
+        record.billed = True  # before any wait: one count however many ask at once
+        if record.state is JobState.DONE and record.order.account:
+            self.access.charge(record.order.account, record.billed_characters)
+        await self.jobs.save(record)
 
     def _check_pair(self, source: str, target: str) -> None:
         """400 now for a language no model serves (DeepL's words), not a failed job."""

@@ -33,7 +33,7 @@ class JobsApi:
     async def submit(self, request: Request) -> Response:
         """Queue a file for translation: the /translate_file form; 202 with the job."""
         order, data = await self.libre.file_order(request)
-        record = self.jobs.submit(order, data)
+        record = await self.jobs.submit(order, data)
         return JSONResponse(self._body(request, self.jobs.view(record.id, JOBS_DOOR)),
                             status_code=202)
 

@@ -240,7 +240,7 @@ class LibreTranslateApi:
         the server's --http-timeout-s) ends the job."""
         jobs = self._jobs()
         order, data = await self.file_order(request)
-        record = jobs.submit(order, data)
+        record = await jobs.submit(order, data)
         try:
             view = await jobs.wait(record.id, JOBS_DOOR)
         except asyncio.CancelledError:

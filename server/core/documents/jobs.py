@@ -31,6 +31,7 @@ from pathlib import Path
 from seq2serve.server.core.documents.jobstore import JobState, JobStore, Order, Record
 from seq2serve.server.core.documents.queueing import Progress
 from seq2serve.server.core.errors import ErrorKind, NotFound, ServiceError
+from seq2serve.server.core.translator import off_loop
 
 log = logging.getLogger("seq2serve.server.jobs")
 
@@ -106,6 +107,9 @@ class DocumentJobs:
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._stopping = False
+        # One state.json write at a time, each taken when its turn comes: a later
+        # save never lands under an earlier one's older state.
+        self._saving = asyncio.Lock()
         self._recover()
 
     @property
@@ -169,12 +173,31 @@ class DocumentJobs:
 
     # -- what a door calls ---------------------------------------------------------
 
-    def submit(self, order: Order, data: bytes) -> Record:
-        """A new queued job; ResourceExhausted past the folder's byte budget."""
+    async def submit(self, order: Order, data: bytes) -> Record:
+        """A new queued job, on disk before this returns (the disk work off the event
+        loop); ResourceExhausted past the folder's byte budget."""
         self.sweep()
-        record = self.store.create(order, data, self.clock())
+        record = self.store.admit(order, len(data), self.clock())
+        state = self.store.encode(record)
+        write = asyncio.ensure_future(off_loop(lambda: self.store.write_new(record, data,
+                                                                            state)))
+        try:
+            await asyncio.shield(write)  # a write is never left half-way by a cancel
+        except asyncio.CancelledError:
+            # Nobody learns its id: it goes once the write has ended.
+            write.add_done_callback(lambda _: self.store.remove(record))
+            raise
+        except BaseException:
+            self.store.remove(record)
+            raise
         self._queue.put_nowait(record.id)
         return record
+
+    async def save(self, record: Record) -> None:
+        """The job's state as it stands now, on disk (off the event loop)."""
+        async with self._saving:
+            state = self.store.encode(record)
+            await off_loop(lambda: self.store.write_state(record.id, state))
 
     def record(self, job_id: str, door: str) -> Record:
         """The job `job_id` of `door`; NotFound for any other id (expired, another
@@ -216,11 +239,16 @@ class DocumentJobs:
             raise NotFound("the document job has no translated file to download")
         return self.store.output(record), record.output_name
 
-    def take(self, job_id: str, door: str) -> tuple[bytes, str]:
+    async def take(self, job_id: str, door: str) -> tuple[bytes, str]:
         """The translated file, downloadable once: the output is dropped after."""
-        data, name = self.output(job_id, door)
-        self.store.drop_output(self.store.records[job_id])
-        return data, name
+        record = self.record(job_id, door)
+        if record.state is not JobState.DONE or record.downloaded:
+            raise NotFound("the document job has no translated file to download")
+        record.downloaded = True  # before any wait: a second download finds it taken
+        data = await off_loop(lambda: self.store.output(record))
+        await self.save(record)
+        await off_loop(lambda: self.store.drop_output(record.id))
+        return data, record.output_name
 
     def cancel(self, job_id: str) -> None:
         """The job ends and leaves the folder (its submitter no longer wants it)."""
@@ -256,17 +284,37 @@ class DocumentJobs:
             await self._run(record)
 
     async def _run(self, record: Record) -> None:
+        try:
+            await self._attempt(record)
+        except OSError as e:  # the jobs folder's (disk full, EIO): the job fails, not the worker
+            if record.id not in self.store.records:
+                return  # cancelled by its submitter while it was written: already removed
+            log.error("document job %s: cannot write to the jobs folder %s", record.id,
+                      self.folder, exc_info=e)
+            self._failed(record, INTERNAL, "the server could not read or write this job "
+                         f"in its jobs folder ({e.strerror or type(e).__name__})")
+            try:
+                await self._finish(record)
+            except OSError as again:
+                log.error("document job %s: cannot write its failure either; it stays "
+                          "failed until a restart runs it again", record.id, exc_info=again)
+        finally:
+            self._running.pop(record.id, None)
+            self._live.pop(record.id, None)
+        self._wake(record.id)
+
+    async def _attempt(self, record: Record) -> None:
         assert self.runner is not None
         record.state, record.started = JobState.TRANSLATING, self.clock()
         record.attempts += 1
-        self.store.save(record)
+        await self.save(record)
         live = self._live[record.id] = _Live(started=record.started)
 
         def progress(done: int, total: int) -> None:
             live.done, live.total = done, total
 
+        data = await off_loop(lambda: self.store.input(record))  # OSError: _run fails it
         try:
-            data = self.store.input(record)
             run = self._running[record.id] = asyncio.ensure_future(
                 self.runner(record.order, data, progress))
             outcome = await run
@@ -278,24 +326,33 @@ class DocumentJobs:
             if self._stopping:  # the models stopping under it: run again at the next start
                 return
             if isinstance(e, ServiceError):
-                self._fail(record, e.kind.value, e.message)
+                self._failed(record, e.kind.value, e.message)
             else:
                 log.error("document job %s failed", record.id, exc_info=e)
-                self._fail(record, INTERNAL, "internal error (logged on the server)")
+                self._failed(record, INTERNAL, "internal error (logged on the server)")
+            await self._finish(record)
         else:
+            # The output on disk before the state says done, so a download finds it.
+            await off_loop(lambda: self.store.write_output(record.id, outcome.data))
             record.state, record.finished = JobState.DONE, self.clock()
             record.output_name, record.report = outcome.name, outcome.report
             record.billed_characters = outcome.billed_characters
-            record.model = outcome.model
-            self.store.finish(record, outcome.data)
-        finally:
-            self._running.pop(record.id, None)
-            self._live.pop(record.id, None)
-        self._wake(record.id)
+            record.model, record.output_bytes = outcome.model, len(outcome.data)
+            await self._finish(record)
 
-    def _fail(self, record: Record, kind: str, message: str) -> None:
+    async def _finish(self, record: Record) -> None:
+        """The ended job's state saved, then its upload dropped (a stop between them
+        runs it again)."""
+        await self.save(record)
+        await off_loop(lambda: self.store.drop_input(record.id))
+
+    def _failed(self, record: Record, kind: str, message: str) -> None:
         record.state, record.finished = JobState.ERROR, self.clock()
         record.error_kind, record.error_message = kind, message
+
+    def _fail(self, record: Record, kind: str, message: str) -> None:
+        """Failed at recovery (before the loop runs): written here and now."""
+        self._failed(record, kind, message)
         self.store.finish(record, None)
 
     def _wake(self, job_id: str) -> None:

@@ -66,6 +66,9 @@ class Order:
     do_not_translate: tuple[str, ...] = ()
     door: str = "v1"  # whose endpoints see the job: "v1" (LibreTranslate's, /v1/jobs), "deepl"
     key_digest: str = ""  # sha256 of the DeepL document_key ("" for the other door)
+    # Whose characters it is (DeepL's door: deepl_auth.account, a key kept as its SHA-256
+    # only), kept with the job so that a document finished across a restart is billed.
+    account: str = ""
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Record:
     error_kind: str = ""  # an ErrorKind name, or "INTERNAL"
     error_message: str = ""
     downloaded: bool = False  # DeepL's door: its one download is done
+    billed: bool = False  # DeepL's door: its characters are counted on `order.account`
     # The model that served it (a chain's joined by "+"; "" where none did), named on
     # the answers that carry its file (X-Seq2serve-Model), as every answer names its own.
     model: str = ""
@@ -161,25 +165,46 @@ class JobStore:
 
     def create(self, order: Order, data: bytes, now: float) -> Record:
         """A new queued job holding `data`; ResourceExhausted past the byte budget."""
+        record = self.admit(order, len(data), now)
+        try:
+            self.write_new(record, data, self.encode(record))
+        except BaseException:
+            self.remove(record)
+            raise
+        return record
+
+    def admit(self, order: Order, input_bytes: int, now: float) -> Record:
+        """A new queued job, counted in the budget (ResourceExhausted past it) and not
+        yet on disk: `write_new` puts it there (the event loop admits, a thread writes)."""
         record = Record(id=new_id(), order=order, state=JobState.QUEUED, created=now,
-                        input_bytes=len(data))
+                        input_bytes=input_bytes)
         held, need = self.held_bytes(), record.held_bytes()
         if held + need > self.max_bytes:
             raise ResourceExhausted(
                 f"the jobs folder holds {held} bytes of its {self.max_bytes} and this file "
                 f"needs {need} (its upload and room for its output); try again when jobs "
                 "finish or expire (the server's --jobs-max-bytes, --job-ttl-s)")
+        self.records[record.id] = record
+        return record
+
+    def write_new(self, record: Record, data: bytes, state: bytes) -> None:
+        """An admitted job's folder, upload and state (`encode`'s) on disk, durably."""
         folder = self.folder / record.id
         folder.mkdir()
         _sync_folder(self.folder)  # the job's folder itself survives a power loss
         _write(folder / "input", data)
-        self.records[record.id] = record
-        self.save(record)
-        return record
+        self.write_state(record.id, state)
+
+    @staticmethod
+    def encode(record: Record) -> bytes:
+        """The job's state.json, taken now (where it stands when it is asked)."""
+        return json.dumps(record.to_json(), ensure_ascii=False).encode("utf-8")
+
+    def write_state(self, job_id: str, state: bytes) -> None:
+        _write(self.folder / job_id / "state.json", state)
 
     def save(self, record: Record) -> None:
-        _write(self.folder / record.id / "state.json",
-               json.dumps(record.to_json(), ensure_ascii=False).encode("utf-8"))
+        self.write_state(record.id, self.encode(record))
 
     def input(self, record: Record) -> bytes:
         return (self.folder / record.id / "input").read_bytes()
@@ -188,20 +213,25 @@ class JobStore:
         """The job ended (its state set by the caller): the output written, the upload
         dropped, the state saved, in that order, so a stop between them re-runs it."""
         if output is not None:
-            _write(self.folder / record.id / "output", output)
+            self.write_output(record.id, output)
             record.output_bytes = len(output)
         self.save(record)
+        self.drop_input(record.id)
+
+    def write_output(self, job_id: str, output: bytes) -> None:
+        _write(self.folder / job_id / "output", output)
+
+    def drop_input(self, job_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self.folder / record.id / "input").unlink()
+            (self.folder / job_id / "input").unlink()
 
     def output(self, record: Record) -> bytes:
         return (self.folder / record.id / "output").read_bytes()
 
-    def drop_output(self, record: Record) -> None:
-        record.downloaded = True
-        self.save(record)
+    def drop_output(self, job_id: str) -> None:
+        """The output's file gone (the record says `downloaded`, saved first)."""
         with contextlib.suppress(FileNotFoundError):
-            (self.folder / record.id / "output").unlink()
+            (self.folder / job_id / "output").unlink()
 
     def remove(self, record: Record) -> None:
         self.records.pop(record.id, None)
