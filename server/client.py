@@ -37,6 +37,7 @@ _OPTION_FIELDS = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
 _LIMIT_FIELDS = ("max_length", "max_positions", "max_beam_size", "max_texts_per_request",
                  "max_text_chars", "min_length_penalty", "max_length_penalty")
 _FINISH_PREFIX = "FINISH_REASON_"
+_SPLITTING_PREFIX = "SENTENCE_SPLITTING_"
 
 # A replica that is draining (SIGTERM) or restarting answers UNAVAILABLE before it
 # runs anything, and every Translator method is a pure function of its request, so
@@ -131,6 +132,14 @@ class ModelInfo:
     # generation_config keys exported without being applied (outputs may differ
     # from generate()'s)
     ignored_generation_keys: tuple[str, ...] = ()
+    # Its state on the server ("available", "loading", "ready", "unloading", "failed":
+    # `error` says why), the bytes of host and device memory it holds once loaded, and
+    # whether an operator unloaded it (UnloadModel; loaded again only by LoadModel).
+    state: str = ""
+    error: str = ""
+    memory_bytes: int = 0
+    device_memory_bytes: int = 0
+    held_out: bool = False
 
 
 class Seq2ServeClient:
@@ -147,20 +156,23 @@ class Seq2ServeClient:
 
     def translate(self, texts: str | Sequence[str], model: str | None = None,
                   source_language: str | None = None, target_language: str | None = None,
-                  software: SoftwareText | None = None, **options: Any) -> list[list[Hyp]]:
+                  software: SoftwareText | None = None, sentence_splitting: str = "on",
+                  **options: Any) -> list[list[Hyp]]:
         """One n-best list (best first) per text, in input order; `software`: the
-        placeholder protection, glossary and terms (the server's defaults: None)."""
+        placeholder protection, glossary and terms (the server's defaults: None);
+        `sentence_splitting`: "on", "no_newlines" or "off" (each text one piece)."""
         request = _translate_request(texts, model, source_language, target_language, options,
-                                     software)
+                                     software, sentence_splitting)
         response = self._stub.Translate(request, timeout=self.timeout)
         return [_hyps(t.hypotheses, request.options) for t in response.translations]
 
     def translate_stream(self, text: str, model: str | None = None,
                          source_language: str | None = None,
-                         target_language: str | None = None,
+                         target_language: str | None = None, sentence_splitting: str = "on",
                          **options: Any) -> Iterator[StreamChunk]:
         """Text deltas as the translation grows, then a final chunk with the result."""
-        request = _translate_request([text], model, source_language, target_language, options)
+        request = _translate_request([text], model, source_language, target_language, options,
+                                     sentence_splitting=sentence_splitting)
         for chunk in self._stub.TranslateStream(request, timeout=self.timeout):
             hyps = _hyps(chunk.translation.hypotheses, request.options) if chunk.final else None
             yield StreamChunk(chunk.text_delta, hyps)
@@ -180,7 +192,9 @@ class Seq2ServeClient:
         return [ModelInfo(m.name, m.task, m.source_language, m.target_language, m.precision,
                           m.provider, m.max_source_length, _options_dict(m.defaults),
                           {name: getattr(m, name) for name in _LIMIT_FIELDS},
-                          tuple(m.languages), tuple(m.ignored_generation_keys))
+                          tuple(m.languages), tuple(m.ignored_generation_keys),
+                          state=m.state, error=m.error, memory_bytes=m.memory_bytes,
+                          device_memory_bytes=m.device_memory_bytes, held_out=m.held_out)
                 for m in response.models]
 
     def list_routes(self) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -231,11 +245,19 @@ def _texts(texts: str | Sequence[str]) -> list[str]:
 def _translate_request(texts: str | Sequence[str], model: str | None,
                        source_language: str | None, target_language: str | None,
                        options: dict[str, Any],
-                       software: SoftwareText | None = None) -> pb.TranslateRequest:
+                       software: SoftwareText | None = None,
+                       sentence_splitting: str = "on") -> pb.TranslateRequest:
+    names = [v.name.removeprefix(_SPLITTING_PREFIX).lower()
+             for v in pb.SentenceSplitting.DESCRIPTOR.values if v.number]
+    if sentence_splitting not in names:
+        raise ValueError(f"sentence_splitting must be one of {', '.join(names)}, "
+                         f"got {sentence_splitting!r}")
     request = pb.TranslateRequest(model=model or "", texts=_texts(texts),
                                   options=_options_pb(options),
                                   source_language=source_language or "",
-                                  target_language=target_language or "")
+                                  target_language=target_language or "",
+                                  sentence_splitting=pb.SentenceSplitting.Value(
+                                      _SPLITTING_PREFIX + sentence_splitting.upper()))
     if software is not None:
         if software.protect_placeholders is not None:
             request.protect_placeholders = software.protect_placeholders

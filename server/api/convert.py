@@ -17,7 +17,7 @@ from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.core.errors import InvalidArgument
 from seq2serve.server.core.markup import HTML_RULES, xml_rules
 from seq2serve.server.core.options import LENGTH_PENALTY_RANGE, DecodingOptions
-from seq2serve.server.core.pieces import Joined
+from seq2serve.server.core.pieces import Joined, TooLongForOnePiece
 from seq2serve.server.core.requests import (
     ModelInfo,
     RouteInfo,
@@ -27,6 +27,7 @@ from seq2serve.server.core.requests import (
     TranslateRequest,
     TranslateResult,
 )
+from seq2serve.server.core.segment import Splitting
 from seq2serve.server.core.texts import AUTO, TextAnswer, TextFormat, TextsRequest
 
 # The proto3 `optional` fields: set or not is part of the request (0 beam
@@ -61,6 +62,32 @@ def options_from_pb(options: pb.DecodingOptions) -> DecodingOptions:
     return DecodingOptions(**fields)
 
 
+_SPLITTINGS = {pb.SENTENCE_SPLITTING_UNSPECIFIED: Splitting.ON,
+               pb.SENTENCE_SPLITTING_ON: Splitting.ON,
+               pb.SENTENCE_SPLITTING_NO_NEWLINES: Splitting.NO_NEWLINES,
+               pb.SENTENCE_SPLITTING_OFF: Splitting.OFF}
+
+
+def splitting_from_pb(value: pb.SentenceSplitting) -> Splitting:
+    splitting = _SPLITTINGS.get(value)
+    if splitting is None:
+        raise InvalidArgument("sentence_splitting must be one of SENTENCE_SPLITTING_ON, "
+                              "SENTENCE_SPLITTING_NO_NEWLINES, SENTENCE_SPLITTING_OFF, "
+                              f"got {value}")
+    return splitting
+
+
+def too_long_error(error: TooLongForOnePiece) -> InvalidArgument:
+    """The core's refusal of an unsplit text, worded with the .proto's field."""
+    what = (f"its intermediate translation into {error.pivot} (the second leg's input) is"
+            if error.pivot else "it is")
+    return InvalidArgument(
+        f"sentence_splitting SENTENCE_SPLITTING_OFF cannot be kept for texts[{error.index}]: "
+        f"{what} {error.tokens} tokens and one piece may have at most {error.limit} (what "
+        "the model reads, within its output limit, so that the answer is whole); send "
+        "SENTENCE_SPLITTING_ON or SENTENCE_SPLITTING_NO_NEWLINES, or a shorter text")
+
+
 def translate_request_from_pb(request: pb.TranslateRequest) -> TranslateRequest:
     return TranslateRequest(texts=tuple(request.texts), model=request.model,
                             source_language=request.source_language,
@@ -72,7 +99,8 @@ def translate_request_from_pb(request: pb.TranslateRequest) -> TranslateRequest:
                                                   else True),
                             glossary=request.glossary,
                             terms=tuple((t.source, t.target) for t in request.terms),
-                            do_not_translate=tuple(request.do_not_translate))
+                            do_not_translate=tuple(request.do_not_translate),
+                            splitting=splitting_from_pb(request.sentence_splitting))
 
 
 _FORMATS = {pb.TEXT_FORMAT_UNSPECIFIED: TextFormat.TEXT, pb.TEXT_FORMAT_PLAIN: TextFormat.TEXT,
@@ -101,7 +129,7 @@ def texts_request_from_pb(request: pb.TranslateRequest) -> TextsRequest | None:
                         markup=markup, protect_placeholders=plain.protect_placeholders,
                         glossary=plain.glossary, terms=plain.terms,
                         do_not_translate=plain.do_not_translate, model=plain.model,
-                        options=plain.options)
+                        options=plain.options, splitting=plain.splitting)
 
 
 def texts_response_to_pb(answers: Sequence[TextAnswer], options: pb.DecodingOptions,

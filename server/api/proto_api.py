@@ -15,6 +15,7 @@ from seq2serve.server.api import convert, routing
 from seq2serve.server.api.admin import AdminKeys
 from seq2serve.server.api.routing import NOTHING, Named
 from seq2serve.server.core.errors import InvalidArgument, ResourceExhausted
+from seq2serve.server.core.pieces import TooLongForOnePiece
 from seq2serve.server.core.requests import Call
 from seq2serve.server.core.texts import AUTO, TextService
 from seq2serve.server.core.translator import Translator, off_loop
@@ -58,10 +59,16 @@ class ProtoApi:
             meaning = dataclasses.replace(meaning, model=core.model,
                                           source_language=core.source_language,
                                           target_language=core.target_language)
-            answers = await self.texts.translate(meaning, call)
+            try:
+                answers = await self.texts.translate(meaning, call)
+            except TooLongForOnePiece as e:
+                raise convert.too_long_error(e) from None
             return await off_loop(lambda: self.within_limit(convert.texts_response_to_pb(
                 answers, request.options, meaning.source_language == AUTO)))
-        result = await self.translator.translate(core, call)
+        try:
+            result = await self.translator.translate(core, call)
+        except TooLongForOnePiece as e:
+            raise convert.too_long_error(e) from None
         return await off_loop(lambda: self.within_limit(
             convert.translate_response_to_pb(result, request.options)))
 
@@ -83,8 +90,11 @@ class ProtoApi:
         # Closed as soon as the caller stops (a chunk too big, the client gone), so
         # that the request's pieces leave their batches at once.
         async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                yield self.within_limit(convert.chunk_to_pb(chunk, request.options))
+            try:
+                async for chunk in chunks:
+                    yield self.within_limit(convert.chunk_to_pb(chunk, request.options))
+            except TooLongForOnePiece as e:
+                raise convert.too_long_error(e) from None
 
     def list_models(self) -> pb.ListModelsResponse:
         return convert.list_models_to_pb(self.translator.list_models(),
