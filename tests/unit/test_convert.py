@@ -8,6 +8,7 @@ import pytest
 
 from seq2serve.protos import translator_pb2 as pb
 from seq2serve.server.api import convert
+from seq2serve.server.core.errors import InvalidArgument
 from seq2serve.server.core.options import DecodingOptions
 from seq2serve.server.core.pieces import Joined
 from seq2serve.server.core.requests import (
@@ -20,6 +21,7 @@ from seq2serve.server.core.requests import (
     TranslateResult,
     Translation,
 )
+from seq2serve.server.core.segment import Splitting
 
 
 @dataclass(frozen=True)
@@ -183,3 +185,22 @@ def test_model_info() -> None:
             message.max_texts_per_request, message.max_text_chars, message.min_length_penalty,
             message.max_length_penalty) == (200, 256, 8, 32, 5000, -1.0, 10.0)
     assert convert.list_models_to_pb([info]).models == [message]
+
+
+@pytest.mark.parametrize(("value", "splitting"), [
+    (pb.SENTENCE_SPLITTING_UNSPECIFIED, Splitting.ON), (pb.SENTENCE_SPLITTING_ON, Splitting.ON),
+    (pb.SENTENCE_SPLITTING_NO_NEWLINES, Splitting.NO_NEWLINES),
+    (pb.SENTENCE_SPLITTING_OFF, Splitting.OFF)])
+def test_sentence_splitting_reaches_both_core_requests(value: int, splitting: Splitting) -> None:
+    request = pb.TranslateRequest(texts=["a"], source_language="en", target_language="de",
+                                  sentence_splitting=value)  # type: ignore[arg-type]
+    assert convert.translate_request_from_pb(request).splitting is splitting
+    request.format = pb.TEXT_FORMAT_HTML
+    texts = convert.texts_request_from_pb(request)
+    assert texts is not None and texts.splitting is splitting
+
+
+def test_an_unknown_sentence_splitting_is_refused_naming_the_field() -> None:
+    request = pb.TranslateRequest(texts=["a"], sentence_splitting=9)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="sentence_splitting .*got 9"):
+        convert.translate_request_from_pb(request)
