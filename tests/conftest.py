@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,23 @@ def marian_package(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("packages") / "marian-fp32"
     export(marian_dir, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def hf_whole(marian_dir: Path) -> Callable[[str], str]:
+    """generate() on a text as one input, under the folder's own generation settings:
+    what the served model (marian_dir's package) gives a text it reads whole."""
+    import transformers
+
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
+
+    def translate(text: str) -> str:
+        with torch.no_grad():
+            out = model.generate(**tokenizer([text], return_tensors="pt"))
+        return str(tokenizer.decode(out[0], skip_special_tokens=True))
+
+    return translate
 
 
 @pytest.fixture(scope="module")

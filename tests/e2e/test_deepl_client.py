@@ -210,24 +210,6 @@ def test_too_many_requests(models_dir: Path) -> None:
         running.stop()
 
 
-@pytest.fixture(scope="module")
-def hf_whole(marian_dir: Path):  # noqa: ANN201
-    """generate() under the folder's own generation settings on each text as one input:
-    what the served model gives a text it reads whole (the package is this folder's)."""
-    import torch
-    import transformers
-
-    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
-    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
-
-    def translate(text: str) -> str:
-        with torch.no_grad():
-            out = model.generate(**tokenizer([text], return_tensors="pt"))
-        return str(tokenizer.decode(out[0], skip_special_tokens=True))
-
-    return translate
-
-
 def test_split_sentences_cuts_where_deepl_s_values_say(translator: deepl.DeepLClient,
                                                        grpc_client: Seq2ServeClient,
                                                        hf_whole) -> None:  # noqa: ANN001

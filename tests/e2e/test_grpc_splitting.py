@@ -35,24 +35,6 @@ def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
         yield pb_grpc.TranslatorStub(channel)
 
 
-@pytest.fixture(scope="module")
-def hf_whole(marian_dir: Path) -> Callable[[str], str]:
-    """generate() on the text as one input: what the served model gives a text it
-    reads whole (the package is this folder's)."""
-    import torch
-    import transformers
-
-    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
-    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
-
-    def translate(text: str) -> str:
-        with torch.no_grad():
-            out = model.generate(**tokenizer([text], return_tensors="pt"))
-        return str(tokenizer.decode(out[0], skip_special_tokens=True))
-
-    return translate
-
-
 def best(stub: pb_grpc.TranslatorStub, texts: list[str],
          splitting: int = pb.SENTENCE_SPLITTING_UNSPECIFIED) -> list[str]:
     answer = stub.Translate(pb.TranslateRequest(texts=texts, source_language="en",
