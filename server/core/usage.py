@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import json
 import logging
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import IO
 
 from seq2serve.server.config import USAGE_FLUSH_INTERVAL_S, USAGE_PERIODS
-from seq2serve.server.core.durable import write_atomically
+from seq2serve.server.core.durable import lock_exclusively, write_atomically
 
 log = logging.getLogger("seq2serve.server.usage")
 
@@ -164,17 +163,13 @@ class UsageLedger:
     def _take_file_lock(self, path: Path) -> None:
         lock_path = path.with_name(f".{path.name}.lock")
         try:
-            self._file_lock = lock_path.open("ab")
+            self._file_lock = lock_exclusively(lock_path)
         except OSError as e:
             raise UsageFileError(f"{path}: cannot open its lock file {lock_path}: "
                                  f"{e.strerror}") from None
-        try:
-            fcntl.flock(self._file_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file_lock.close()
-            self._file_lock = None
+        if self._file_lock is None:
             raise UsageFileError(f"{path}: another server uses this file (each server "
-                                 "needs its own usage file)") from None
+                                 "needs its own usage file)")
 
     def _load(self, path: Path) -> None:
         try:

@@ -29,12 +29,6 @@ def server(models_dir: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def stub(server: RunningServer) -> Iterator[pb_grpc.TranslatorStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.TranslatorStub(channel)
-
-
 def best(stub: pb_grpc.TranslatorStub, texts: list[str],
          splitting: int = pb.SENTENCE_SPLITTING_UNSPECIFIED) -> list[str]:
     answer = stub.Translate(pb.TranslateRequest(texts=texts, source_language="en",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import re
@@ -29,6 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from seq2serve.server.core.durable import lock_exclusively
 from seq2serve.server.core.durable import sync_folder as _sync_folder
 from seq2serve.server.core.durable import write_atomically as _write
 from seq2serve.server.core.errors import ResourceExhausted
@@ -133,14 +133,10 @@ class JobStore:
         self.folder = folder
         self.max_bytes = max_bytes
         folder.mkdir(parents=True, exist_ok=True)
-        self._lock: IO[bytes] | None = (folder / ".lock").open("ab")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            self._lock = None
+        self._lock: IO[bytes] | None = lock_exclusively(folder / ".lock")
+        if self._lock is None:
             raise OSError(f"the jobs folder {folder} is in use by another server "
-                          "(--jobs-dir: one folder per server)") from None
+                          "(--jobs-dir: one folder per server)")
         self.records: dict[str, Record] = {}
         for path in sorted(folder.iterdir()):
             if path.is_dir() and _ID.fullmatch(path.name):
