@@ -92,7 +92,7 @@ def test_a_job_runs_and_its_file_and_state_are_on_disk(tmp_path: Path) -> None:
         view = await jobs.wait(record.id, "v1")
         assert (view.state, view.done, view.total) == (JobState.DONE, 0, 0)  # live: gone
         assert view.billed_characters == 8 and view.report == "2 lines"
-        assert jobs.output(record.id, "v1") == (b"ONE\nTWO\n", "a.txt")
+        assert await jobs.output(record.id, "v1") == (b"ONE\nTWO\n", "a.txt")
         assert state_of(tmp_path, record.id)["state"] == "done"
         assert not (tmp_path / record.id / "input").exists()  # only the output is kept
         with pytest.raises(NotFound):
@@ -134,7 +134,7 @@ def test_a_failed_run_is_an_error_with_its_reason(tmp_path: Path) -> None:
         assert error.kind is ErrorKind.INVALID_ARGUMENT
         assert error.message == "a.txt is not UTF-8 text (byte 0)"
         with pytest.raises(NotFound):
-            jobs.output(record.id, "v1")
+            await jobs.output(record.id, "v1")
         await jobs.stop(0)
 
     asyncio.run(main())
@@ -159,7 +159,7 @@ def test_a_job_in_progress_at_a_stop_runs_again_at_the_next_start(tmp_path: Path
         for job_id, out in zip(ids.split(), (b"ONE\nTWO\n", b"THREE\n"), strict=True):
             view = await jobs.wait(job_id, "v1")
             assert view.state is JobState.DONE
-            assert jobs.output(job_id, "v1")[0] == out
+            assert (await jobs.output(job_id, "v1"))[0] == out
         assert any("stopped while translating" in n for n in jobs.view(ids.split()[0],
                                                                           "v1").notes)
         await jobs.stop(0)
@@ -212,10 +212,10 @@ def test_finished_jobs_expire_after_their_time_to_live(tmp_path: Path) -> None:
         record = await jobs.submit(ORDER, b"one\n")
         await jobs.wait(record.id, "v1")
         clock.now += 59.0
-        jobs.sweep()
+        await jobs.sweep()
         assert jobs.view(record.id, "v1").state is JobState.DONE
         clock.now += 1.0
-        jobs.sweep()
+        await jobs.sweep()
         with pytest.raises(NotFound):
             jobs.view(record.id, "v1")
         assert not (tmp_path / record.id).exists()
@@ -256,8 +256,11 @@ def test_a_cancelled_job_leaves_the_folder(tmp_path: Path) -> None:
         record = await jobs.submit(ORDER, b"one\ntwo\n")
         await first_line_done(jobs, record.id)
         jobs.cancel(record.id)
-        await asyncio.sleep(0)
+        with pytest.raises(NotFound):
+            jobs.view(record.id, "v1")  # at once; its folder goes off the event loop
+        await asyncio.gather(*jobs._deleting)
         assert not (tmp_path / record.id).exists()
+        assert jobs.store.held_bytes() == 0
         later = await jobs.submit(ORDER, b"x\n")  # the worker is free again
         jobs.attach(upper())
         assert (await jobs.wait(later.id, "v1")).state is JobState.DONE
@@ -440,3 +443,90 @@ def test_a_failed_state_write_fails_that_job_and_the_worker_goes_on(
         await jobs.stop(0)
 
     asyncio.run(main())
+
+
+def test_a_sweep_deletes_off_the_event_loop_and_serves_the_job_no_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expired job's folder (its output: up to the byte budget) is deleted in a
+    thread: while that is held, other coroutines run, the job is no longer served, and
+    its bytes stay counted in the budget until the folder is gone."""
+    entered, release = threading.Event(), threading.Event()
+    clock = Clock()
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path, clock)
+        await jobs.start()
+        record = await jobs.submit(ORDER, b"one\n")
+        await jobs.wait(record.id, "v1")
+        held_before = jobs.store.held_bytes()
+        delete = jobs.store.delete
+
+        def held(job_id: str) -> None:
+            entered.set()
+            assert release.wait(30), "never released"  # a hang guard only
+            delete(job_id)
+
+        monkeypatch.setattr(jobs.store, "delete", held)
+        clock.now += 60.0
+        sweep = asyncio.ensure_future(jobs.sweep())
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.ensure_future(asyncio.sleep(0, result="answered")) == "answered"
+        assert not sweep.done()
+        with pytest.raises(NotFound):
+            jobs.view(record.id, "v1")  # expired: not served while its folder goes
+        with pytest.raises(NotFound):
+            await jobs.output(record.id, "v1")
+        assert (tmp_path / record.id / "output").exists()  # the deletion is held
+        assert jobs.store.held_bytes() == held_before  # still on disk, still counted
+        release.set()
+        await sweep
+        assert not (tmp_path / record.id).exists()
+        assert jobs.store.held_bytes() == 0
+        await jobs.stop(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["whole", "swept-meanwhile"])
+def test_a_download_reads_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swept: bool) -> None:
+    """The output is read in a thread: while that is held, other coroutines run; the
+    download answers the whole file, or NotFound where the job expired meanwhile."""
+    entered, release = threading.Event(), threading.Event()
+    clock = Clock()
+
+    async def main() -> None:
+        jobs = jobs_in(tmp_path, clock)
+        await jobs.start()
+        record = await jobs.submit(ORDER, b"one\ntwo\n")
+        await jobs.wait(record.id, "v1")
+        output = jobs.store.output
+
+        def held(held_record: Record) -> bytes:
+            entered.set()
+            assert release.wait(30), "never released"  # a hang guard only
+            return output(held_record)
+
+        monkeypatch.setattr(jobs.store, "output", held)
+        download = asyncio.ensure_future(jobs.output(record.id, "v1"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.ensure_future(asyncio.sleep(0, result="answered")) == "answered"
+        assert not download.done()
+        if swept:
+            clock.now += 60.0
+            await jobs.sweep()  # its deletion runs in another thread of the executor
+            release.set()
+            with pytest.raises(NotFound):
+                await download
+        else:
+            release.set()
+            assert await download == (b"ONE\nTWO\n", "a.txt")
+        await jobs.stop(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()

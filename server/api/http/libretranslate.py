@@ -298,13 +298,15 @@ class LibreTranslateApi:
     async def download_file(self, request: Request) -> Response:
         """A finished job's file, until the job expires (--job-ttl-s)."""
         job_id, _, name = request.path_params["filename"].partition(".")
+        jobs = self._jobs()
         try:
-            data, stored = self._jobs().output(job_id, JOBS_DOOR)
+            model = jobs.record(job_id, JOBS_DOOR).model
+            data, stored = await jobs.output(job_id, JOBS_DOOR)  # read off the event loop
         except NotFound:
             raise invalid("Invalid filename") from None
         if stored != name:
             raise invalid("Invalid filename")
-        served_by(self._jobs().record(job_id, JOBS_DOOR).model)
+        served_by(model)
         return Response(data, media_type=media_type(name),
                         headers={"Content-Disposition": content_disposition(name)})
 

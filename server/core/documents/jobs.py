@@ -37,6 +37,7 @@ log = logging.getLogger("seq2serve.server.jobs")
 
 MAX_ATTEMPTS = 3  # runs a job may start (restarts included) before it is failed
 INTERNAL = "INTERNAL"  # error_kind of a failure that is the server's, not the file's
+_NO_OUTPUT = "the document job has no translated file to download"
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class DocumentJobs:
         self._ended: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[Outcome]] = {}
+        self._deleting: set[asyncio.Future[None]] = set()  # folders being deleted
         self._stopping = False
         # One state.json write at a time, each taken when its turn comes: a later
         # save never lands under an earlier one's older state.
@@ -163,6 +165,7 @@ class DocumentJobs:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await asyncio.gather(*self._deleting)  # before a temporary folder goes
         self.close()
 
     def close(self) -> None:
@@ -176,7 +179,7 @@ class DocumentJobs:
     async def submit(self, order: Order, data: bytes) -> Record:
         """A new queued job, on disk before this returns (the disk work off the event
         loop); ResourceExhausted past the folder's byte budget."""
-        self.sweep()
+        await self.sweep()
         record = self.store.admit(order, len(data), self.clock())
         state = self.store.encode(record)
         write = asyncio.ensure_future(off_loop(lambda: self.store.write_new(record, data,
@@ -185,10 +188,10 @@ class DocumentJobs:
             await asyncio.shield(write)  # a write is never left half-way by a cancel
         except asyncio.CancelledError:
             # Nobody learns its id: it goes once the write has ended.
-            write.add_done_callback(lambda _: self.store.remove(record))
+            write.add_done_callback(lambda _: self._discard([record]))
             raise
         except BaseException:
-            self.store.remove(record)
+            self._discard([record])
             raise
         self._queue.put_nowait(record.id)
         return record
@@ -232,20 +235,32 @@ class DocumentJobs:
             await self._ended.setdefault(job_id, asyncio.Event()).wait()
         return self.view(job_id, door)
 
-    def output(self, job_id: str, door: str) -> tuple[bytes, str]:
-        """The translated file and its name; NotFound unless it is there."""
+    async def output(self, job_id: str, door: str) -> tuple[bytes, str]:
+        """The translated file (read off the event loop) and its name; NotFound unless
+        it is there, also where the job expired while it was read."""
         record = self.record(job_id, door)
         if record.state is not JobState.DONE or record.downloaded:
-            raise NotFound("the document job has no translated file to download")
-        return self.store.output(record), record.output_name
+            raise NotFound(_NO_OUTPUT)
+        return await self._read_output(record), record.output_name
+
+    async def _read_output(self, record: Record) -> bytes:
+        """The output is whole once the job is done (written before its state said so);
+        a job swept while it was read is not served."""
+        try:
+            data = await off_loop(lambda: self.store.output(record))
+        except FileNotFoundError:
+            data = None
+        if data is None or self.store.records.get(record.id) is not record:
+            raise NotFound(_NO_OUTPUT)
+        return data
 
     async def take(self, job_id: str, door: str) -> tuple[bytes, str]:
         """The translated file, downloadable once: the output is dropped after."""
         record = self.record(job_id, door)
         if record.state is not JobState.DONE or record.downloaded:
-            raise NotFound("the document job has no translated file to download")
+            raise NotFound(_NO_OUTPUT)
         record.downloaded = True  # before any wait: a second download finds it taken
-        data = await off_loop(lambda: self.store.output(record))
+        data = await self._read_output(record)
         await self.save(record)
         await off_loop(lambda: self.store.drop_output(record.id))
         return data, record.output_name
@@ -258,22 +273,49 @@ class DocumentJobs:
         running = self._running.get(job_id)
         if running is not None:
             running.cancel()
-        self.store.remove(record)
+        self._discard([record])
         self._wake(job_id)
 
-    def sweep(self) -> None:
-        """Remove the jobs that ended more than `ttl_s` ago."""
+    async def sweep(self) -> None:
+        """Remove the jobs that ended more than `ttl_s` ago: no longer served from
+        now, their folders deleted before this returns."""
         now = self.clock()
-        for record in list(self.store.records.values()):
-            if record.finished is not None and record.finished + self.ttl_s <= now:
-                self.store.remove(record)
+        expired = [record for record in self.store.records.values()
+                   if record.finished is not None and record.finished + self.ttl_s <= now]
+        if expired:
+            await asyncio.shield(self._discard(expired))  # a cancel leaves it running
+
+    def _discard(self, records: list[Record]) -> asyncio.Future[None]:
+        """`records` no longer served, at once; their folders (an upload, an output:
+        up to the byte budget) deleted off the event loop, counted in the budget
+        until they are gone."""
+        for record in records:
+            self.store.forget(record)
+        ids = [record.id for record in records]
+
+        def delete() -> None:
+            for job_id in ids:
+                self.store.delete(job_id)
+
+        def deleted(done: asyncio.Future[None]) -> None:
+            if not done.cancelled():
+                done.exception()  # seen: rmtree ignores its errors, so none is expected
+            for job_id in ids:
+                self.store.deleted(job_id)
+            self._deleting.discard(done)
+
+        # Its callback runs before any awaiter's: the budget is freed when they resume.
+        deletion = asyncio.ensure_future(off_loop(delete))
+        deletion.add_done_callback(deleted)
+        self._deleting.add(deletion)
+        return deletion
 
     # -- running -------------------------------------------------------------------
 
     async def _sweep_every(self, period: float) -> None:
         while True:
             await asyncio.sleep(max(1.0, period))
-            self.sweep()
+            await self.sweep()
 
     async def _work(self) -> None:
         while True:

@@ -138,6 +138,9 @@ class JobStore:
             raise OSError(f"the jobs folder {folder} is in use by another server "
                           "(--jobs-dir: one folder per server)")
         self.records: dict[str, Record] = {}
+        # Jobs forgotten (no longer served) whose folders are still being deleted, off
+        # the event loop: what they hold stays counted in the budget until they are gone.
+        self.leaving: dict[str, Record] = {}
         for path in sorted(folder.iterdir()):
             if path.is_dir() and _ID.fullmatch(path.name):
                 self._load(path)
@@ -157,7 +160,8 @@ class JobStore:
             self._lock = None
 
     def held_bytes(self) -> int:
-        return sum(record.held_bytes() for record in self.records.values())
+        return sum(record.held_bytes()
+                   for records in (self.records, self.leaving) for record in records.values())
 
     def create(self, order: Order, data: bytes, now: float) -> Record:
         """A new queued job holding `data`; ResourceExhausted past the byte budget."""
@@ -231,4 +235,17 @@ class JobStore:
 
     def remove(self, record: Record) -> None:
         self.records.pop(record.id, None)
-        shutil.rmtree(self.folder / record.id, ignore_errors=True)
+        self.delete(record.id)
+
+    def forget(self, record: Record) -> None:
+        """The job no longer served (`records` loses it), its folder still on disk
+        until `delete` (a thread's work) and `deleted` (the loop's)."""
+        if self.records.pop(record.id, None) is not None:
+            self.leaving[record.id] = record
+
+    def delete(self, job_id: str) -> None:
+        shutil.rmtree(self.folder / job_id, ignore_errors=True)
+
+    def deleted(self, job_id: str) -> None:
+        """A forgotten job's folder is gone: its bytes leave the budget."""
+        self.leaving.pop(job_id, None)
