@@ -142,10 +142,11 @@ class ServerConfig:
         "when the server stops", "DIR"))
     # DeepL's /v2/usage and its 456 quota (core/usage.py).
     usage_file: Path | None = field(default=None, metadata=_meta(
-        "file keeping the characters each DeepL API key (or client address) has used, so "
-        "a restart neither forgets nor resets them (written at most every "
-        f"{USAGE_FLUSH_INTERVAL_S:g}s and at stop: a crash loses at most that last interval's "
-        "counts; one file per server, its folder must exist); unset: counted in memory, "
+        "file keeping the characters each DeepL API key has used, so a restart neither "
+        "forgets nor resets them (callers without a key are counted in memory only; "
+        f"written at most every {USAGE_FLUSH_INTERVAL_S:g}s and at stop: a crash loses at "
+        "most that last interval's counts; one file per server, its folder must exist); "
+        "unset: counted in memory, "
         "from 0 at each start", "FILE"))
     usage_period: str = field(default="never", metadata=_meta(
         "when DeepL usage counts start again at 0: never, or monthly (on --usage-reset-"

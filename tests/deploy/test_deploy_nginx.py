@@ -272,6 +272,14 @@ def test_http_block_against_stand_in_replicas(tmp_path: Path) -> None:
             downloads = [fetch(f"{url}/download_file/{i}.txt")[1] for i in range(10)]
             assert {uploaded["replica"]} == {seen["replica"] for seen in downloads}
             assert downloads[0]["path"] == "/download_file/0.txt"
+            # So do a document job's upload, status and result (/v1/jobs, DeepL's
+            # /v2/document): the job lives in the jobs folder of the replica that took it.
+            jobs = [fetch(f"{url}/v1/jobs", {"file": "x"})[1],
+                    *(fetch(f"{url}/v1/jobs/{i}")[1] for i in range(5)),
+                    fetch(f"{url}/v2/document", {"file": "x"})[1],
+                    *(fetch(f"{url}/v2/document/{i}/result", {"document_key": "k"})[1]
+                      for i in range(5))]
+            assert {seen["replica"] for seen in jobs} == {uploaded["replica"]}
             # A draining replica's 503 and a stopped replica are passed over: POSTs too.
             stand_ins[0].draining = True
             stand_ins[1].stop()
