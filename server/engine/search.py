@@ -9,7 +9,7 @@ argmax); beam search keeps K rows per source from the first step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import overload
@@ -424,13 +424,7 @@ class BeamSearch(SearchStrategy):
         alignment = state.with_aligned(aligned)  # the finished need this step's too
         select = self.select if view.candidates is None else _candidate_select(
             view.candidates, view.log_probs.shape[0] // max(state.sources, 1))
-        result = beam_step(state.beam, view.log_probs, state.history, state.generated,
-                           state.beam_params, self.rules, alignment, select)
-        origin = result.origin
-        history = state.with_tokens(result.tokens, origin)
-        return state.advanced(result.tokens, origin, history,
-                              None if alignment is None else alignment[origin],
-                              beam=result.state), result.done
+        return self._advance(state, view.log_probs, alignment, select)
 
     def _candidates_needed(self, state: DecodeState) -> int | None:
         return 2 * self.beams  # beam_step's width
@@ -446,7 +440,15 @@ class BeamSearch(SearchStrategy):
         def select(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             return picked.values[:, :k], ids[:, :k]
 
-        result = beam_step(state.beam, picked.values, state.history, state.generated,
+        return self._advance(state, picked.values, alignment, select)
+
+    def _advance(self, state: DecodeState, scores: np.ndarray, alignment: np.ndarray | None,
+                 select: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+                 ) -> tuple[DecodeState, np.ndarray]:
+        """The beam's step over this step's scores (each row's log-probs, or the k picked
+        on a device), as `select` chooses among them; the state it leaves."""
+        assert state.beam is not None and state.beam_params is not None
+        result = beam_step(state.beam, scores, state.history, state.generated,
                            state.beam_params, self.rules, alignment, select)
         origin = result.origin
         history = state.with_tokens(result.tokens, origin)
